@@ -1,0 +1,16 @@
+# kiln/toolchain: the local base plus build tools and the host's Go, Rust, Python and Node toolchains.
+# Debian bookworm's own rustc (1.63) and Go (1.19) are too old for current projects, and rustup/go.dev
+# downloads are unreachable here, so infra/docker/docker.sh copies the host's toolchains into the context.
+ARG BASE_IMAGE=kiln/base:latest
+FROM ${BASE_IMAGE}
+RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      build-essential cmake pkg-config make curl xz-utils \
+    && rm -rf /var/lib/apt/lists/*
+COPY go /usr/local/go
+COPY rust /opt/rust
+COPY python /opt/python
+COPY node /opt/node
+ENV PATH=/opt/node/bin:/usr/local/go/bin:/opt/rust/bin:/opt/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    GOTOOLCHAIN=local \
+    CARGO_HOME=/opt/cargo-home
+RUN mkdir -p /opt/cargo-home && chmod 1777 /opt/cargo-home && go version && rustc --version && cargo --version && python3 --version && node --version && npm --version

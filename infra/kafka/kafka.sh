@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Apache Kafka from Maven Central jars: one KRaft broker+controller on 127.0.0.1 with share groups enabled.
+#   kafka.sh install   resolve the pinned jars into $KILN_CACHE/kafka-<version>/libs (mvn, cached)
+#   kafka.sh start     install, write config, format once, start, wait until it serves requests (idempotent)
+#   kafka.sh stop      stop the broker (idempotent)
+#   kafka.sh status    exit 0 when the broker answers on its port
+# Env: KILN_KAFKA_PORT (9092), KILN_KAFKA_CONTROLLER_PORT (port+1), KILN_KAFKA_HEAP (512m), KILN_KAFKA_DATA.
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+
+KAFKA_VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$INFRA_DIR/kafka/pom.xml")
+POM_HASH=$(sha256sum "$INFRA_DIR/kafka/pom.xml" | cut -c1-12)
+KAFKA_HOME="$KILN_CACHE/kafka-$KAFKA_VERSION-$POM_HASH"
+PORT="${KILN_KAFKA_PORT:-9092}"
+CONTROLLER_PORT="${KILN_KAFKA_CONTROLLER_PORT:-$((PORT + 1))}"
+HEAP="${KILN_KAFKA_HEAP:-512m}"
+DATA="${KILN_KAFKA_DATA:-$KILN_RUN/kafka-$PORT}"
+PIDFILE="$DATA/kafka.pid"
+
+install() {
+  [[ -f $KAFKA_HOME/.complete ]] && return 0
+  log "resolving Apache Kafka $KAFKA_VERSION from Maven Central"
+  rm -rf "$KAFKA_HOME"
+  mvn -q -B -f "$INFRA_DIR/kafka/pom.xml" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$KAFKA_HOME/libs" >&2
+  touch "$KAFKA_HOME/.complete"
+}
+
+write_config() {
+  mkdir -p "$DATA/logs"
+  # Single node on loopback: every internal topic has replication 1 and min ISR 1, rebalances start at once.
+  cat >"$DATA/server.properties" <<EOF
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=127.0.0.1:$CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$DATA/data
+num.partitions=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+group.consumer.min.session.timeout.ms=3000
+group.consumer.session.timeout.ms=10000
+group.consumer.heartbeat.interval.ms=1000
+group.consumer.min.heartbeat.interval.ms=500
+group.classic.min.session.timeout.ms=3000
+group.share.min.record.lock.duration.ms=1000
+group.share.record.lock.duration.ms=30000
+message.max.bytes=1048588
+log.retention.check.interval.ms=300000
+EOF
+  cat >"$DATA/log4j2.yaml" <<EOF
+Configuration:
+  Appenders:
+    RollingFile:
+      name: File
+      fileName: "$DATA/logs/server.log"
+      filePattern: "$DATA/logs/server.log.%i"
+      PatternLayout: { pattern: "[%d] %p %m (%c)%n" }
+      Policies: { SizeBasedTriggeringPolicy: { size: 50MB } }
+      DefaultRolloverStrategy: { max: 2 }
+  Loggers:
+    Root: { level: INFO, AppenderRef: [ { ref: File } ] }
+    Logger:
+      - { name: kafka.request.logger, level: WARN }
+      - { name: org.apache.kafka.controller, level: WARN }
+EOF
+}
+
+java_cmd() {
+  java "-Xmx$HEAP" "-Xms$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
+    "-Dlog4j2.configurationFile=$DATA/log4j2.yaml" -cp "$KAFKA_HOME/libs/*" "$@"
+}
+
+format() {
+  [[ -f $DATA/data/meta.properties ]] && return 0
+  log "formatting KRaft storage in $DATA/data (share.version=1)"
+  java_cmd kafka.tools.StorageTool format --standalone --cluster-id "kiln-$(printf '%016d' "$PORT")" \
+    --config "$DATA/server.properties" --feature share.version=1 >"$DATA/logs/format.log" 2>&1 \
+    || { cat "$DATA/logs/format.log" >&2; die "kafka format failed"; }
+}
+
+start() {
+  if pid_alive "$PIDFILE"; then log "kafka already running on 127.0.0.1:$PORT"; return 0; fi
+  tcp_open 127.0.0.1 "$PORT" && die "port $PORT is taken by another process"
+  install
+  write_config
+  format
+  log "starting kafka $KAFKA_VERSION on 127.0.0.1:$PORT (heap $HEAP)"
+  nohup java "-Xmx$HEAP" "-Xms$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
+    "-Dlog4j2.configurationFile=$DATA/log4j2.yaml" -cp "$KAFKA_HOME/libs/*" kafka.Kafka "$DATA/server.properties" \
+    >"$DATA/logs/stdout.log" 2>&1 </dev/null &
+  echo $! >"$PIDFILE"
+  local deadline=$((SECONDS + 90))
+  until tcp_open 127.0.0.1 "$PORT" && grep -q "Kafka Server started" "$DATA/logs/server.log" 2>/dev/null; do
+    pid_alive "$PIDFILE" || { tail -30 "$DATA/logs/stdout.log" "$DATA/logs/server.log" >&2 || true; die "kafka exited"; }
+    ((SECONDS < deadline)) || die "kafka did not open port $PORT in 90s"
+    sleep 0.3
+  done
+  log "kafka ready on 127.0.0.1:$PORT"
+}
+
+status() {
+  if pid_alive "$PIDFILE" && tcp_open 127.0.0.1 "$PORT"; then
+    echo "kafka $KAFKA_VERSION running on 127.0.0.1:$PORT (pid $(cat "$PIDFILE"), data $DATA)"
+  else
+    echo "kafka not running on 127.0.0.1:$PORT"; return 1
+  fi
+}
+
+case "${1:-}" in
+  install) install ;;
+  start) start ;;
+  stop) stop_pidfile "$PIDFILE" kafka ;;
+  status) status ;;
+  version) echo "$KAFKA_VERSION" ;;
+  *) echo "usage: $0 install|start|stop|status|version" >&2; exit 2 ;;
+esac

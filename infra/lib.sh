@@ -1,0 +1,52 @@
+# Shared shell helpers for infra/ scripts (sourced, not executed).
+# Every artefact lives under KILN_CACHE (outside the repo) keyed by its version or input hash,
+# and every service's runtime state under KILN_RUN, so a fresh clone reuses a warm machine.
+set -euo pipefail
+
+KILN_CACHE="${KILN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln}"
+KILN_RUN="${KILN_RUN:-$KILN_CACHE/run}"
+INFRA_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export KILN_CACHE KILN_RUN
+mkdir -p "$KILN_CACHE" "$KILN_RUN"
+
+log() { printf '[kiln-infra] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# wait_for DESCRIPTION TIMEOUT_S COMMAND...: poll COMMAND until it succeeds.
+wait_for() {
+  local what=$1 timeout=$2; shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then die "$what not ready after ${timeout}s"; fi
+    sleep 0.3
+  done
+}
+
+# pid_alive PIDFILE: the process recorded in PIDFILE is running.
+pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# stop_pidfile PIDFILE NAME: SIGTERM, wait, then SIGKILL.
+stop_pidfile() {
+  local pidfile=$1 name=$2
+  if ! pid_alive "$pidfile"; then log "$name not running"; rm -f "$pidfile"; return 0; fi
+  local pid; pid=$(cat "$pidfile")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$pidfile"
+  log "$name stopped"
+}
+
+tcp_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  ((${#missing[@]} == 0)) && return 0
+  log "apt-get install ${missing[*]}"
+  local stamp="$KILN_CACHE/apt-updated"
+  if [[ ! -f $stamp ]] || (($(date +%s) - $(stat -c %Y "$stamp") > 86400)); then
+    apt-get update -q >&2 && touch "$stamp"
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+}

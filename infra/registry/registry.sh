@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Debian's docker-registry (CNCF distribution 2.8) on 127.0.0.1, storing into the S3 server (infra/s3).
+#   registry.sh start | stop | status
+# Env: KILN_REGISTRY_PORT (5000), KILN_REGISTRY_BUCKET (kiln-registry); S3 settings as in infra/s3/s3.sh.
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+
+PORT="${KILN_REGISTRY_PORT:-5000}"
+BUCKET="${KILN_REGISTRY_BUCKET:-kiln-registry}"
+DATA="$KILN_RUN/registry-$PORT"
+PIDFILE="$DATA/registry.pid"
+eval "$("$INFRA_DIR/s3/s3.sh" env)"
+
+registry_ready() { curl -sf "http://127.0.0.1:$PORT/v2/" >/dev/null; }
+
+create_bucket() {
+  local code
+  code=$(curl -s -o /dev/null -w '%{http_code}' --aws-sigv4 "aws:amz:$KILN_S3_REGION:s3" \
+    -H "x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855" \
+    --user "$KILN_S3_ACCESS_KEY:$KILN_S3_SECRET_KEY" -X PUT "$KILN_S3_ENDPOINT/$BUCKET")
+  # 200 created; 409 already exists (owned by us).
+  [[ $code == 200 || $code == 409 ]] || die "creating bucket $BUCKET on $KILN_S3_ENDPOINT failed (HTTP $code)"
+}
+
+write_config() {
+  mkdir -p "$DATA"
+  cat >"$DATA/config.yml" <<CFG
+version: 0.1
+log:
+  level: warn
+  accesslog: { disabled: true }
+storage:
+  s3:
+    accesskey: $KILN_S3_ACCESS_KEY
+    secretkey: $KILN_S3_SECRET_KEY
+    region: $KILN_S3_REGION
+    regionendpoint: $KILN_S3_ENDPOINT
+    bucket: $BUCKET
+    secure: false
+    v4auth: true
+    chunksize: 5242880
+    rootdirectory: /
+  # Clients must not be redirected to presigned S3 URLs: the S3 server is loopback-only.
+  redirect: { disable: true }
+  delete: { enabled: true }
+  cache: { blobdescriptor: inmemory }
+http:
+  addr: 127.0.0.1:$PORT
+  secret: kiln-loopback-registry
+health:
+  storagedriver: { enabled: true, interval: 10s, threshold: 3 }
+CFG
+}
+
+start() {
+  if pid_alive "$PIDFILE"; then log "registry already running on 127.0.0.1:$PORT"; return 0; fi
+  tcp_open 127.0.0.1 "$PORT" && die "port $PORT is taken by another process"
+  command -v docker-registry >/dev/null || apt_install docker-registry
+  "$INFRA_DIR/s3/s3.sh" start
+  create_bucket
+  write_config
+  log "starting docker-registry on 127.0.0.1:$PORT (storage: s3://$BUCKET at $KILN_S3_ENDPOINT)"
+  # AWS_CA_BUNDLE (set on these machines) makes the registry's AWS SDK panic on its custom transport.
+  nohup env -u AWS_CA_BUNDLE docker-registry serve "$DATA/config.yml" >"$DATA/registry.log" 2>&1 </dev/null &
+  echo $! >"$PIDFILE"
+  wait_for docker-registry 30 registry_ready
+  log "registry ready on http://127.0.0.1:$PORT"
+}
+
+status() {
+  if pid_alive "$PIDFILE" && registry_ready; then echo "registry running on http://127.0.0.1:$PORT (s3://$BUCKET)"
+  else echo "registry not running on 127.0.0.1:$PORT"; return 1; fi
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop_pidfile "$PIDFILE" docker-registry ;;
+  status) status ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac
