@@ -4,6 +4,7 @@
 #   docker.sh base        kiln/base:<hash>       debootstrap bookworm minbase (+python3, git, tini) -> docker import
 #   docker.sh toolchain   kiln/toolchain:<hash>  base + build tools + the host's Go, Rust, Python and Node toolchains
 #   docker.sh images      base and toolchain; prints "name=tag" lines
+#   docker.sh status      engine version and kiln images
 #   docker.sh stop        stop the dockerd this script started
 # Images are tagged by a hash of their inputs and also as :latest, so a warm machine rebuilds nothing.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
@@ -93,11 +94,18 @@ toolchain() {
   echo "toolchain=$tag"
 }
 
+status() {
+  engine_ready || { echo "dockerd not running"; return 1; }
+  echo "dockerd $("$DOCKER" version --format '{{.Server.Version}}') running; images:"
+  "$DOCKER" image ls --format '  {{.Repository}}:{{.Tag}} {{.Size}}' | grep '^  kiln/' || true
+}
+
 case "${1:-}" in
   engine) engine ;;
   base) base ;;
   toolchain) toolchain ;;
   images) base; toolchain ;;
   stop) stop_pidfile "$PIDFILE" dockerd ;;
-  *) echo "usage: $0 engine|base|toolchain|images|stop" >&2; exit 2 ;;
+  status) status ;;
+  *) echo "usage: $0 engine|base|toolchain|images|status|stop" >&2; exit 2 ;;
 esac

@@ -13,4 +13,5 @@ COPY node /opt/node
 ENV PATH=/opt/node/bin:/usr/local/go/bin:/opt/rust/bin:/opt/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     GOTOOLCHAIN=local \
     CARGO_HOME=/opt/cargo-home
-RUN mkdir -p /opt/cargo-home && chmod 1777 /opt/cargo-home && go version && rustc --version && cargo --version && python3 --version && node --version && npm --version
+RUN echo /opt/python/lib > /etc/ld.so.conf.d/kiln-python.conf && ldconfig \
+    && mkdir -p /opt/cargo-home && chmod 1777 /opt/cargo-home && go version && rustc --version && cargo --version && python3 --version && node --version && npm --version

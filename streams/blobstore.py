@@ -1,0 +1,224 @@
+"""Content-addressed, write-once blob storage: a local filesystem store (embedded default) and S3.
+
+A blob's name is its digest (``sha256:<hex>``), so writes are idempotent and a reader can verify what it got.
+Both implementations stream: large objects never sit whole in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import re
+import tempfile
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlparse
+
+from streams.errors import BlobCorrupt, BlobError, BlobNotFound, ConfigError
+from streams.settings import KilnSettings
+
+CHUNK = 1 << 20
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    digest: str
+    size: int
+
+
+def digest_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _check_digest(digest: str) -> str:
+    if not _DIGEST.match(digest):
+        raise BlobError(f"not a sha256 digest: {digest!r}")
+    return digest.removeprefix("sha256:")
+
+
+class _HashingReader:
+    """Wraps a readable stream and hashes what passes through, so uploads need one pass only."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        chunk = self._stream.read(n)
+        self._hash.update(chunk)
+        self.size += len(chunk)
+        return chunk
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + self._hash.hexdigest()
+
+
+class BlobStore(ABC):
+    """Write-once, content-addressed storage."""
+
+    @abstractmethod
+    def put_stream(self, stream: IO[bytes]) -> BlobRef:
+        """Store everything readable from ``stream``; returns its digest and size."""
+
+    @abstractmethod
+    def open(self, digest: str) -> IO[bytes]:
+        """A stream over the blob's bytes; raises BlobNotFound."""
+
+    @abstractmethod
+    def exists(self, digest: str) -> bool: ...
+
+    def put(self, data: bytes) -> BlobRef:
+        return self.put_stream(io.BytesIO(data))
+
+    def get(self, digest: str) -> bytes:
+        """The whole blob, verified against its digest."""
+        with self.open(digest) as f:
+            data = f.read()
+        if digest_of(data) != digest:
+            raise BlobCorrupt(f"blob {digest} is corrupt")
+        return data
+
+    def iter_chunks(self, digest: str) -> Iterator[bytes]:
+        with self.open(digest) as f:
+            while chunk := f.read(CHUNK):
+                yield chunk
+
+
+class FileBlobStore(BlobStore):
+    """Blobs as files ``<root>/sha256/<2 hex>/<hex>``; written to a temp file and renamed into place."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "tmp").mkdir(parents=True, exist_ok=True)
+
+    def _path(self, digest: str) -> Path:
+        hexd = _check_digest(digest)
+        return self.root / "sha256" / hexd[:2] / hexd
+
+    def put_stream(self, stream: IO[bytes]) -> BlobRef:
+        reader = _HashingReader(stream)
+        fd, tmp = tempfile.mkstemp(dir=self.root / "tmp")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while chunk := reader.read(CHUNK):
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            final = self._path(reader.digest)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(tmp, 0o444)
+            # rename is atomic; a concurrent writer of the same digest wrote the same bytes.
+            os.replace(tmp, final)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return BlobRef(reader.digest, reader.size)
+
+    def open(self, digest: str) -> IO[bytes]:
+        try:
+            return self._path(digest).open("rb")
+        except FileNotFoundError:
+            raise BlobNotFound(digest) from None
+
+    def exists(self, digest: str) -> bool:
+        return self._path(digest).is_file()
+
+
+class S3BlobStore(BlobStore):
+    """Blobs as objects ``<prefix>sha256/<hex>`` in one bucket.
+
+    A stream is uploaded (multipart above 8 MiB) to a unique temporary key while it is hashed, then copied
+    server-side to its content address and the temporary object deleted: readers never see a partial object.
+    """
+
+    def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
+        from boto3.s3.transfer import TransferConfig
+
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.transfer = TransferConfig(multipart_threshold=8 * CHUNK, multipart_chunksize=8 * CHUNK)
+
+    @classmethod
+    def from_settings(cls, settings: KilnSettings, bucket: str, prefix: str = "") -> S3BlobStore:
+        import boto3
+        from botocore.config import Config
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=settings.s3_endpoint,
+            aws_access_key_id=settings.s3_access_key,
+            aws_secret_access_key=settings.s3_secret_key,
+            region_name=settings.s3_region,
+            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 5, "mode": "standard"}),
+        )
+        return cls(client, bucket, prefix)
+
+    def ensure_bucket(self) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError:
+            self.client.create_bucket(Bucket=self.bucket)
+
+    def _key(self, digest: str) -> str:
+        return f"{self.prefix}sha256/{_check_digest(digest)}"
+
+    def put_stream(self, stream: IO[bytes]) -> BlobRef:
+        reader = _HashingReader(stream)
+        tmp_key = f"{self.prefix}tmp/{uuid.uuid4().hex}"
+        self.client.upload_fileobj(reader, self.bucket, tmp_key, Config=self.transfer)
+        try:
+            final = self._key(reader.digest)
+            if not self.exists(reader.digest):
+                self.client.copy(
+                    {"Bucket": self.bucket, "Key": tmp_key}, self.bucket, final, Config=self.transfer
+                )
+        finally:
+            self.client.delete_object(Bucket=self.bucket, Key=tmp_key)
+        return BlobRef(reader.digest, reader.size)
+
+    def open(self, digest: str) -> IO[bytes]:
+        from botocore.exceptions import ClientError
+
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(digest))["Body"]
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise BlobNotFound(digest) from None
+            raise BlobError(f"S3 get {digest}: {e}") from e
+        return body  # type: ignore[no-any-return]
+
+    def exists(self, digest: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(digest))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return False
+            raise BlobError(f"S3 head {digest}: {e}") from e
+        return True
+
+
+def open_blob_store(settings: KilnSettings) -> BlobStore:
+    """The store named by ``KILN_BLOB_STORE`` (``file:///dir`` or ``s3://bucket/prefix``)."""
+    url = settings.blob_store or f"file://{settings.cache / 'blobs'}"
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        return FileBlobStore(Path(parsed.path))
+    if parsed.scheme == "s3":
+        store = S3BlobStore.from_settings(settings, parsed.netloc, parsed.path)
+        store.ensure_bucket()
+        return store
+    raise ConfigError(f"KILN_BLOB_STORE must be file:// or s3://, got {url!r}")

@@ -1,0 +1,97 @@
+"""The ``kiln`` command line: local infrastructure, topics, workers, replay and the demo."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from streams import admin
+from streams.errors import KilnError
+from streams.infra import COMPONENT_STEPS, run_script, run_steps
+from streams.settings import get_settings
+
+app = typer.Typer(no_args_is_help=True, help="kiln: execution feedback for RL training, on Kafka.")
+out = Console()
+
+ALL_COMPONENTS = ["kafka", "docker", "s3", "registry"]
+
+
+def _service(component: str, script: str) -> typer.Typer:
+    sub = typer.Typer(help=f"Manage the local {component} on loopback.", no_args_is_help=True)
+
+    @sub.command()
+    def start() -> None:
+        """Install if needed and start (idempotent); waits until ready."""
+        run_steps(COMPONENT_STEPS[component])
+
+    @sub.command()
+    def stop() -> None:
+        """Stop it (idempotent)."""
+        run_script(script, "stop")
+
+    @sub.command()
+    def status() -> None:
+        """Exit 0 when running and answering."""
+        try:
+            out.print(run_script(script, "status").strip())
+        except KilnError as e:
+            out.print(str(e).splitlines()[-1])
+            raise typer.Exit(1) from None
+
+    return sub
+
+
+app.add_typer(_service("kafka", "kafka/kafka.sh"), name="broker")
+app.add_typer(_service("s3", "s3/s3.sh"), name="s3")
+app.add_typer(_service("registry", "registry/registry.sh"), name="registry")
+app.add_typer(_service("docker", "docker/docker.sh"), name="docker")
+
+
+@app.command()
+def setup(
+    components: Annotated[list[str] | None, typer.Argument(help=f"Any of {ALL_COMPONENTS}; default kafka.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Everything the tests need.")] = False,
+) -> None:
+    """Install and start local components (cached outside the repo), then create the stage topics."""
+    chosen = ALL_COMPONENTS if all_ else (components or ["kafka"])
+    unknown = set(chosen) - set(ALL_COMPONENTS)
+    if unknown:
+        raise typer.BadParameter(f"unknown components {sorted(unknown)}")
+    run_steps([step for c in ALL_COMPONENTS if c in chosen for step in COMPONENT_STEPS[c]])
+    if "kafka" in chosen:
+        _create_topics()
+
+
+topics = typer.Typer(help="Stage topics.", no_args_is_help=True)
+app.add_typer(topics, name="topics")
+
+
+def _create_topics() -> None:
+    settings = get_settings()
+    admin.wait_for_broker(settings)
+    result = admin.create_topics(settings)
+    created = sum(1 for v in result.values() if v == "created")
+    out.print(f"topics: {created} created, {len(result) - created} already present")
+
+
+@topics.command("create")
+def topics_create() -> None:
+    """Create every stage's request, result and DLQ topics with their partition counts and configs."""
+    _create_topics()
+
+
+@topics.command("list")
+def topics_list() -> None:
+    """Show the topology kiln expects and what the broker has."""
+    settings = get_settings()
+    md = admin.admin_client(settings).list_topics(timeout=15)
+    table = Table("topic", "partitions (spec)", "partitions (broker)", "config")
+    for spec in admin.STAGE_TOPICS:
+        name = settings.topic(spec.name)
+        have = md.topics.get(name)
+        table.add_row(name, str(spec.partitions), str(len(have.partitions)) if have else "-",
+                      ", ".join(f"{k}={v}" for k, v in spec.config.items()))
+    out.print(table)

@@ -1,0 +1,88 @@
+"""Drives the ``infra/`` scripts (Kafka, Docker, S3, registry) from Python with rich progress.
+
+The scripts are the single source of truth for how a component is installed and started; this module only runs
+them, shows progress, and reports a timing line per step so slow steps are visible in CI logs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from streams.errors import InfraError
+
+console = Console(stderr=True)
+
+
+def infra_dir() -> Path:
+    """``infra/`` of the checkout kiln is installed from (editable install), or ``KILN_INFRA_DIR``."""
+    override = os.environ.get("KILN_INFRA_DIR")
+    path = Path(override) if override else Path(__file__).resolve().parents[1] / "infra"
+    if not (path / "lib.sh").is_file():
+        raise InfraError(f"infra scripts not found at {path}; set KILN_INFRA_DIR to the checkout's infra/")
+    return path
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    script: str
+    args: tuple[str, ...]
+
+
+COMPONENT_STEPS: dict[str, list[Step]] = {
+    "kafka": [Step("kafka: resolve jars", "kafka/kafka.sh", ("install",)),
+              Step("kafka: start broker", "kafka/kafka.sh", ("start",))],
+    "docker": [Step("docker: engine", "docker/docker.sh", ("engine",)),
+               Step("docker: base image", "docker/docker.sh", ("base",)),
+               Step("docker: toolchain image", "docker/docker.sh", ("toolchain",))],
+    "s3": [Step("s3: build versitygw", "s3/s3.sh", ("install",)),
+           Step("s3: start", "s3/s3.sh", ("start",))],
+    "registry": [Step("registry: start on s3", "registry/registry.sh", ("start",))],
+}
+
+
+def run_script(script: str, *args: str, timeout: float = 3600.0) -> str:
+    """Run one infra script quietly; returns its stdout, raises InfraError with its output on failure."""
+    proc = subprocess.run(
+        ["bash", str(infra_dir() / script), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if proc.returncode != 0:
+        raise InfraError(f"{script} {' '.join(args)} failed:\n{proc.stderr[-4000:]}{proc.stdout[-2000:]}")
+    return proc.stdout
+
+
+def run_steps(steps: Sequence[Step]) -> list[tuple[str, float]]:
+    """Run steps in order under a progress display; print ``[timing]`` lines; stop at the first failure."""
+    timings: list[tuple[str, float]] = []
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        for step in steps:
+            task = progress.add_task(step.name, total=None)
+            started = time.monotonic()
+            proc = subprocess.Popen(
+                ["bash", str(infra_dir() / step.script), *step.args],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )
+            tail: deque[str] = deque(maxlen=40)
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                tail.append(line.rstrip())
+                progress.update(task, description=f"{step.name} [dim]{line.strip()[:80]}[/]")
+            rc = proc.wait()
+            elapsed = time.monotonic() - started
+            timings.append((step.name, elapsed))
+            progress.update(task, total=1, completed=1,
+                            description=f"{step.name} {'[green]ok' if rc == 0 else '[red]failed'}")
+            console.print(f"[timing] {step.name}: {elapsed:.1f}s", markup=False, highlight=False)
+            if rc != 0:
+                raise InfraError(f"{step.name} failed (exit {rc}):\n" + "\n".join(tail))
+    return timings

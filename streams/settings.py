@@ -1,0 +1,46 @@
+"""Process settings, read once from the environment (prefix ``KILN_``).
+
+Defaults are the embedded single-machine setup that ``infra/`` starts: Kafka on 127.0.0.1:9092,
+blobs on the local filesystem under the cache directory.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kiln"
+
+
+class KilnSettings(BaseSettings):
+    """Every knob a kiln process reads. Environment variable = ``KILN_`` + upper-case field name."""
+
+    model_config = SettingsConfigDict(env_prefix="KILN_", extra="ignore")
+
+    bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka/Redpanda bootstrap servers.")
+    topic_prefix: str = Field("", description="Prefix for every topic name, to share one cluster.")
+    cache: Path = Field(default_factory=_default_cache, description="Cache and state directory (outside repo).")
+    blob_store: str = Field(
+        "", description="'file:///path' or 's3://bucket/prefix'; empty = file store under the cache directory."
+    )
+    s3_endpoint: str | None = Field(None, description="S3 endpoint URL; unset = AWS default resolution.")
+    s3_access_key: str | None = None
+    s3_secret_key: str | None = None
+    s3_region: str = "us-east-1"
+    claim_check_bytes: int = Field(256 * 1024, description="Payloads above this size travel as claim checks.")
+    metrics_port: int = Field(0, description="Prometheus/health HTTP port of a worker; 0 = pick a free one.")
+
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}{name}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> KilnSettings:
+    """The one settings object of this process."""
+    return KilnSettings()

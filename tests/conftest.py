@@ -1,0 +1,66 @@
+"""Session fixtures: real services, started once per test session through the same infra scripts users run."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+# testcontainers' reaper image comes from a hub this machine cannot reach; tests clean up after themselves.
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+
+from streams import admin  # noqa: E402
+from streams.infra import COMPONENT_STEPS, run_script, run_steps  # noqa: E402
+from streams.settings import KilnSettings  # noqa: E402
+
+
+def _ensure(component: str) -> None:
+    run_steps(COMPONENT_STEPS[component])
+
+
+@pytest.fixture(scope="session")
+def kafka() -> KilnSettings:
+    """A running Apache Kafka broker on loopback; settings pointing at it."""
+    _ensure("kafka")
+    settings = KilnSettings(bootstrap_servers=os.environ.get("KILN_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    admin.wait_for_broker(settings)
+    return settings
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[object]:
+    """A docker SDK client on the local engine, with kiln's base images built."""
+    import docker
+
+    _ensure("docker")
+    client = docker.from_env()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def s3_settings() -> KilnSettings:
+    """Settings pointing at the real S3 server on loopback."""
+    _ensure("s3")
+    env = dict(line.split("=", 1) for line in run_script("s3/s3.sh", "env").split())
+    return KilnSettings(
+        s3_endpoint=env["KILN_S3_ENDPOINT"],
+        s3_access_key=env["KILN_S3_ACCESS_KEY"],
+        s3_secret_key=env["KILN_S3_SECRET_KEY"],
+        s3_region=env["KILN_S3_REGION"],
+    )
+
+
+@pytest.fixture(scope="session")
+def registry(s3_settings: KilnSettings, docker_engine: object) -> str:
+    """Address of the registry (storage on the S3 server)."""
+    _ensure("registry")
+    return f"127.0.0.1:{os.environ.get('KILN_REGISTRY_PORT', '5000')}"
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique suffix for topic, group and bucket names, so tests never share state."""
+    return uuid.uuid4().hex[:10]
