@@ -80,3 +80,52 @@ def wait_for_broker(settings: KilnSettings, timeout: float = 60.0) -> int:
     except Exception as e:
         raise InfraError(f"no Kafka broker at {settings.bootstrap_servers}: {e}") from e
     return len(md.brokers)
+
+
+CONSUMER_GROUP_HEARTBEAT_API = 68  # KIP-848
+SHARE_GROUP_HEARTBEAT_API = 76  # KIP-932
+
+
+def broker_api_keys(bootstrap_servers: str, timeout: float = 10.0) -> set[int]:
+    """The API keys the first bootstrap broker supports, from a raw ApiVersions v0 request.
+
+    librdkafka does not expose ApiVersions to Python; kiln needs it to choose the group protocol and to refuse
+    share-group mode on brokers (Redpanda) that lack it.
+    """
+    import socket
+    import struct
+
+    host, _, port = bootstrap_servers.split(",")[0].strip().rpartition(":")
+    client_id = b"kiln-probe"
+    body = struct.pack(">hhih", 18, 0, 1, len(client_id)) + client_id
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout) as sock:
+            sock.sendall(struct.pack(">i", len(body)) + body)
+            size = struct.unpack(">i", _recv_exact(sock, 4))[0]
+            data = _recv_exact(sock, size)
+    except OSError as e:
+        raise InfraError(f"ApiVersions probe of {bootstrap_servers} failed: {e}") from e
+    _corr, error, count = struct.unpack(">ihi", data[:10])
+    if error:
+        raise InfraError(f"ApiVersions error {error} from {bootstrap_servers}")
+    return {struct.unpack(">hhh", data[10 + 6 * i: 16 + 6 * i])[0] for i in range(count)}
+
+
+def _recv_exact(sock: object, n: int) -> bytes:
+    import socket
+
+    assert isinstance(sock, socket.socket)
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise OSError("connection closed")
+        buf += chunk
+    return bytes(buf)
+
+
+def resolve_group_protocol(settings: KilnSettings) -> str:
+    """'consumer' (KIP-848) where the broker supports it, else 'classic'; an explicit setting wins."""
+    if settings.group_protocol != "auto":
+        return settings.group_protocol
+    return "consumer" if CONSUMER_GROUP_HEARTBEAT_API in broker_api_keys(settings.bootstrap_servers) else "classic"

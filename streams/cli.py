@@ -95,3 +95,35 @@ def topics_list() -> None:
         table.add_row(name, str(spec.partitions), str(len(have.partitions)) if have else "-",
                       ", ".join(f"{k}={v}" for k, v in spec.config.items()))
     out.print(table)
+
+
+def _logging(verbose: bool) -> None:
+    import logging
+
+    from rich.logging import RichHandler
+
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
+                        handlers=[RichHandler(console=Console(stderr=True), show_path=False)])
+
+
+@app.command()
+def worker(
+    stage: Annotated[str, typer.Argument(help="Stage name (entry point in group kiln.stages).")],
+    slots: Annotated[int, typer.Option(help="Job slots; 0 = KILN_SLOTS or the CPU count.")] = 0,
+    group: Annotated[str | None, typer.Option(help="Consumer group; default kiln.<stage>.")] = None,
+    topic: Annotated[str | None, typer.Option(help="Request topic; default the stage's.")] = None,
+    per_partition: Annotated[int | None, typer.Option(help="Max jobs in flight per partition (fairness).")] = None,
+    verbose: bool = False,
+) -> None:
+    """Run a stage worker until SIGTERM: commit after finish, metrics and /healthz on KILN_METRICS_PORT."""
+    import asyncio
+
+    from streams.blobstore import open_blob_store
+    from streams.runtime import Worker
+    from streams.stage import load_stage
+
+    _logging(verbose)
+    settings = get_settings()
+    runner = Worker(load_stage(stage), settings, slots=slots or None, group_id=group, topic=topic,
+                    max_in_flight_per_partition=per_partition, blob_store=open_blob_store(settings))
+    asyncio.run(runner.run(install_signal_handlers=True))

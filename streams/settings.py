@@ -34,7 +34,14 @@ class KilnSettings(BaseSettings):
     s3_secret_key: str | None = None
     s3_region: str = "us-east-1"
     claim_check_bytes: int = Field(256 * 1024, description="Payloads above this size travel as claim checks.")
+    metrics_host: str = Field("127.0.0.1", description="Bind address of the metrics/health endpoint.")
     metrics_port: int = Field(0, description="Prometheus/health HTTP port of a worker; 0 = pick a free one.")
+
+    group_protocol: str = Field("auto", pattern="^(auto|consumer|classic)$",
+                                description="'consumer' = KIP-848; 'auto' uses it when the broker has it.")
+    slots: int = Field(0, ge=0, description="Job slots per worker; 0 = the CPUs available to this process.")
+    grace_s: float = Field(30.0, ge=0, description="On SIGTERM or revoke, how long running jobs may finish.")
+    job_timeout_s: float | None = Field(None, gt=0, description="Per-attempt time limit; overrides the stage's own.")
 
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}{name}"

@@ -1,0 +1,116 @@
+"""The message envelope every kiln request and result travels in.
+
+Pydantic models are the source of truth; ``python -m schemas.export`` writes their JSON Schema under
+``schemas/jsonschema/`` and a test fails when a change would break readers of an earlier version.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_id_lock = threading.Lock()
+_last_ms = 0
+_counter = 0
+
+
+def new_request_id() -> str:
+    """A ULID: 48-bit millisecond time + 80 random bits, Crockford base32; monotonic within a process."""
+    global _last_ms, _counter
+    with _id_lock:
+        ms = time.time_ns() // 1_000_000
+        if ms <= _last_ms:
+            ms = _last_ms
+            _counter += 1
+        else:
+            _last_ms, _counter = ms, int.from_bytes(os.urandom(8), "big") >> 24
+        value = (ms << 80) | ((_counter & ((1 << 40) - 1)) << 40) | int.from_bytes(os.urandom(5), "big")
+    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class ReplyTo(BaseModel):
+    """Where the result goes: a topic and the client's partition (and key, for tools that look at keys)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    topic: str
+    key: str
+    partition: int | None = Field(None, ge=0, description="Explicit partition; None = hash of key.")
+
+
+class ClaimCheck(BaseModel):
+    """A payload too large for a Kafka message, stored content-addressed in the blob store."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+    encoding: Literal["json+zstd"] = "json+zstd"
+
+
+class RequestEnvelope(BaseModel):
+    """A job request. ``payload`` is validated against the stage's request model by the runtime."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str = Field(default_factory=new_request_id, min_length=1, max_length=64)
+    kind: str = Field(min_length=1, max_length=64, description="Stage name, e.g. 'echo'.")
+    schema_version: int = SCHEMA_VERSION
+    created_at: datetime = Field(default_factory=utcnow)
+    deadline: datetime | None = Field(None, description="Absolute; a job not started by then is answered "
+                                                        "'expired' and never run.")
+    attempt: int = Field(0, ge=0)
+    client_id: str = Field("anonymous", min_length=1, max_length=128)
+    reply_to: ReplyTo | None = None
+    payload: dict[str, Any] | None = None
+    claim_check: ClaimCheck | None = Field(None, description="Set instead of payload when it is large.")
+
+    def expired(self, now: datetime | None = None) -> bool:
+        return self.deadline is not None and (now or utcnow()) >= self.deadline
+
+    def with_deadline(self, seconds: float | None) -> RequestEnvelope:
+        if seconds is None:
+            return self
+        return self.model_copy(update={"deadline": self.created_at + timedelta(seconds=seconds)})
+
+
+class ErrorInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str
+    message: str
+    retryable: bool = False
+
+
+ResultStatus = Literal["ok", "error", "expired"]
+
+
+class ResultEnvelope(BaseModel):
+    """A job's outcome, keyed by the request id so duplicates from a replayed job can be dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str
+    kind: str
+    schema_version: int = SCHEMA_VERSION
+    client_id: str
+    status: ResultStatus
+    result: dict[str, Any] | None = None
+    claim_check: ClaimCheck | None = None
+    error: ErrorInfo | None = None
+    attempts: int = 1
+    worker: str = ""
+    started_at: datetime | None = None
+    finished_at: datetime = Field(default_factory=utcnow)

@@ -1,0 +1,318 @@
+"""The asyncio client trainers use: submit thousands of jobs, await results out of order, resume after a crash.
+
+- ``submit()`` produces a request and returns a future resolved by request id; ``call()`` awaits it and returns
+  the typed result (raising ``RequestFailed`` / ``RequestExpired``).
+- Results come back on one partition of the results topic chosen from the client id, read with the client's own
+  consumer group; its committed offset advances only past results that were delivered (to a future, or out of
+  ``unclaimed()``), so a restarted process with the same client id loses none.
+- Each request id is delivered at most once per process: duplicates from replayed jobs are dropped.
+- Fork-safe: Kafka handles are created lazily per process id. A forked child gets fresh handles and, unless told
+  otherwise, its own client id (``<id>.<pid>``) so it never consumes its parent's results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import uuid
+import zlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from typing import Any
+
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, Message, Producer, TopicPartition
+from pydantic import BaseModel
+
+from schemas.envelope import ReplyTo, RequestEnvelope, ResultEnvelope
+from schemas.stages import DEFAULT_RESULTS_TOPIC, STAGES
+from streams import codec
+from streams.blobstore import BlobStore
+from streams.errors import ClientError, ConfigError, KilnError, RequestExpired, RequestFailed
+from streams.offsets import PartitionOffsets, commit_position, decode_done
+from streams.runtime import producer_config
+from streams.settings import KilnSettings, get_settings
+
+log = logging.getLogger("kiln.client")
+
+
+class _ProcessState:
+    """Everything bound to one process and one event loop; rebuilt in a forked child."""
+
+    def __init__(self, client_id: str, loop: asyncio.AbstractEventLoop, max_in_flight: int) -> None:
+        self.pid = os.getpid()
+        self.client_id = client_id
+        self.loop = loop
+        self.pending: dict[str, asyncio.Future[ResultEnvelope]] = {}
+        self.delivered: OrderedDict[str, None] = OrderedDict()
+        self.unclaimed: asyncio.Queue[tuple[ResultEnvelope, int]] = asyncio.Queue()
+        self.slots = asyncio.Semaphore(max_in_flight)
+        self.producer: Producer | None = None
+        self.consumer: Consumer | None = None
+        self.partition = 0
+        self.offsets: PartitionOffsets | None = None
+        self.commit_to: TopicPartition | None = None  # latest wanted commit; the I/O thread sends it
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.seq = 0
+
+
+class KilnClient:
+    def __init__(
+        self,
+        settings: KilnSettings | None = None,
+        client_id: str | None = None,
+        *,
+        results_topic: str = DEFAULT_RESULTS_TOPIC,
+        max_in_flight: int = 10_000,
+        key_spread: int = 4,
+        blob_store: BlobStore | None = None,
+        child_client_id: Callable[[str, int], str] | None = None,
+    ) -> None:
+        self.settings = settings or get_settings()
+        self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
+        self.results_topic = self.settings.topic(results_topic)
+        self.max_in_flight = max_in_flight
+        self.key_spread = max(1, key_spread)
+        self.blob_store = blob_store
+        self._child_client_id = child_client_id or (lambda cid, pid: f"{cid}.{pid}")
+        self._state: _ProcessState | None = None
+        self._start_lock: asyncio.Lock | None = None
+        self._owner_pid = os.getpid()
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------
+
+    async def _ready(self) -> _ProcessState:
+        loop = asyncio.get_running_loop()
+        state = self._state
+        if state is not None and state.pid == os.getpid() and state.loop is loop:
+            return state
+        if os.getpid() != self._owner_pid:
+            # Forked child: the parent's librdkafka threads did not survive fork(); never touch its handles.
+            self.client_id = self._child_client_id(self.client_id, os.getpid())
+            self._owner_pid = os.getpid()
+            self._start_lock = None
+        if self._start_lock is None or state is None or state.loop is not loop:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._state is None or self._state.pid != os.getpid() or self._state.loop is not loop:
+                self._state = await self._start(loop)
+        return self._state
+
+    async def _start(self, loop: asyncio.AbstractEventLoop) -> _ProcessState:
+        state = _ProcessState(self.client_id, loop, self.max_in_flight)
+        state.producer = Producer(producer_config(self.settings, **{"client.id": self.client_id}))
+        consumer = Consumer({
+            "bootstrap.servers": self.settings.bootstrap_servers,
+            "group.id": f"kiln-client.{self.client_id}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "fetch.wait.max.ms": 10,
+        })
+        state.consumer = consumer
+
+        def position() -> TopicPartition:
+            md = consumer.list_topics(self.results_topic, timeout=15).topics.get(self.results_topic)
+            if md is None or md.error is not None or not md.partitions:
+                raise ConfigError(f"results topic {self.results_topic} does not exist (kiln topics create)")
+            state.partition = zlib.crc32(self.client_id.encode()) % len(md.partitions)
+            tp = TopicPartition(self.results_topic, state.partition)
+            committed = consumer.committed([tp], timeout=15)[0]
+            if committed.offset == OFFSET_INVALID or committed.offset < 0:
+                # First run of this client id: results start after what is on the partition now.
+                _low, high = consumer.get_watermark_offsets(tp, timeout=15)
+                return TopicPartition(self.results_topic, state.partition, high)
+            return committed
+
+        start = await asyncio.to_thread(position)
+        state.offsets = PartitionOffsets(start.offset, decode_done(start.offset, start.metadata))
+        consumer.assign([TopicPartition(self.results_topic, state.partition, start.offset)])
+        state.thread = threading.Thread(target=self._io_main, args=(state,), name="kiln-client-io", daemon=True)
+        state.thread.start()
+        return state
+
+    async def close(self) -> None:
+        """Commit delivered results and release the Kafka handles of this process."""
+        state = self._state
+        if state is None or state.pid != os.getpid():
+            return
+        self._queue_commit(state)
+        state.stop.set()
+        if state.thread:
+            await asyncio.to_thread(state.thread.join, 15)
+        for fut in state.pending.values():
+            if not fut.done():
+                fut.set_exception(ClientError("client closed"))
+        self._state = None
+
+    async def __aenter__(self) -> KilnClient:
+        await self._ready()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- submitting ---------------------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        kind: str,
+        payload: BaseModel | dict[str, Any],
+        *,
+        key: str | None = None,
+        deadline_s: float | None = None,
+        topic: str | None = None,
+        request_id: str | None = None,
+    ) -> asyncio.Future[ResultEnvelope]:
+        """Send one request; the returned future resolves with its ``ResultEnvelope``."""
+        state = await self._ready()
+        request_topic = topic or (STAGES[kind].request_topic if kind in STAGES else None)
+        if request_topic is None:
+            raise ConfigError(f"unknown stage kind {kind!r}: pass topic=")
+        body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload)
+        envelope = RequestEnvelope(
+            kind=kind, client_id=state.client_id, payload=body,
+            reply_to=ReplyTo(topic=self.results_topic, key=state.client_id, partition=state.partition),
+            **({"request_id": request_id} if request_id else {}),
+        )
+        if deadline_s is not None:
+            envelope = envelope.model_copy(update={"deadline": envelope.created_at + timedelta(seconds=deadline_s)})
+        if envelope.request_id in state.pending or envelope.request_id in state.delivered:
+            raise ClientError(f"request id {envelope.request_id} already used")
+        await state.slots.acquire()
+        fut: asyncio.Future[ResultEnvelope] = state.loop.create_future()
+        state.pending[envelope.request_id] = fut
+        fut.add_done_callback(lambda _f: state.slots.release())
+        state.seq += 1
+        msg_key = key if key is not None else f"{state.client_id}/{state.seq % self.key_spread}"
+        value = codec.encode(envelope, self.blob_store, self.settings.claim_check_bytes)
+        await self._produce(state, self.settings.topic(request_topic), value, msg_key, envelope.request_id)
+        if deadline_s is not None:
+            state.loop.call_later(deadline_s + 1.0, self._expire, state, envelope.request_id)
+        return fut
+
+    async def call(self, kind: str, payload: BaseModel | dict[str, Any], **kwargs: Any) -> Any:
+        """Submit and await: the stage's typed result, or ``RequestFailed`` / ``RequestExpired``."""
+        envelope = await (await self.submit(kind, payload, **kwargs))
+        return self.result_of(envelope)
+
+    def result_of(self, envelope: ResultEnvelope) -> Any:
+        if envelope.status == "expired":
+            raise RequestExpired(f"request {envelope.request_id} expired before it started")
+        if envelope.status == "error":
+            err = envelope.error
+            raise RequestFailed(envelope.request_id, f"{err.type}: {err.message}" if err else "unknown error")
+        body = codec.result_body(envelope, self.blob_store) or {}
+        spec = STAGES.get(envelope.kind)
+        return spec.result_model.model_validate(body) if spec else body
+
+    async def unclaimed(self) -> AsyncIterator[ResultEnvelope]:
+        """Results for requests this process did not submit (e.g. before a restart with the same client id)."""
+        state = await self._ready()
+        while True:
+            envelope, offset = await state.unclaimed.get()
+            if envelope.request_id in state.delivered:
+                self._finish(state, offset)
+                continue
+            self._mark_delivered(state, envelope.request_id)
+            yield envelope
+            self._finish(state, offset)
+
+    async def _produce(self, state: _ProcessState, topic: str, value: bytes, key: str, request_id: str) -> None:
+        """Queue the request without waiting for the broker: a failed delivery fails the request's future."""
+        assert state.producer is not None
+
+        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                state.loop.call_soon_threadsafe(
+                    self._fail, state, request_id, ClientError(f"request delivery to {topic} failed: {err}"))
+
+        while True:
+            try:
+                state.producer.produce(topic, value, key=key, on_delivery=on_delivery)
+                return
+            except BufferError:  # local queue full: the I/O thread drains it
+                await asyncio.sleep(0.005)
+
+    @staticmethod
+    def _fail(state: _ProcessState, request_id: str, error: Exception) -> None:
+        fut = state.pending.pop(request_id, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(error)
+
+    # ---- results ------------------------------------------------------------------------------------------
+
+    def _io_main(self, state: _ProcessState) -> None:
+        assert state.consumer is not None and state.producer is not None
+        try:
+            while not state.stop.is_set():
+                state.producer.poll(0)
+                self._send_commit(state, asynchronous=True)
+                msgs = state.consumer.consume(num_messages=500, timeout=0.02)
+                if msgs:
+                    state.loop.call_soon_threadsafe(self._on_results, state, msgs)
+            state.producer.flush(10)
+            self._send_commit(state, asynchronous=False)
+        finally:
+            with contextlib.suppress(Exception):
+                state.consumer.close()
+
+    @staticmethod
+    def _send_commit(state: _ProcessState, asynchronous: bool) -> None:
+        tp, state.commit_to = state.commit_to, None
+        if tp is not None and state.consumer is not None:
+            with contextlib.suppress(Exception):
+                state.consumer.commit(offsets=[tp], asynchronous=asynchronous)
+
+    def _on_results(self, state: _ProcessState, msgs: list[Message]) -> None:
+        assert state.offsets is not None
+        for msg in msgs:
+            if msg.error() is not None:
+                continue
+            offset = msg.offset()
+            if not state.offsets.receive(offset):
+                continue
+            try:
+                envelope = codec.decode_result(msg.value() or b"")
+            except Exception:
+                self._finish(state, offset)
+                continue
+            if envelope.client_id != state.client_id or envelope.request_id in state.delivered:
+                self._finish(state, offset)
+                continue
+            fut = state.pending.pop(envelope.request_id, None)
+            if fut is None:
+                state.unclaimed.put_nowait((envelope, offset))
+                continue
+            self._mark_delivered(state, envelope.request_id)
+            if not fut.done():
+                fut.set_result(envelope)
+            self._finish(state, offset)
+
+    def _expire(self, state: _ProcessState, request_id: str) -> None:
+        if request_id in state.pending:
+            self._mark_delivered(state, request_id)
+            self._fail(state, request_id, RequestExpired(f"no result for {request_id} before its deadline"))
+
+    @staticmethod
+    def _mark_delivered(state: _ProcessState, request_id: str) -> None:
+        state.delivered[request_id] = None
+        if len(state.delivered) > 1_000_000:
+            state.delivered.popitem(last=False)
+
+    def _finish(self, state: _ProcessState, offset: int) -> None:
+        assert state.offsets is not None
+        state.offsets.finish(offset)
+        self._queue_commit(state)
+
+    def _queue_commit(self, state: _ProcessState) -> None:
+        if state.offsets is None:
+            return
+        state.commit_to = commit_position(self.results_topic, state.partition, state.offsets)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._state.pending) if self._state else 0

@@ -1,0 +1,76 @@
+"""Envelope (de)serialisation, with claim checks for payloads above the size threshold."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import zstandard
+from pydantic import BaseModel, ValidationError
+
+from schemas.envelope import ClaimCheck, RequestEnvelope, ResultEnvelope
+from streams.blobstore import BlobStore
+from streams.errors import MalformedRequest
+
+_ZSTD_LEVEL = 3
+
+
+def _check_in(data: dict[str, Any], store: BlobStore) -> ClaimCheck:
+    raw = zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(json.dumps(data).encode())
+    ref = store.put(raw)
+    return ClaimCheck(digest=ref.digest, size=ref.size)
+
+
+def _check_out(check: ClaimCheck, store: BlobStore | None) -> dict[str, Any]:
+    if store is None:
+        raise MalformedRequest("message carries a claim check but no blob store is configured")
+    raw = zstandard.ZstdDecompressor().decompress(store.get(check.digest))
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise MalformedRequest("claim-checked payload is not an object")
+    return data
+
+
+def encode(envelope: RequestEnvelope | ResultEnvelope, store: BlobStore | None, threshold: int) -> bytes:
+    """JSON bytes of the envelope; a payload/result above ``threshold`` bytes moves to the blob store."""
+    raw = envelope.model_dump_json().encode()
+    if len(raw) <= threshold or store is None:
+        return raw
+    field = "payload" if isinstance(envelope, RequestEnvelope) else "result"
+    body = getattr(envelope, field)
+    if body is None:
+        return raw
+    slim = envelope.model_copy(update={field: None, "claim_check": _check_in(body, store)})
+    return slim.model_dump_json().encode()
+
+
+def decode_request(raw: bytes | None) -> RequestEnvelope:
+    if raw is None:
+        raise MalformedRequest("empty message (tombstone)")
+    try:
+        return RequestEnvelope.model_validate_json(raw)
+    except ValidationError as e:
+        raise MalformedRequest(f"not a request envelope: {_short(e)}") from None
+
+
+def decode_result(raw: bytes) -> ResultEnvelope:
+    return ResultEnvelope.model_validate_json(raw)
+
+
+def request_payload(envelope: RequestEnvelope, model: type[BaseModel], store: BlobStore | None) -> BaseModel:
+    """The envelope's payload validated against the stage's request model (fetching a claim check)."""
+    data = _check_out(envelope.claim_check, store) if envelope.claim_check else (envelope.payload or {})
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise MalformedRequest(f"invalid {envelope.kind} payload: {_short(e)}") from None
+
+
+def result_body(envelope: ResultEnvelope, store: BlobStore | None) -> dict[str, Any] | None:
+    if envelope.claim_check:
+        return _check_out(envelope.claim_check, store)
+    return envelope.result
+
+
+def _short(e: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, err['loc'])) or '<root>'}: {err['msg']}" for err in e.errors()[:5])

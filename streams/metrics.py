@@ -1,0 +1,101 @@
+"""Prometheus metrics of a worker and its HTTP endpoint (``/metrics``, ``/healthz``).
+
+These are the autoscaler's inputs (seed 000): queue length corrected for jobs finished ahead of the committed
+offset, completions in the last minute, busy and total slots, failures by reason.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class WorkerMetrics:
+    def __init__(self, stage: str, worker_id: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"stage": stage, "worker": worker_id}
+        self._recent: deque[float] = deque()
+        self._lock = threading.Lock()
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, list(labels), registry=self.registry).labels(**labels)  # type: ignore[no-any-return]
+
+        self.slots = gauge("kiln_slots", "Job slots this worker advertises.")
+        self.busy_slots = gauge("kiln_busy_slots", "Slots running a job now.")
+        self.queue_length = gauge("kiln_queue_length",
+                                  "Unfinished jobs on assigned partitions (lag minus jobs finished ahead).")
+        self.assigned_partitions = gauge("kiln_assigned_partitions", "Partitions assigned to this worker.")
+        self.paused_partitions = gauge("kiln_paused_partitions", "Assigned partitions paused for back-pressure.")
+        completions_last_minute = Gauge("kiln_completions_last_minute", "Jobs finished in the last 60 s.",
+                                        list(labels), registry=self.registry).labels(**labels)
+        completions_last_minute.set_function(self.completions_last_minute)
+        self.completions = Counter("kiln_completions_total", "Jobs finished, by status.",
+                                   [*labels, "status"], registry=self.registry)
+        self.failures = Counter("kiln_failures_total", "Failed attempts ending a job, by reason.",
+                                [*labels, "reason"], registry=self.registry)
+        self.dead_letters = Counter("kiln_dlq_total", "Messages sent to the dead-letter topic, by reason.",
+                                    [*labels, "reason"], registry=self.registry)
+        self.skipped = Counter("kiln_skipped_total", "Messages skipped because they finished before a restart.",
+                               list(labels), registry=self.registry).labels(**labels)
+        self.durations = Histogram("kiln_job_seconds", "Job duration including retries.", list(labels),
+                                   registry=self.registry,
+                                   buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 2, 10, 60, 300)).labels(**labels)
+        self._labels = labels
+
+    def job_finished(self, stage: str, status: str, seconds: float, reason: str | None, dead_letter: bool) -> None:
+        del stage  # the labels already carry it
+        self.completions.labels(**self._labels, status=status).inc()
+        self.durations.observe(seconds)
+        if reason and status == "error":
+            self.failures.labels(**self._labels, reason=reason).inc()
+        now = time.monotonic()
+        with self._lock:
+            self._recent.append(now)
+
+    def dead_lettered(self, reason: str) -> None:
+        self.dead_letters.labels(**self._labels, reason=reason).inc()
+
+    def completions_last_minute(self) -> float:
+        cutoff = time.monotonic() - 60
+        with self._lock:
+            while self._recent and self._recent[0] < cutoff:
+                self._recent.popleft()
+            return float(len(self._recent))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def serve_http(host: str, port: int, metrics: WorkerMetrics, health: Callable[[], dict[str, Any]]) -> ThreadingHTTPServer:
+    """Serve /metrics and /healthz in a daemon thread (host ``0.0.0.0`` in containers, loopback otherwise)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.startswith("/metrics"):
+                body, ctype, code = metrics.render(), CONTENT_TYPE_LATEST, 200
+            elif self.path.startswith("/healthz"):
+                state = health()
+                body, ctype = json.dumps(state).encode(), "application/json"
+                code = 200 if state.get("status") == "ok" else 503
+            else:
+                body, ctype, code = b"not found\n", "text/plain", 404
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="kiln-metrics", daemon=True).start()
+    return server

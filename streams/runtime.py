@@ -1,0 +1,532 @@
+"""The job runtime: runs one stage's handler over its request topic with commit-after-finish semantics.
+
+Threads: one thread owns the Kafka consumer (poll, commit, pause/resume, rebalance callbacks); one serves the
+producer's delivery reports; jobs run as asyncio tasks on the event loop. The loop talks to the consumer thread
+through a command queue, the consumer thread to the loop through ``call_soon_threadsafe``.
+
+Semantics (see ARCHITECTURE.md, "The job runtime"):
+- an offset is committed only when every job at or below it has finished; jobs finished beyond it travel in
+  the commit metadata (``streams.offsets``) and are skipped by the next owner;
+- at most ``slots`` jobs run; each partition at most ``max_in_flight_per_partition``; partitions are served
+  round-robin and paused when their local backlog is full, while polling continues;
+- keyed mode runs jobs with the same key one at a time, in offset order;
+- revoke or SIGTERM: stop intake, let running jobs finish within the grace period, commit, abandon the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+
+from schemas.envelope import ErrorInfo, RequestEnvelope, ResultEnvelope
+from streams import admin, codec
+from streams.blobstore import BlobStore
+from streams.errors import KilnError, MalformedRequest
+from streams.metrics import WorkerMetrics, serve_http
+from streams.middleware import Job, Middleware, Outcome, compose, default_middleware, error_info
+from streams.offsets import OffsetMapError, PartitionOffsets, commit_position, decode_done
+from streams.settings import KilnSettings
+from streams.stage import JobContext, Stage
+
+log = logging.getLogger("kiln.runtime")
+
+TP = tuple[str, int]
+
+
+def producer_config(settings: KilnSettings, **extra: Any) -> dict[str, Any]:
+    """Idempotent producer: retries never duplicate or reorder a partition's records."""
+    return {"bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True, "acks": "all",
+            "linger.ms": 2, "compression.type": "zstd", "message.timeout.ms": 120000, **extra}
+
+
+@dataclass
+class _Partition:
+    offsets: PartitionOffsets
+    backlog: deque[Message] = field(default_factory=deque)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    paused: bool = False
+    revoking: bool = False
+
+
+class Worker:
+    """Runs ``stage`` until ``stop()`` (or SIGTERM when ``install_signal_handlers``)."""
+
+    def __init__(
+        self,
+        stage: Stage,
+        settings: KilnSettings,
+        *,
+        slots: int | None = None,
+        group_id: str | None = None,
+        topic: str | None = None,
+        max_in_flight_per_partition: int | None = None,
+        grace_s: float | None = None,
+        middleware: Sequence[Middleware] | None = None,
+        blob_store: BlobStore | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        self.stage = stage
+        self.settings = settings
+        self.slots = slots or settings.slots or len(os.sched_getaffinity(0))
+        self.topic = settings.topic(topic or stage.spec.request_topic)
+        self.dlq_topic = f"{self.topic}.dlq"
+        self.group_id = group_id or f"kiln.{stage.name}"
+        self.per_partition_cap = max_in_flight_per_partition or self.slots
+        self.prefetch = max(2 * self.per_partition_cap, 16)
+        self.grace_s = settings.grace_s if grace_s is None else grace_s
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.blob_store = blob_store
+        self.metrics = WorkerMetrics(stage.name, self.worker_id)
+        self.metrics.slots.set(self.slots)
+        self._chain = compose(middleware or default_middleware(self.metrics, settings.job_timeout_s),
+                              self._invoke_handler)
+        self._parts: dict[TP, _Partition] = {}
+        self._rr: deque[TP] = deque()
+        self._running = 0
+        self._busy_keys: set[bytes | None] = set()
+        self._dirty: set[TP] = set()
+        self._last_commit: dict[TP, tuple[int, str]] = {}
+        self._commands: queue.SimpleQueue[Callable[[Consumer], None]] = queue.SimpleQueue()
+        self._stopping = threading.Event()
+        self._consumer_done = threading.Event()
+        self._final_committed = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._producer: Producer | None = None
+        self._commit_wake = asyncio.Event()
+        self.ready = threading.Event()  # set once the consumer has joined the group
+
+    # ---- public -------------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Graceful stop: stop intake, finish running jobs within the grace period, commit, leave the group."""
+        self._stopping.set()
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._commit_wake.set)
+
+    async def run(self, install_signal_handlers: bool = False, serve_metrics: bool = True) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._commit_wake = asyncio.Event()
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(sig, self.stop)
+        server = (serve_http(self.settings.metrics_host, self.settings.metrics_port, self.metrics, self.health)
+                  if serve_metrics else None)
+        self.metrics_port = server.server_address[1] if server else 0
+        self._producer = Producer(producer_config(self.settings, **{"client.id": self.worker_id}))
+        consumer_thread = threading.Thread(target=self._consumer_main, name="kiln-consumer", daemon=True)
+        delivery_thread = threading.Thread(target=self._delivery_main, name="kiln-delivery", daemon=True)
+        delivery_thread.start()
+        consumer_thread.start()
+        log.info("worker %s: stage %s on %s (%d slots, group %s)", self.worker_id, self.stage.name, self.topic,
+                 self.slots, self.group_id)
+        try:
+            await self._commit_loop()
+            await self._drain_all()
+        finally:
+            self._stopping.set()
+            await asyncio.to_thread(self._consumer_done.wait)
+            await asyncio.to_thread(self._producer.flush, 10)
+            delivery_thread.join(timeout=5)
+            if server:
+                server.shutdown()
+            log.info("worker %s stopped", self.worker_id)
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "stopping" if self._stopping.is_set() else ("ok" if self.ready.is_set() else "starting"),
+                "stage": self.stage.name, "worker": self.worker_id, "busy_slots": self._running,
+                "slots": self.slots, "partitions": sorted(p for _, p in self._parts)}
+
+    # ---- consumer thread ----------------------------------------------------------------------------------
+
+    def _consumer_config(self) -> dict[str, Any]:
+        protocol = admin.resolve_group_protocol(self.settings)
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.settings.bootstrap_servers,
+            "group.id": self.group_id,
+            "client.id": self.worker_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "group.protocol": protocol,
+            # Bounded prefetch: back-pressure is local pausing, and a revoked partition has little to drop.
+            "queued.max.messages.kbytes": 4096,
+            "fetch.wait.max.ms": 10,
+        }
+        if protocol == "classic":
+            conf.update({"partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": 10000,
+                         "heartbeat.interval.ms": 1000, "max.poll.interval.ms": 300000})
+        return conf
+
+    def _consumer_main(self) -> None:
+        assert self._loop is not None
+        consumer = Consumer(self._consumer_config())
+        consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                           on_lost=self._on_lost)
+        next_lag_check = 0.0
+        try:
+            while not self._stopping.is_set():
+                self._run_commands(consumer)
+                msgs = consumer.consume(num_messages=500, timeout=0.05)
+                if msgs:
+                    self._loop.call_soon_threadsafe(self._on_messages, msgs)
+                if time.monotonic() >= next_lag_check:
+                    next_lag_check = time.monotonic() + 2.0
+                    self._update_queue_length(consumer)
+            # Graceful stop: the loop has drained and queued the final commit.
+            self._wait_final_commands(consumer)
+        except Exception:
+            log.exception("consumer thread failed")
+            self._loop.call_soon_threadsafe(self.stop)
+        finally:
+            with contextlib.suppress(Exception):
+                consumer.close()
+            self._consumer_done.set()
+
+    def _run_commands(self, consumer: Consumer) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                command(consumer)
+            except Exception as e:  # a failed commit is retried by the next one
+                log.warning("consumer command failed: %s", e)
+
+    def _wait_final_commands(self, consumer: Consumer) -> None:
+        deadline = time.monotonic() + self.grace_s + 10
+        while not self._final_committed.is_set() and time.monotonic() < deadline:
+            self._run_commands(consumer)
+            consumer.poll(0.05)
+        self._run_commands(consumer)
+
+    def _update_queue_length(self, consumer: Consumer) -> None:
+        parts = self._parts.copy()
+        total = 0
+        for (topic, partition), part in parts.items():
+            try:
+                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=1.0)
+            except Exception:
+                continue
+            total += max(0, high - part.offsets.committable - len(part.offsets.done_ahead()))
+        self.metrics.queue_length.set(total)
+        self.metrics.assigned_partitions.set(len(parts))
+        self.metrics.paused_partitions.set(sum(1 for p in parts.values() if p.paused))
+
+    def _call_in_loop(self, fn: Callable[[], Any], timeout: float) -> Any:
+        """Run ``fn`` (sync, or returning a coroutine) on the event loop and wait for it from this thread."""
+        assert self._loop is not None
+
+        async def runner() -> Any:
+            result = fn()
+            if asyncio.iscoroutine(result):
+                result = await result
+            return result
+
+        return asyncio.run_coroutine_threadsafe(runner(), self._loop).result(timeout)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if not partitions:
+            self.ready.set()
+            return
+        committed = consumer.committed(partitions, timeout=30)
+        states: dict[TP, PartitionOffsets] = {}
+        for tp in committed:
+            start = tp.offset if tp.offset >= 0 else 0
+            try:
+                done = decode_done(start, tp.metadata)
+            except OffsetMapError as e:
+                log.warning("ignoring offset metadata of %s[%d]: %s", tp.topic, tp.partition, e)
+                done = set()
+            states[(tp.topic, tp.partition)] = PartitionOffsets(start, done)
+        self._call_in_loop(lambda: self._add_partitions(states), timeout=30)
+        log.info("assigned %s", sorted(p for _, p in states))
+        self.ready.set()
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        tps = [(tp.topic, tp.partition) for tp in partitions]
+        final: list[TopicPartition] = self._call_in_loop(lambda: self._drain_partitions(tps),
+                                                         timeout=self.grace_s + 30)
+        if final:
+            with contextlib.suppress(Exception):
+                consumer.commit(offsets=final, asynchronous=False)
+        log.info("revoked %s", sorted(p for _, p in tps))
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        tps = [(tp.topic, tp.partition) for tp in partitions]
+        self._call_in_loop(lambda: self._forget_partitions(tps), timeout=30)
+        log.warning("lost %s", sorted(p for _, p in tps))
+
+    # ---- delivery thread ----------------------------------------------------------------------------------
+
+    def _delivery_main(self) -> None:
+        assert self._producer is not None
+        while not (self._consumer_done.is_set() and len(self._producer) == 0):
+            self._producer.poll(0.1)
+
+    # ---- event loop: partitions ---------------------------------------------------------------------------
+
+    def _add_partitions(self, states: dict[TP, PartitionOffsets]) -> None:
+        for tp, offsets in states.items():
+            self._parts[tp] = _Partition(offsets)
+            if tp not in self._rr:
+                self._rr.append(tp)
+
+    async def _drain_partitions(self, tps: list[TP]) -> list[TopicPartition]:
+        """Stop intake on ``tps``, give their running jobs the grace period, return their final offsets."""
+        parts = {tp: self._parts[tp] for tp in tps if tp in self._parts}
+        tasks: set[asyncio.Task[None]] = set()
+        for part in parts.values():
+            part.revoking = True
+            part.backlog.clear()
+            tasks |= part.tasks
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=self.grace_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        final = [commit_position(t, p, part.offsets) for (t, p), part in parts.items()]
+        self._forget_partitions(tps)
+        return final
+
+    def _forget_partitions(self, tps: list[TP]) -> None:
+        for tp in tps:
+            part = self._parts.pop(tp, None)
+            if part:
+                for task in part.tasks:
+                    task.cancel()
+            self._dirty.discard(tp)
+            self._last_commit.pop(tp, None)
+            with contextlib.suppress(ValueError):
+                self._rr.remove(tp)
+
+    async def _drain_all(self) -> None:
+        """Graceful stop of the whole worker: no new jobs; running ones get the grace period; final commit."""
+        final = await self._drain_partitions(list(self._parts))
+        if final:
+            self._commands.put(lambda c: c.commit(offsets=final, asynchronous=False))
+        self._commands.put(lambda c: self._final_committed.set())
+
+    # ---- event loop: dispatch -----------------------------------------------------------------------------
+
+    def _on_messages(self, msgs: list[Message]) -> None:
+        to_pause: list[TopicPartition] = []
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer error: %s", err)
+                continue
+            tp = (msg.topic(), msg.partition())
+            part = self._parts.get(tp)
+            if part is None or part.revoking:
+                continue
+            if not part.offsets.receive(msg.offset()):
+                self.metrics.skipped.inc()
+                self._dirty.add(tp)
+                continue
+            part.backlog.append(msg)
+            if not part.paused and len(part.backlog) >= self.prefetch:
+                part.paused = True
+                to_pause.append(TopicPartition(*tp))
+        if to_pause:
+            self._commands.put(lambda c: c.pause(to_pause))
+        self._dispatch()
+        if self._dirty:
+            self._commit_wake.set()
+
+    def _dispatch(self) -> None:
+        if self._stopping.is_set():
+            return
+        idle_rounds = 0
+        while self._running < self.slots and self._rr and idle_rounds < len(self._rr):
+            tp = self._rr[0]
+            self._rr.rotate(-1)
+            part = self._parts.get(tp)
+            msg = self._take(part) if part is not None else None
+            if msg is None or part is None:
+                idle_rounds += 1
+                continue
+            idle_rounds = 0
+            self._running += 1
+            self.metrics.busy_slots.set(self._running)
+            if self.stage.spec.ordering == "keyed":
+                self._busy_keys.add(msg.key())
+            task = asyncio.get_running_loop().create_task(self._run_job(tp, part, msg))
+            part.tasks.add(task)
+            if part.paused and len(part.backlog) <= self.prefetch // 2:
+                part.paused = False
+                resume = [TopicPartition(*tp)]
+                self._commands.put(lambda c, r=resume: c.resume(r))  # type: ignore[misc]
+
+    def _take(self, part: _Partition) -> Message | None:
+        if part.revoking or not part.backlog or len(part.tasks) >= self.per_partition_cap:
+            return None
+        if self.stage.spec.ordering != "keyed":
+            return part.backlog.popleft()
+        for i, msg in enumerate(part.backlog):
+            if msg.key() not in self._busy_keys:
+                del part.backlog[i]
+                return msg
+        return None
+
+    async def _run_job(self, tp: TP, part: _Partition, msg: Message) -> None:
+        try:
+            await self._process(msg)
+            part.offsets.finish(msg.offset())
+            self._dirty.add(tp)
+            self._commit_wake.set()
+        except asyncio.CancelledError:
+            pass  # abandoned on revoke/shutdown: stays uncommitted and is replayed by the next owner
+        except Exception:
+            # Even the dead-letter record could not be delivered: this worker cannot make safe progress.
+            # The offset stays unfinished, so the job replays on another worker after this one stops.
+            log.exception("job at %s[%d]@%d could not be completed; stopping", tp[0], tp[1], msg.offset())
+            self.stop()
+        finally:
+            self._running -= 1
+            self.metrics.busy_slots.set(self._running)
+            part.tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+            if self.stage.spec.ordering == "keyed":
+                self._busy_keys.discard(msg.key())
+            self._dispatch()
+
+    # ---- event loop: one job ------------------------------------------------------------------------------
+
+    async def _process(self, msg: Message) -> None:
+        started = datetime.now(UTC)
+        try:
+            envelope = codec.decode_request(msg.value())
+            if envelope.kind != self.stage.name:
+                raise MalformedRequest(f"kind {envelope.kind!r} sent to stage {self.stage.name!r}")
+        except MalformedRequest as e:
+            await self._dead_letter(msg, error_info(e, False), attempts=0)
+            await self._reply_best_effort(msg, error_info(e, False))
+            return
+        ctx = JobContext(envelope=envelope, attempt=0, worker_id=self.worker_id, topic=msg.topic(),
+                         partition=msg.partition(), offset=msg.offset())
+        outcome = await self._chain(Job(self.stage, ctx))
+        if outcome.dead_letter and outcome.error is not None:
+            await self._dead_letter(msg, outcome.error, outcome.attempts)
+        try:
+            await self._reply(envelope, outcome, started)
+        except KilnError as e:
+            # An unreachable reply_to (e.g. a topic that does not exist) is the request's fault: record it.
+            await self._dead_letter(msg, ErrorInfo(type="ReplyDeliveryFailed", message=str(e)), outcome.attempts)
+
+    async def _invoke_handler(self, job: Job) -> Outcome:
+        request = codec.request_payload(job.ctx.envelope, self.stage.spec.request_model, self.blob_store)
+        result = await self.stage.handler(request, job.ctx)
+        return Outcome("ok", result=result)
+
+    async def _produce(self, topic: str, value: bytes, key: bytes | str | None = None,
+                       partition: int | None = None, headers: list[tuple[str, bytes]] | None = None) -> None:
+        assert self._producer is not None and self._loop is not None
+        loop = self._loop
+        done: asyncio.Future[None] = loop.create_future()
+
+        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            def settle() -> None:
+                if done.done():
+                    return
+                if err is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(KilnError(f"delivery to {topic} failed: {err}"))
+            loop.call_soon_threadsafe(settle)
+
+        kwargs: dict[str, Any] = {"key": key, "headers": headers, "on_delivery": on_delivery}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self._producer.produce(topic, value, **kwargs)
+                break
+            except BufferError:  # local queue full: let the delivery thread drain it
+                await asyncio.sleep(0.01)
+        await done
+
+    async def _reply(self, envelope: RequestEnvelope, outcome: Outcome, started: datetime) -> None:
+        if envelope.reply_to is None:
+            return
+        result = ResultEnvelope(
+            request_id=envelope.request_id, kind=envelope.kind, client_id=envelope.client_id,
+            status=outcome.status, result=outcome.result.model_dump(mode="json") if outcome.result else None,
+            error=outcome.error, attempts=outcome.attempts, worker=self.worker_id, started_at=started,
+        )
+        value = codec.encode(result, self.blob_store, self.settings.claim_check_bytes)
+        await self._produce(envelope.reply_to.topic, value, key=envelope.reply_to.key,
+                            partition=envelope.reply_to.partition)
+
+    async def _reply_best_effort(self, msg: Message, error: ErrorInfo) -> None:
+        """A malformed request may still name its id and reply_to: tell the client rather than let it wait."""
+        try:
+            raw = json.loads(msg.value() or b"")
+            reply_to, request_id = raw["reply_to"], str(raw["request_id"])
+            topic, key, partition = str(reply_to["topic"]), str(reply_to["key"]), reply_to.get("partition")
+        except Exception:
+            return
+        result = ResultEnvelope(request_id=request_id, kind=str(raw.get("kind", self.stage.name)),
+                                client_id=str(raw.get("client_id", "anonymous")), status="error", error=error,
+                                attempts=0, worker=self.worker_id)
+        with contextlib.suppress(KilnError):
+            await self._produce(topic, result.model_dump_json().encode(), key=key,
+                                partition=partition if isinstance(partition, int) else None)
+
+    async def _dead_letter(self, msg: Message, error: ErrorInfo, attempts: int) -> None:
+        headers = [
+            ("kiln-error-type", error.type.encode()),
+            ("kiln-error-message", error.message.encode()[:4000]),
+            ("kiln-stage", self.stage.name.encode()),
+            ("kiln-attempts", str(attempts).encode()),
+            ("kiln-source-topic", msg.topic().encode()),
+            ("kiln-source-partition", str(msg.partition()).encode()),
+            ("kiln-source-offset", str(msg.offset()).encode()),
+            ("kiln-worker", self.worker_id.encode()),
+        ]
+        await self._produce(self.dlq_topic, msg.value() or b"", key=msg.key(),
+                            headers=headers + list(msg.headers() or []))
+        self.metrics.dead_lettered(error.type)
+
+    # ---- event loop: commits ------------------------------------------------------------------------------
+
+    async def _commit_loop(self) -> None:
+        """Commit finished offsets (with the finished-ahead map) as they change, coalesced."""
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._commit_wake.wait(), 1.0)
+            self._commit_wake.clear()
+            await asyncio.sleep(0.005)  # coalesce bursts of completions into one commit
+            self._commit_dirty()
+
+    def _commit_dirty(self) -> None:
+        offsets: list[TopicPartition] = []
+        for tp in list(self._dirty):
+            part = self._parts.get(tp)
+            if part is None or part.revoking:
+                continue
+            position = commit_position(tp[0], tp[1], part.offsets)
+            state = (position.offset, position.metadata or "")
+            if self._last_commit.get(tp) != state:
+                self._last_commit[tp] = state
+                offsets.append(position)
+        self._dirty.clear()
+        if offsets:
+            self._commands.put(lambda c: c.commit(offsets=offsets, asynchronous=True))

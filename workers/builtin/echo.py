@@ -1,0 +1,15 @@
+"""``echo``: returns the request's data unchanged."""
+
+from __future__ import annotations
+
+from schemas.builtin import EchoRequest, EchoResult
+from schemas.stages import STAGES
+from streams.stage import JobContext, Stage
+
+
+async def handle(request: EchoRequest, ctx: JobContext) -> EchoResult:
+    del ctx
+    return EchoResult(data=request.data)
+
+
+stage = Stage(STAGES["echo"], handle)  # type: ignore[arg-type]

@@ -1,0 +1,45 @@
+"""``sleep``: holds a slot for a given time (sleeping, or spinning a CPU), and fails on request.
+
+Failures: ``transient`` and ``permanent`` raise the matching job error; ``crash`` kills the whole worker process
+with SIGKILL (as a preempted node would); ``hang`` never returns (the timeout policy must end it). With
+``fail_attempts=N`` only the first N attempts fail, so retries can be seen to succeed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+from schemas.builtin import SleepRequest, SleepResult
+from schemas.stages import STAGES
+from streams.errors import PermanentJobError, TransientJobError
+from streams.stage import JobContext, Stage
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+async def handle(request: SleepRequest, ctx: JobContext) -> SleepResult:
+    failing = request.fail != "none" and ctx.attempt <= request.fail_attempts
+    if failing and request.fail == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if request.mode == "spin":
+        await asyncio.to_thread(_spin, request.seconds)
+    else:
+        await asyncio.sleep(request.seconds)
+    if failing:
+        if request.fail == "transient":
+            raise TransientJobError(f"requested transient failure (attempt {ctx.attempt})")
+        if request.fail == "permanent":
+            raise PermanentJobError("requested permanent failure")
+        if request.fail == "hang":
+            await asyncio.Event().wait()
+    return SleepResult(slept=request.seconds, attempt=ctx.attempt, tag=request.tag, worker=ctx.worker_id)
+
+
+stage = Stage(STAGES["sleep"], handle, job_timeout_s=300.0, max_attempts=3)  # type: ignore[arg-type]
