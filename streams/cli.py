@@ -127,3 +127,34 @@ def worker(
     runner = Worker(load_stage(stage), settings, slots=slots or None, group_id=group, topic=topic,
                     max_in_flight_per_partition=per_partition, blob_store=open_blob_store(settings))
     asyncio.run(runner.run(install_signal_handlers=True))
+
+
+@app.command()
+def replay(
+    topic: Annotated[str, typer.Argument(help="Request topic to replay, e.g. repo.ingest.")],
+    from_beginning: Annotated[bool, typer.Option("--from-beginning", help="Start at offset 0 (required).")] = False,
+    stage: Annotated[str | None, typer.Option(help="Stage whose handler consumes it; default: by topic.")] = None,
+    concurrency: int = 8,
+) -> None:
+    """Feed a topic from offset 0 through a stage's handler, with progress, re-emitting no results."""
+    import asyncio
+
+    from schemas.stages import STAGES
+    from streams.blobstore import open_blob_store
+    from streams.replay import replay as run_replay
+    from streams.stage import load_stage
+
+    if not from_beginning:
+        raise typer.BadParameter("only --from-beginning replays are supported")
+    settings = get_settings()
+    name = stage or next((k for k, s in STAGES.items() if settings.topic(s.request_topic) == topic), None)
+    if name is None:
+        raise typer.BadParameter(f"no stage consumes {topic}; pass --stage")
+    stats = asyncio.run(run_replay(load_stage(name), settings, topic, concurrency=concurrency,
+                                   blob_store=open_blob_store(settings)))
+    out.print(f"replayed {stats.messages} messages: {stats.ok} ok, {stats.failed} failed, "
+              f"{stats.malformed} malformed")
+
+
+if __name__ == "__main__":
+    app()

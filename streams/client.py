@@ -95,6 +95,9 @@ class KilnClient:
             self.client_id = self._child_client_id(self.client_id, os.getpid())
             self._owner_pid = os.getpid()
             self._start_lock = None
+        if state is not None and state.pid == os.getpid() and state.loop is not loop:
+            state.stop.set()  # the loop it was bound to is gone (e.g. a second asyncio.run)
+            self._state = None
         if self._start_lock is None or state is None or state.loop is not loop:
             self._start_lock = asyncio.Lock()
         async with self._start_lock:
@@ -122,9 +125,12 @@ class KilnClient:
             tp = TopicPartition(self.results_topic, state.partition)
             committed = consumer.committed([tp], timeout=15)[0]
             if committed.offset == OFFSET_INVALID or committed.offset < 0:
-                # First run of this client id: results start after what is on the partition now.
+                # First run of this client id: results start after what is on the partition now. Commit that
+                # position at once, so a restart before any result arrives still reads from here.
                 _low, high = consumer.get_watermark_offsets(tp, timeout=15)
-                return TopicPartition(self.results_topic, state.partition, high)
+                start = TopicPartition(self.results_topic, state.partition, high)
+                consumer.commit(offsets=[start], asynchronous=False)
+                return start
             return committed
 
         start = await asyncio.to_thread(position)
@@ -144,8 +150,7 @@ class KilnClient:
         if state.thread:
             await asyncio.to_thread(state.thread.join, 15)
         for fut in state.pending.values():
-            if not fut.done():
-                fut.set_exception(ClientError("client closed"))
+            fut.cancel()  # their results stay on the topic for the next client with this id
         self._state = None
 
     async def __aenter__(self) -> KilnClient:
@@ -217,9 +222,10 @@ class KilnClient:
             if envelope.request_id in state.delivered:
                 self._finish(state, offset)
                 continue
+            # Handing it over is delivery (as resolving a future is): committed past, never yielded twice.
             self._mark_delivered(state, envelope.request_id)
-            yield envelope
             self._finish(state, offset)
+            yield envelope
 
     async def _produce(self, state: _ProcessState, topic: str, value: bytes, key: str, request_id: str) -> None:
         """Queue the request without waiting for the broker: a failed delivery fails the request's future."""

@@ -41,9 +41,6 @@ class Stage:
     handler: Handler
     job_timeout_s: float | None = None
     max_attempts: int = 3
-    # Whether replaying the request topic re-emits results. Most stages' results already reached their clients
-    # the first time; a stage whose output *is* the derived state (e.g. an index) replays with its handler only.
-    replay_emits_results: bool = False
 
     @property
     def name(self) -> str:

@@ -64,3 +64,16 @@ def registry(s3_settings: KilnSettings, docker_engine: object) -> str:
 def unique() -> str:
     """A short unique suffix for topic, group and bucket names, so tests never share state."""
     return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def topics(kafka: KilnSettings, unique: str):  # type: ignore[no-untyped-def]
+    """Create fresh request (+ DLQ) and results topics for one test: ``topics(partitions=1)`` -> names."""
+
+    def make(partitions: int = 1, results_partitions: int = 2) -> tuple[str, str]:
+        request, results = f"req-{unique}", f"res-{unique}"
+        admin.create_topics(kafka, [admin.TopicSpec(request, partitions), admin.TopicSpec(f"{request}.dlq", 1),
+                                    admin.TopicSpec(results, results_partitions)])
+        return request, results
+
+    return make

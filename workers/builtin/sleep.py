@@ -11,11 +11,31 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.builtin import SleepRequest, SleepResult
 from schemas.stages import STAGES
 from streams.errors import PermanentJobError, TransientJobError
 from streams.stage import JobContext, Stage
+
+
+class SleepSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KILN_SLEEP_")
+
+    journal: Path | None = Field(None, description="Append 'start|end <request_id> <worker>' lines here "
+                                                   "(how tests and benchmarks count executions).")
+
+
+_settings = SleepSettings()
+
+
+def _journal(event: str, ctx: JobContext) -> None:
+    if _settings.journal is not None:
+        with _settings.journal.open("a") as f:
+            f.write(f"{event} {ctx.envelope.request_id} {ctx.worker_id} {ctx.attempt}\n")
 
 
 def _spin(seconds: float) -> None:
@@ -25,6 +45,7 @@ def _spin(seconds: float) -> None:
 
 
 async def handle(request: SleepRequest, ctx: JobContext) -> SleepResult:
+    _journal("start", ctx)
     failing = request.fail != "none" and ctx.attempt <= request.fail_attempts
     if failing and request.fail == "crash":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -39,6 +60,7 @@ async def handle(request: SleepRequest, ctx: JobContext) -> SleepResult:
             raise PermanentJobError("requested permanent failure")
         if request.fail == "hang":
             await asyncio.Event().wait()
+    _journal("end", ctx)
     return SleepResult(slept=request.seconds, attempt=ctx.attempt, tag=request.tag, worker=ctx.worker_id)
 
 

@@ -1,0 +1,200 @@
+"""Lost workers, preemption, rebalances and client restarts, with real worker processes on a real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+from schemas.builtin import EchoRequest, SleepRequest
+from streams.client import KilnClient
+from streams.settings import KilnSettings
+from tests.streams.harness import WorkerProcess, journal_events, read_all, running_worker
+from workers.builtin import echo
+
+
+def _wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+async def _await_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_sigkill_replays_only_jobs_in_flight(kafka: KilnSettings, topics, unique: str,  # type: ignore[no-untyped-def]
+                                                   tmp_path: Path) -> None:
+    request_topic, results = topics(partitions=1)
+    journal = tmp_path / "journal"
+    async with KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
+        with WorkerProcess("sleep", kafka, request_topic, slots=4, journal=journal) as first:
+            first.wait_assigned()
+            slow_a = await client.submit("sleep", SleepRequest(seconds=4, tag="A"), topic=request_topic)
+            fast = [await client.submit("sleep", SleepRequest(seconds=0.05, tag=f"f{i}"), topic=request_topic)
+                    for i in range(6)]
+            slow_rest = [await client.submit("sleep", SleepRequest(seconds=4, tag=t), topic=request_topic)
+                         for t in "BCD"]
+            await asyncio.wait_for(asyncio.gather(*fast), 20)
+            await _await_until(lambda: sum(e[0] == "start" for e in journal_events(journal)) == 10, 20,
+                               "all slow jobs to start")
+            await asyncio.sleep(1.0)  # let the commit carrying the finished-ahead map reach the broker
+            before = journal_events(journal)
+            in_flight = {rid for ev, rid, _ in before if ev == "start"} - {rid for ev, rid, _ in before if ev == "end"}
+            first.kill()
+        assert len(in_flight) == 4  # A (offset 0, holding the committed offset back), B, C, D
+
+        with WorkerProcess("sleep", kafka, request_topic, slots=4, journal=journal) as second:
+            envelopes = await asyncio.wait_for(asyncio.gather(slow_a, *slow_rest), 40)
+            second.terminate()
+    after = journal_events(journal)[len(before):]
+    rerun = {rid for ev, rid, _ in after if ev == "start"}
+    assert rerun == in_flight, "jobs finished before the crash were run again, or in-flight ones were lost"
+    assert {e.request_id for e in envelopes} == in_flight
+    # Every request has exactly one result on the wire: nothing finished was redone.
+    raw = read_all(kafka, results, expect=10)
+    assert len(raw) == 10
+
+
+async def test_sigterm_finishes_running_jobs_and_leaves_the_rest(kafka: KilnSettings, topics, unique: str,  # type: ignore[no-untyped-def]
+                                                                 tmp_path: Path) -> None:
+    request_topic, results = topics(partitions=1)
+    journal = tmp_path / "journal"
+    async with KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
+        with WorkerProcess("sleep", kafka, request_topic, slots=2, journal=journal, grace_s=10) as first:
+            first.wait_assigned()
+            futures = [await client.submit("sleep", SleepRequest(seconds=1.5, tag=f"j{i}"), topic=request_topic)
+                       for i in range(6)]
+            await _await_until(lambda: sum(e[0] == "start" for e in journal_events(journal)) == 2, 20,
+                               "two jobs to start")
+            started = time.monotonic()
+            rc = await asyncio.to_thread(first.terminate, 30)
+            stop_s = time.monotonic() - started
+        assert rc == 0
+        first_run = journal_events(journal)
+        assert Counter(ev for ev, _, _ in first_run) == {"start": 2, "end": 2}, "running jobs were not finished"
+        assert stop_s < 8
+        done_first = [f for f in futures if f.done()]
+        assert len(done_first) == 2 or (await asyncio.sleep(1.0)) or len([f for f in futures if f.done()]) == 2
+
+        with WorkerProcess("sleep", kafka, request_topic, slots=2, journal=journal) as second:
+            await asyncio.wait_for(asyncio.gather(*futures), 30)
+            second.terminate()
+    second_run = journal_events(journal)[len(first_run):]
+    assert {rid for ev, rid, _ in second_run if ev == "start"}.isdisjoint({rid for _, rid, _ in first_run})
+    assert sum(ev == "start" for ev, _, _ in second_run) == 4
+
+
+async def test_short_grace_abandons_the_job_which_replays_elsewhere(kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
+                                                                    unique: str, tmp_path: Path) -> None:
+    request_topic, results = topics(partitions=1)
+    journal = tmp_path / "journal"
+    async with KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
+        with WorkerProcess("sleep", kafka, request_topic, slots=1, journal=journal, grace_s=0.5) as first:
+            first.wait_assigned()
+            fut = await client.submit("sleep", SleepRequest(seconds=5, tag="long"), topic=request_topic)
+            await _await_until(lambda: len(journal_events(journal)) == 1, 20, "the job to start")
+            assert await asyncio.to_thread(first.terminate, 30) == 0
+        with WorkerProcess("sleep", kafka, request_topic, slots=1, journal=journal) as second:
+            envelope = await asyncio.wait_for(fut, 30)
+            second.terminate()
+    workers = [w for ev, _, w in journal_events(journal) if ev == "start"]
+    assert len(workers) == 2 and workers[0] != workers[1] and envelope.worker == workers[1]
+
+
+async def test_two_workers_rebalance_without_losing_or_repeating(kafka: KilnSettings, topics, unique: str,  # type: ignore[no-untyped-def]
+                                                                 tmp_path: Path) -> None:
+    request_topic, results = topics(partitions=4)
+    journal = tmp_path / "journal"
+    async with KilnClient(kafka, f"c-{unique}", results_topic=results, key_spread=8) as client:
+        with WorkerProcess("sleep", kafka, request_topic, slots=4, journal=journal) as first:
+            first.wait_assigned()
+            futures = [await client.submit("sleep", SleepRequest(seconds=0.2, tag=f"j{i}"), topic=request_topic)
+                       for i in range(30)]
+            with WorkerProcess("sleep", kafka, request_topic, slots=4, journal=journal) as second:
+                second.wait_assigned()
+                futures += [await client.submit("sleep", SleepRequest(seconds=0.2), topic=request_topic)
+                            for _ in range(60)]
+                envelopes = await asyncio.wait_for(asyncio.gather(*futures), 60)
+                second.terminate()
+            first.terminate()
+    assert len({e.request_id for e in envelopes}) == 90
+    starts = Counter(rid for ev, rid, _ in journal_events(journal) if ev == "start")
+    assert set(starts) == {e.request_id for e in envelopes}
+    assert max(starts.values()) == 1, "a job ran twice across the rebalance"
+    assert len({w for ev, _, w in journal_events(journal) if ev == "start"}) == 2, "the second worker got no work"
+
+
+async def test_restarted_client_gets_results_of_its_previous_life(kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
+                                                                  unique: str) -> None:
+    request_topic, results = topics(partitions=2, results_partitions=4)
+    client_id = f"trainer-{unique}"
+    first_life = KilnClient(kafka, client_id, results_topic=results)
+    sent = [(await first_life.submit("echo", EchoRequest(data=i), topic=request_topic)) for i in range(10)]
+    ids = {rid for rid in first_life._state.pending}  # type: ignore[union-attr]
+    await first_life.close()  # "crash": the futures are gone, results not yet produced
+    assert all(f.done() for f in sent)
+
+    async with running_worker(echo.stage, kafka, request_topic, slots=4):
+        second_life = KilnClient(kafka, client_id, results_topic=results)
+        got = []
+        async for envelope in second_life.unclaimed():
+            got.append(envelope)
+            if len(got) == 10:
+                break
+        await second_life.close()
+    assert {e.request_id for e in got} == ids
+    assert sorted(second_life.result_of(e).data for e in got) == list(range(10))
+
+    third_life = KilnClient(kafka, client_id, results_topic=results)
+    again: list[object] = []
+
+    async def drain() -> None:
+        async for envelope in third_life.unclaimed():
+            again.append(envelope)
+
+    task = asyncio.create_task(drain())
+    await asyncio.sleep(2.0)
+    task.cancel()
+    await third_life.close()
+    assert again == [], "results delivered in a previous life were delivered again"
+
+
+def test_forked_child_gets_fresh_kafka_handles(kafka: KilnSettings, topics, unique: str) -> None:  # type: ignore[no-untyped-def]
+    request_topic, results = topics(partitions=1)
+    client = KilnClient(kafka, f"parent-{unique}", results_topic=results)
+
+    async def serve_and_call(n: int) -> list[object]:
+        async with running_worker(echo.stage, kafka, request_topic, slots=2):
+            return [(await client.call("echo", EchoRequest(data=f"parent-{i}"), topic=request_topic)).data
+                    for i in range(n)]
+
+    assert asyncio.run(serve_and_call(1)) == ["parent-0"]  # the parent's handles exist now
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: must not touch the parent's librdkafka handles
+        code = 1
+        try:
+            async def child() -> str:
+                fut = await client.submit("echo", EchoRequest(data="from-child"), topic=request_topic)
+                env = await asyncio.wait_for(fut, 30)
+                return f"{client.result_of(env).data} {env.client_id}"
+
+            os.write(write_fd, asyncio.run(child()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    # The parent serves the child's request with a worker while the child waits.
+    asyncio.run(serve_and_call(1))
+    _, status = os.waitpid(pid, 0)
+    answer = os.read(read_fd, 1000).decode()
+    assert os.waitstatus_to_exitcode(status) == 0, answer
+    data, child_id = answer.split()
+    assert data == "from-child" and child_id == f"parent-{unique}.{pid}"

@@ -1,0 +1,161 @@
+"""The job runtime on a real broker: results, head-of-line freedom, keyed order, retries, DLQ, deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections import defaultdict
+
+import httpx
+import pytest
+from confluent_kafka import Producer
+
+from schemas.builtin import EchoRequest, SleepRequest
+from schemas.stages import STAGES
+from streams.client import KilnClient
+from streams.errors import RequestExpired, RequestFailed
+from streams.settings import KilnSettings
+from streams.stage import JobContext, Stage
+from tests.streams.harness import read_all, running_worker
+from workers.builtin import echo, sleep
+
+
+async def test_echo_round_trip_and_out_of_order(kafka: KilnSettings, topics, unique: str) -> None:  # type: ignore[no-untyped-def]
+    request_topic, results = topics(partitions=4)
+    async with running_worker(echo.stage, kafka, request_topic, slots=8), \
+            KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
+        futures = [await client.submit("echo", EchoRequest(data={"i": i}), topic=request_topic) for i in range(200)]
+        envelopes = await asyncio.wait_for(asyncio.gather(*futures), 30)
+    assert [client.result_of(e).data for e in envelopes] == [{"i": i} for i in range(200)]
+    assert len({e.request_id for e in envelopes}) == 200
+
+
+async def test_fast_jobs_are_not_blocked_by_a_slow_one(kafka: KilnSettings, topics, unique: str) -> None:  # type: ignore[no-untyped-def]
+    request_topic, results = topics(partitions=1)
+    async with running_worker(sleep.stage, kafka, request_topic, slots=4), \
+            KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
+        slow = await client.submit("sleep", SleepRequest(seconds=4, tag="slow"), topic=request_topic)
+        fast = [await client.submit("sleep", SleepRequest(seconds=0.02, tag=f"f{i}"), topic=request_topic)
+                for i in range(30)]
+        started = time.monotonic()
+        await asyncio.wait_for(asyncio.gather(*fast), 10)
+        fast_done = time.monotonic() - started
+        assert not slow.done(), "the slow job finished first: the fast ones were blocked behind it"
+        await asyncio.wait_for(slow, 10)
+    assert fast_done < 3.0
+
+
+async def test_keyed_mode_keeps_per_key_order_under_concurrency(kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
+                                                                unique: str) -> None:
+    request_topic, results = topics(partitions=2)
+    order: dict[str, list[int]] = defaultdict(list)
+    running = {"now": 0, "peak": 0}
+
+    async def handle(request: EchoRequest, ctx: JobContext) -> EchoResult:
+        running["now"] += 1
+        running["peak"] = max(running["peak"], running["now"])
+        await asyncio.sleep(0.01 * (request.data["seq"] % 3))
+        order[request.data["key"]].append(request.data["seq"])
+        running["now"] -= 1
+        return EchoResult(data=None)
+
+    from schemas.builtin import EchoResult
+
+    keyed = Stage(dataclasses.replace(STAGES["echo"], ordering="keyed"), handle)  # type: ignore[arg-type]
+    async with running_worker(keyed, kafka, request_topic, slots=8), \
+            KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
+        futures = [await client.submit("echo", EchoRequest(data={"key": f"k{i % 4}", "seq": i}),
+                                       topic=request_topic, key=f"k{i % 4}") for i in range(120)]
+        await asyncio.wait_for(asyncio.gather(*futures), 30)
+    for key, seqs in order.items():
+        assert seqs == sorted(seqs), f"key {key} ran out of order"
+    assert sum(len(s) for s in order.values()) == 120
+    assert running["peak"] > 1, "keyed mode ran everything serially"
+
+
+async def test_transient_failures_retry_then_succeed_or_dead_letter(kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
+                                                                     unique: str) -> None:
+    request_topic, results = topics(partitions=1)
+    async with running_worker(sleep.stage, kafka, request_topic, slots=2), \
+            KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
+        recovered = await client.call("sleep", SleepRequest(fail="transient", fail_attempts=1), topic=request_topic)
+        assert recovered.attempt == 2
+        with pytest.raises(RequestFailed, match="TransientJobError"):
+            await client.call("sleep", SleepRequest(fail="transient", tag="doomed"), topic=request_topic)
+        with pytest.raises(RequestFailed, match="PermanentJobError"):
+            await client.call("sleep", SleepRequest(fail="permanent", tag="poison"), topic=request_topic)
+    dlq = read_all(kafka, f"{request_topic}.dlq", expect=2)
+    headers = [dict(m.headers()) for m in dlq]
+    by_type = {h["kiln-error-type"].decode(): h for h in headers}
+    assert by_type["TransientJobError"]["kiln-attempts"] == b"3"
+    assert by_type["PermanentJobError"]["kiln-attempts"] == b"1"
+    for h in headers:
+        assert h["kiln-stage"] == b"sleep"
+        assert h["kiln-source-topic"] == request_topic.encode()
+        assert h["kiln-source-partition"] == b"0"
+        assert int(h["kiln-source-offset"]) in (1, 2)
+
+
+async def test_malformed_input_goes_to_dlq_and_worker_keeps_going(kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
+                                                                  unique: str) -> None:
+    request_topic, results = topics(partitions=1)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    producer.produce(request_topic, b"\x00 not json")
+    producer.produce(request_topic, json.dumps({"kind": "echo", "payload": {"unexpected": 1}}).encode())
+    producer.flush(10)
+    async with running_worker(echo.stage, kafka, request_topic, slots=2), \
+            KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
+        with pytest.raises(RequestFailed, match="MalformedRequest"):
+            await client.call("echo", {"data": 1, "extra": "field"}, topic=request_topic)
+        ok = await client.call("echo", EchoRequest(data="still alive"), topic=request_topic)
+        assert ok.data == "still alive"
+    dlq = read_all(kafka, f"{request_topic}.dlq", expect=3)
+    assert [m.value()[:9] for m in dlq][0] == b"\x00 not jso"
+    assert {dict(m.headers())["kiln-error-type"] for m in dlq} == {b"MalformedRequest"}
+    # Garbage bytes are never attempted; an invalid payload fails on its first attempt and is not retried.
+    assert [dict(m.headers())["kiln-attempts"] for m in dlq] == [b"0", b"1", b"1"]
+
+
+async def test_expired_requests_are_answered_not_run(kafka: KilnSettings, topics, unique: str,  # type: ignore[no-untyped-def]
+                                                     tmp_path) -> None:
+    request_topic, results = topics(partitions=1)
+    async with running_worker(sleep.stage, kafka, request_topic, slots=1), \
+            KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
+        blocker = await client.submit("sleep", SleepRequest(seconds=2), topic=request_topic)
+        late = await client.submit("sleep", SleepRequest(seconds=0, tag="late"), topic=request_topic,
+                                   deadline_s=0.5)
+        with pytest.raises(RequestExpired):
+            client.result_of(await asyncio.wait_for(late, 10))
+        await blocker
+    raw = [json.loads(m.value()) for m in read_all(kafka, results, expect=2)]
+    late_result = next(r for r in raw if r["status"] == "expired")
+    assert late_result["attempts"] == 0 and late_result["result"] is None
+
+
+async def test_hung_job_is_timed_out_and_dead_lettered(kafka: KilnSettings, topics, unique: str) -> None:  # type: ignore[no-untyped-def]
+    request_topic, results = topics(partitions=1)
+    hanging = dataclasses.replace(sleep.stage, job_timeout_s=0.3, max_attempts=2)
+    async with running_worker(hanging, kafka, request_topic, slots=2), \
+            KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
+        with pytest.raises(RequestFailed, match="exceeded"):
+            await client.call("sleep", SleepRequest(fail="hang"), topic=request_topic)
+        assert (await client.call("sleep", SleepRequest(), topic=request_topic)).attempt == 1
+
+
+async def test_metrics_and_health_endpoint(kafka: KilnSettings, topics, unique: str) -> None:  # type: ignore[no-untyped-def]
+    request_topic, results = topics(partitions=2)
+    async with running_worker(echo.stage, kafka, request_topic, slots=3) as worker, \
+            KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
+        for i in range(5):
+            await client.call("echo", EchoRequest(data=i), topic=request_topic)
+        async with httpx.AsyncClient() as http:
+            health = (await http.get(f"http://127.0.0.1:{worker.metrics_port}/healthz")).json()
+            metrics = (await http.get(f"http://127.0.0.1:{worker.metrics_port}/metrics")).text
+    assert health["status"] == "ok" and health["slots"] == 3 and health["partitions"] == [0, 1]
+    assert 'kiln_completions_total{stage="echo"' in metrics
+    assert "kiln_completions_last_minute" in metrics and "kiln_queue_length" in metrics
+    assert "kiln_busy_slots" in metrics
+    line = next(m for m in metrics.splitlines() if m.startswith("kiln_completions_last_minute"))
+    assert float(line.split()[-1]) == 5.0
