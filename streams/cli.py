@@ -77,6 +77,21 @@ def _create_topics() -> None:
     out.print(f"topics: {created} created, {len(result) - created} already present")
 
 
+@app.command()
+def init(
+    bucket: Annotated[list[str] | None, typer.Option(help="Extra S3 buckets to create (e.g. the registry's).")] = None,
+) -> None:
+    """Create the stage topics, the blob store (bucket) and extra buckets: a deployment's one-shot setup."""
+    from streams.blobstore import S3BlobStore, open_blob_store
+
+    _create_topics()
+    settings = get_settings()
+    open_blob_store(settings)
+    for name in bucket or []:
+        S3BlobStore.from_settings(settings, name).ensure_bucket()
+    out.print(f"blob store ready: {settings.blob_store or 'file store under ' + str(settings.cache)}")
+
+
 @topics.command("create")
 def topics_create() -> None:
     """Create every stage's request, result and DLQ topics with their partition counts and configs."""

@@ -36,7 +36,11 @@ image_exists() { "$DOCKER" image inspect "$1" >/dev/null 2>&1; }
 
 # Bump BASE_RECIPE when the rootfs recipe below changes; the tag hashes it with the suite and packages.
 BASE_RECIPE=1
-base_tag() { printf '%s %s %s' "$SUITE" "$BASE_PACKAGES" "$BASE_RECIPE" | sha256sum | cut -c1-12; }
+# Local CAs of the host (e.g. a TLS-intercepting egress proxy) are trusted in the image too, so builds that
+# reach package registries through host networking work wherever the host's own tools do.
+LOCAL_CAS=/usr/local/share/ca-certificates
+local_cas_hash() { cat "$LOCAL_CAS"/*.crt 2>/dev/null | sha256sum | cut -c1-12; }
+base_tag() { printf '%s %s %s %s' "$SUITE" "$BASE_PACKAGES" "$BASE_RECIPE" "$(local_cas_hash)" | sha256sum | cut -c1-12; }
 
 base() {
   engine
@@ -52,6 +56,10 @@ base() {
     rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
     # An unprivileged user for sandboxed work; uid 1000 matches what the exec stage expects.
     chroot "$root" useradd --uid 1000 --create-home --shell /bin/bash kiln
+    if compgen -G "$LOCAL_CAS/*.crt" >/dev/null; then
+      cp "$LOCAL_CAS"/*.crt "$root/usr/local/share/ca-certificates/"
+      chroot "$root" update-ca-certificates >/dev/null
+    fi
     tar -C "$root" --numeric-owner -cf "$tarball.part" . && mv "$tarball.part" "$tarball"
     rm -rf "$root" "$root.log"
   fi

@@ -1,0 +1,19 @@
+# kiln worker image. Users build FROM a slim Python image; on machines without a hub the local base is passed:
+#   docker build --network host --build-arg BASE_IMAGE=kiln/base:latest -f infra/docker/worker.Dockerfile .
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+    KILN_METRICS_HOST=0.0.0.0 KILN_METRICS_PORT=9100 KILN_CACHE=/var/lib/kiln
+RUN python3 -m venv /opt/kiln && mkdir -p /var/lib/kiln && chown 1000:1000 /var/lib/kiln
+# Dependencies first, keyed by pyproject.toml only, so source edits reuse this layer.
+COPY pyproject.toml README.md /src/
+RUN for p in streams workers ingest schemas; do mkdir -p /src/$p && touch /src/$p/__init__.py; done \
+    && /opt/kiln/bin/pip install --no-cache-dir --disable-pip-version-check /src \
+    && rm -rf /src
+COPY . /src
+RUN /opt/kiln/bin/pip install --no-cache-dir --disable-pip-version-check --no-deps /src && rm -rf /src
+USER 1000:1000
+EXPOSE 9100
+HEALTHCHECK --interval=10s --timeout=3s CMD ["/opt/kiln/bin/python", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ['KILN_METRICS_PORT']}/healthz\", timeout=2)"]
+ENTRYPOINT ["/opt/kiln/bin/kiln"]
+CMD ["worker", "echo"]

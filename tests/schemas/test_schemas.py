@@ -1,0 +1,67 @@
+"""The committed JSON Schemas are the contract: an incompatible model change fails here."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schemas.envelope import RequestEnvelope, new_request_id, utcnow
+from schemas.export import MODELS, current_schema, incompatible_changes, main, schema_path
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+def test_models_stay_compatible_with_committed_schema(model) -> None:  # type: ignore[no-untyped-def]
+    committed = json.loads(schema_path(model).read_text())
+    assert incompatible_changes(committed, current_schema(model)) == []
+
+
+def test_check_command_passes() -> None:
+    assert main(["--check"]) == 0
+
+
+def test_detects_breaking_changes() -> None:
+    old = current_schema(RequestEnvelope)
+    removed = copy.deepcopy(old)
+    del removed["properties"]["deadline"]
+    assert any("deadline: removed" in p for p in incompatible_changes(old, removed))
+
+    required = copy.deepcopy(old)
+    required["required"] = [*required.get("required", []), "payload"]
+    assert any("payload: newly required" in p for p in incompatible_changes(old, required))
+
+    retyped = copy.deepcopy(old)
+    retyped["properties"]["attempt"] = {"type": "string"}
+    assert any("attempt: type changed" in p for p in incompatible_changes(old, retyped))
+
+    added = copy.deepcopy(old)
+    added["properties"]["priority"] = {"type": "integer", "default": 0}
+    assert incompatible_changes(old, added) == []
+
+
+def test_request_ids_sort_by_creation_time() -> None:
+    ids = [new_request_id() for _ in range(2000)]
+    assert ids == sorted(ids) and len(set(ids)) == 2000 and all(len(i) == 26 for i in ids)
+
+
+@given(st.floats(min_value=-5, max_value=5))
+def test_deadline_expiry(seconds: float) -> None:
+    env = RequestEnvelope(kind="echo").with_deadline(seconds)
+    assert env.expired(env.created_at + timedelta(seconds=5.01))
+    assert not env.expired(env.created_at + timedelta(seconds=seconds - 0.01))
+    assert not RequestEnvelope(kind="echo", created_at=utcnow()).expired()
+
+
+@given(st.binary(max_size=300))
+def test_decoding_arbitrary_bytes_raises_malformed_only(raw: bytes) -> None:
+    from streams.codec import decode_request
+    from streams.errors import MalformedRequest
+
+    try:
+        decode_request(raw)
+    except MalformedRequest:
+        pass

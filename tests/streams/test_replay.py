@@ -1,0 +1,36 @@
+"""``kiln replay``: a topic from offset 0 through a handler, re-emitting no results."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from schemas.builtin import SleepRequest
+from streams.client import KilnClient
+from streams.settings import KilnSettings
+from tests.streams.harness import journal_events, read_all, running_worker
+from workers.builtin import sleep
+
+
+async def test_replay_from_beginning_runs_every_job_once_without_results(kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
+                                                                         unique: str, tmp_path: Path) -> None:
+    request_topic, results = topics(partitions=3)
+    async with running_worker(sleep.stage, kafka, request_topic, slots=4), \
+            KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
+        for i in range(25):
+            await client.call("sleep", SleepRequest(tag=f"j{i}"), topic=request_topic)
+    assert len(read_all(kafka, results, expect=25)) == 25
+
+    journal = tmp_path / "journal"
+    proc = subprocess.run(
+        [sys.executable, "-m", "streams.cli", "replay", request_topic, "--from-beginning", "--stage", "sleep"],
+        env={"KILN_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "KILN_SLEEP_JOURNAL": str(journal),
+             "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "replayed 25 messages: 25 ok" in proc.stdout
+    starts = [rid for ev, rid, w in journal_events(journal) if ev == "start"]
+    assert len(starts) == 25 and len(set(starts)) == 25
+    assert len(read_all(kafka, results, expect=26, timeout=3)) == 25  # no second round of results
