@@ -171,5 +171,18 @@ def replay(
               f"{stats.malformed} malformed")
 
 
+@app.command()
+def demo() -> None:
+    """Run echo and sleep workers, submit a mix of jobs through the broker, print results as they arrive."""
+    import asyncio
+
+    from streams.demo import run_demo
+
+    settings = get_settings()
+    _create_topics()
+    if asyncio.run(run_demo(settings, out)):
+        raise typer.Exit(1)
+
+
 if __name__ == "__main__":
     app()

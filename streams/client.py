@@ -32,7 +32,7 @@ from schemas.stages import DEFAULT_RESULTS_TOPIC, STAGES
 from streams import codec
 from streams.blobstore import BlobStore
 from streams.errors import ClientError, ConfigError, KilnError, RequestExpired, RequestFailed
-from streams.offsets import PartitionOffsets, commit_position, decode_done
+from streams.offsets import PartitionOffsets, commit_position, decode_done, poll_batch
 from streams.runtime import producer_config
 from streams.settings import KilnSettings, get_settings
 
@@ -257,7 +257,7 @@ class KilnClient:
             while not state.stop.is_set():
                 state.producer.poll(0)
                 self._send_commit(state, asynchronous=True)
-                msgs = state.consumer.consume(num_messages=500, timeout=0.02)
+                msgs = poll_batch(state.consumer, 0.02)
                 if msgs:
                     state.loop.call_soon_threadsafe(self._on_results, state, msgs)
             state.producer.flush(10)

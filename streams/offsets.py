@@ -1,4 +1,5 @@
-"""Per-partition offset tracking for out-of-order completion, and its compact commit-metadata encoding.
+"""Per-partition offset tracking for out-of-order completion, its compact commit-metadata encoding, and the
+consumer-side helpers that feed it.
 
 The committed offset of a partition is its lowest unfinished offset. Jobs finished *beyond* it are remembered in
 the commit's metadata string (run-length encoded, zlib-compressed, base64; bounded well under the broker's
@@ -13,7 +14,7 @@ import base64
 import bisect
 import zlib
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from streams.errors import KilnError
 
@@ -168,3 +169,15 @@ def commit_position(topic: str, partition: int, offsets: PartitionOffsets) -> To
     if metadata:
         return TopicPartition(topic, partition, offsets.committable, metadata)
     return TopicPartition(topic, partition, offsets.committable)
+
+
+def poll_batch(consumer: Consumer, timeout: float, max_messages: int = 500) -> list[Message]:
+    """Wait up to ``timeout`` for the first message, then take what else is already fetched, without waiting.
+
+    ``Consumer.consume(n, timeout)`` blocks until it has ``n`` messages or the timeout passes, which would add the
+    whole timeout to every job's latency under light load.
+    """
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    return [first, *consumer.consume(max_messages - 1, 0)]

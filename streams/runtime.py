@@ -40,7 +40,7 @@ from streams.blobstore import BlobStore
 from streams.errors import KilnError, MalformedRequest
 from streams.metrics import WorkerMetrics, serve_http
 from streams.middleware import Job, Middleware, Outcome, compose, default_middleware, error_info
-from streams.offsets import OffsetMapError, PartitionOffsets, commit_position, decode_done
+from streams.offsets import OffsetMapError, PartitionOffsets, commit_position, decode_done, poll_batch
 from streams.settings import KilnSettings
 from streams.stage import JobContext, Stage
 
@@ -60,6 +60,7 @@ class _Partition:
     offsets: PartitionOffsets
     backlog: deque[Message] = field(default_factory=deque)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    running: int = 0  # jobs of this partition holding a slot (tasks also counts ones publishing results)
     paused: bool = False
     revoking: bool = False
 
@@ -182,7 +183,7 @@ class Worker:
         try:
             while not self._stopping.is_set():
                 self._run_commands(consumer)
-                msgs = consumer.consume(num_messages=500, timeout=0.05)
+                msgs = poll_batch(consumer, 0.05)
                 if msgs:
                     self._loop.call_soon_threadsafe(self._on_messages, msgs)
                 if time.monotonic() >= next_lag_check:
@@ -366,6 +367,7 @@ class Worker:
                 continue
             idle_rounds = 0
             self._running += 1
+            part.running += 1
             self.metrics.busy_slots.set(self._running)
             if self.stage.spec.ordering == "keyed":
                 self._busy_keys.add(msg.key())
@@ -377,7 +379,7 @@ class Worker:
                 self._commands.put(lambda c, r=resume: c.resume(r))  # type: ignore[misc]
 
     def _take(self, part: _Partition) -> Message | None:
-        if part.revoking or not part.backlog or len(part.tasks) >= self.per_partition_cap:
+        if part.revoking or not part.backlog or part.running >= self.per_partition_cap:
             return None
         if self.stage.spec.ordering != "keyed":
             return part.backlog.popleft()
@@ -388,8 +390,23 @@ class Worker:
         return None
 
     async def _run_job(self, tp: TP, part: _Partition, msg: Message) -> None:
+        released = False
+
+        def release_slot() -> None:
+            # The slot frees when the handler is done; publishing its result is I/O that must not hold a slot.
+            nonlocal released
+            if released:
+                return
+            released = True
+            self._running -= 1
+            part.running -= 1
+            self.metrics.busy_slots.set(self._running)
+            if self.stage.spec.ordering == "keyed":
+                self._busy_keys.discard(msg.key())
+            self._dispatch()
+
         try:
-            await self._process(msg)
+            await self._process(msg, release_slot)
             part.offsets.finish(msg.offset())
             self._dirty.add(tp)
             self._commit_wake.set()
@@ -401,28 +418,26 @@ class Worker:
             log.exception("job at %s[%d]@%d could not be completed; stopping", tp[0], tp[1], msg.offset())
             self.stop()
         finally:
-            self._running -= 1
-            self.metrics.busy_slots.set(self._running)
             part.tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
-            if self.stage.spec.ordering == "keyed":
-                self._busy_keys.discard(msg.key())
-            self._dispatch()
+            release_slot()
 
     # ---- event loop: one job ------------------------------------------------------------------------------
 
-    async def _process(self, msg: Message) -> None:
+    async def _process(self, msg: Message, release_slot: Callable[[], None]) -> None:
         started = datetime.now(UTC)
         try:
             envelope = codec.decode_request(msg.value())
             if envelope.kind != self.stage.name:
                 raise MalformedRequest(f"kind {envelope.kind!r} sent to stage {self.stage.name!r}")
         except MalformedRequest as e:
+            release_slot()
             await self._dead_letter(msg, error_info(e, False), attempts=0)
             await self._reply_best_effort(msg, error_info(e, False))
             return
         ctx = JobContext(envelope=envelope, attempt=0, worker_id=self.worker_id, topic=msg.topic(),
                          partition=msg.partition(), offset=msg.offset())
         outcome = await self._chain(Job(self.stage, ctx))
+        release_slot()
         if outcome.dead_letter and outcome.error is not None:
             await self._dead_letter(msg, outcome.error, outcome.attempts)
         try:

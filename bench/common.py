@@ -1,0 +1,89 @@
+"""Shared benchmark plumbing: the local broker, fresh topics, worker processes, METRIC lines and tables."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from streams import admin
+from streams.infra import COMPONENT_STEPS, run_steps
+from streams.settings import KilnSettings
+
+console = Console(stderr=True)
+
+
+def broker() -> KilnSettings:
+    run_steps(COMPONENT_STEPS["kafka"])
+    settings = KilnSettings(bootstrap_servers=os.environ.get("KILN_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    admin.wait_for_broker(settings)
+    return settings
+
+
+def fresh_topics(settings: KilnSettings, name: str, partitions: int) -> tuple[str, str]:
+    tag = uuid.uuid4().hex[:8]
+    request, results = f"bench-{name}-{tag}", f"bench-{name}-{tag}-results"
+    admin.create_topics(settings, [admin.TopicSpec(request, partitions), admin.TopicSpec(f"{request}.dlq", 1),
+                                   admin.TopicSpec(results, 4)])
+    return request, results
+
+
+class WorkerProc:
+    def __init__(self, settings: KilnSettings, stage: str, topic: str, slots: int, *,
+                 journal: Path | None = None, extra: list[str] | None = None) -> None:
+        env = {**os.environ, "KILN_BOOTSTRAP_SERVERS": settings.bootstrap_servers}
+        if journal:
+            env["KILN_SLEEP_JOURNAL"] = str(journal)
+        self.log = Path(f"/tmp/kiln-bench-{topic}-{time.monotonic_ns()}.log")
+        self.proc = subprocess.Popen([sys.executable, "-m", "streams.cli", "worker", stage, "--slots", str(slots),
+                                      "--topic", topic, "--group", f"g-{topic}", *(extra or [])],
+                                     env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+
+    def wait_assigned(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while "assigned" not in self.log.read_text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("worker failed to start:\n" + self.log.read_text())
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def report(title: str, metrics: dict[str, float], notes: dict[str, str] | None = None) -> None:
+    """``METRIC name value`` lines on stdout, and a readable table on stderr."""
+    table = Table("metric", "value", title=title)
+    for name, value in metrics.items():
+        print(f"METRIC {name} {value:.6g}", flush=True)
+        table.add_row(name, f"{value:.4g}")
+    for name, value in (notes or {}).items():
+        table.add_row(name, value)
+    console.print(table)

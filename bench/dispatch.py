@@ -1,0 +1,76 @@
+"""Dispatch overhead: no-op ``echo`` round trips client -> topic -> worker -> result topic -> client.
+
+Parameters: one worker process (``kiln worker echo``, 256 slots), 8 request partitions, the broker on this
+machine (all of it shares the machine's cores). Peak: 20,000 jobs with up to 5,000 in flight, closed loop.
+Latency: an open-loop run at half the peak rate for 10 s; p50/p99 from submit to result.
+Per core divides by every core of the machine (broker, worker and client all run here).
+Usage: python bench/dispatch.py [--jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+
+from bench.common import WorkerProc, broker, fresh_topics, percentile, report
+from schemas.builtin import EchoRequest
+from streams.client import KilnClient
+
+
+async def peak(client: KilnClient, topic: str, jobs: int) -> float:
+    payload = EchoRequest(data=None)
+    started = time.monotonic()
+    futures = [await client.submit("echo", payload, topic=topic) for _ in range(jobs)]
+    await asyncio.gather(*futures)
+    return jobs / (time.monotonic() - started)
+
+
+async def paced(client: KilnClient, topic: str, rate: float, seconds: float) -> list[float]:
+    latencies: list[float] = []
+    payload = EchoRequest(data=None)
+    pending: list[asyncio.Task[None]] = []
+
+    async def one() -> None:
+        t0 = time.monotonic()
+        await (await client.submit("echo", payload, topic=topic))
+        latencies.append((time.monotonic() - t0) * 1000)
+
+    start = time.monotonic()
+    n = 0
+    while (now := time.monotonic()) - start < seconds:
+        due = int((now - start) * rate)
+        while n < due:
+            pending.append(asyncio.create_task(one()))
+            n += 1
+        await asyncio.sleep(0.001)
+    await asyncio.gather(*pending)
+    return latencies
+
+
+async def main(jobs: int) -> None:
+    settings = broker()
+    topic, results = fresh_topics(settings, "dispatch", 8)
+    worker = WorkerProc(settings, "echo", topic, slots=256)
+    try:
+        worker.wait_assigned()
+        async with KilnClient(settings, results_topic=results, max_in_flight=5000, key_spread=8) as client:
+            await peak(client, topic, 500)  # warm-up: connections, metadata, JIT-free but cache-warm
+            rate = await peak(client, topic, jobs)
+            latencies = await paced(client, topic, rate / 2, 10.0)
+    finally:
+        worker.stop()
+    cores = os.cpu_count() or 1
+    report("dispatch (no-op round trips, broker included)", {
+        "dispatch_jobs_per_s": rate,
+        "dispatch_jobs_per_s_per_core": rate / cores,
+        "dispatch_p50_ms": percentile(latencies, 0.50),
+        "dispatch_p99_ms": percentile(latencies, 0.99),
+    }, {"cores": str(cores), "latency samples": str(len(latencies)), "stretch goal": "25,000 jobs/s per core"})
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    asyncio.run(main(parser.parse_args().jobs))
