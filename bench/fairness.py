@@ -1,0 +1,69 @@
+"""Fairness: does a flooding client slow down a light one?
+
+Parameters: one ``sleep`` worker, 8 slots, at most 1 job in flight per partition, 16 partitions. The light client
+sends one 20 ms job every 100 ms (60 jobs); the flooding client dumps 4,000 20 ms jobs at once (client-salted keys
+over 4 partitions). Requests are partitioned by client; the two client ids are picked so their partitions are
+disjoint (librdkafka hashes keys with CRC32), as with more partitions than active clients. A collision would
+put the light client behind the flood in the log. ``fair_share_ratio`` = light client's median latency with the
+flood / alone (aim <= 2).
+Usage: python bench/fairness.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+import zlib
+
+from bench.common import WorkerProc, broker, fresh_topics, median, percentile, report
+from schemas.builtin import SleepRequest
+from streams.client import KilnClient
+
+PARTITIONS, SPREAD = 16, 4
+
+
+def partitions_of(client_id: str, spread: int) -> set[int]:
+    return {zlib.crc32(f"{client_id}/{i}".encode()) % PARTITIONS for i in range(spread)}
+
+
+async def light_run(client: KilnClient, topic: str, jobs: int = 60) -> list[float]:
+    latencies: list[float] = []
+    for _ in range(jobs):
+        t0 = time.monotonic()
+        await client.call("sleep", SleepRequest(seconds=0.02), topic=topic)
+        latencies.append((time.monotonic() - t0) * 1000)
+        await asyncio.sleep(max(0.0, 0.1 - (time.monotonic() - t0)))
+    return latencies
+
+
+async def main() -> None:
+    settings = broker()
+    topic, results = fresh_topics(settings, "fair", PARTITIONS)
+    flood_id = f"flood-{uuid.uuid4().hex[:6]}"
+    light_id = next(c for c in (f"light-{uuid.uuid4().hex[:6]}" for _ in range(1000))
+                    if partitions_of(c, 1).isdisjoint(partitions_of(flood_id, SPREAD)))
+    worker = WorkerProc(settings, "sleep", topic, 8, extra=["--per-partition", "1"])
+    try:
+        worker.wait_assigned()
+        async with KilnClient(settings, light_id, results_topic=results, key_spread=1) as light, \
+                KilnClient(settings, flood_id, results_topic=results, key_spread=SPREAD,
+                           max_in_flight=100_000) as flood:
+            alone = await light_run(light, topic)
+            flood_futures = [await flood.submit("sleep", SleepRequest(seconds=0.02), topic=topic)
+                             for _ in range(4000)]
+            contended = await light_run(light, topic)
+            backlog_left = sum(not f.done() for f in flood_futures)
+            await asyncio.gather(*flood_futures)
+    finally:
+        worker.stop()
+    report("fairness (light client vs flooding client)", {
+        "fair_light_alone_p50_ms": median(alone),
+        "fair_light_flooded_p50_ms": median(contended),
+        "fair_light_flooded_p99_ms": percentile(contended, 0.99),
+        "fair_share_ratio": median(contended) / median(alone),
+    }, {"flood jobs still queued when light run ended": str(backlog_left), "aim": "fair_share_ratio <= 2"})
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
