@@ -31,8 +31,8 @@ from schemas.envelope import ReplyTo, RequestEnvelope, ResultEnvelope
 from schemas.stages import DEFAULT_RESULTS_TOPIC, STAGES
 from streams import codec
 from streams.blobstore import BlobStore
-from streams.errors import ClientError, ConfigError, KilnError, RequestExpired, RequestFailed
-from streams.offsets import PartitionOffsets, commit_position, decode_done, poll_batch
+from streams.errors import ClientError, ConfigError, RequestExpired, RequestFailed
+from streams.offsets import PartitionOffsets, commit_position, coordinates, decode_done, poll_batch
 from streams.runtime import producer_config
 from streams.settings import KilnSettings, get_settings
 
@@ -271,14 +271,17 @@ class KilnClient:
         tp, state.commit_to = state.commit_to, None
         if tp is not None and state.consumer is not None:
             with contextlib.suppress(Exception):
-                state.consumer.commit(offsets=[tp], asynchronous=asynchronous)
+                if asynchronous:
+                    state.consumer.commit(offsets=[tp], asynchronous=True)
+                else:
+                    state.consumer.commit(offsets=[tp], asynchronous=False)
 
     def _on_results(self, state: _ProcessState, msgs: list[Message]) -> None:
         assert state.offsets is not None
         for msg in msgs:
             if msg.error() is not None:
                 continue
-            offset = msg.offset()
+            offset = coordinates(msg)[2]
             if not state.offsets.receive(offset):
                 continue
             try:

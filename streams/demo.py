@@ -24,8 +24,7 @@ async def run_demo(settings: KilnSettings, console: Console) -> int:
     store = open_blob_store(settings)
     workers = [Worker(load_stage(name), settings, slots=4, blob_store=store, grace_s=5) for name in ("echo", "sleep")]
     tasks = [asyncio.create_task(w.run()) for w in workers]
-    while not all(w.ready.is_set() for w in workers):
-        await asyncio.sleep(0.05)
+    await asyncio.gather(*(asyncio.to_thread(w.ready.wait, 60) for w in workers))
     console.print(f"workers up: echo and sleep, 4 slots each; metrics on ports {[w.metrics_port for w in workers]}")
 
     rng = random.Random(7)

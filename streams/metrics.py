@@ -26,7 +26,7 @@ class WorkerMetrics:
         self._lock = threading.Lock()
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, list(labels), registry=self.registry).labels(**labels)  # type: ignore[no-any-return]
+            return Gauge(name, doc, list(labels), registry=self.registry).labels(**labels)
 
         self.slots = gauge("kiln_slots", "Job slots this worker advertises.")
         self.busy_slots = gauge("kiln_busy_slots", "Slots running a job now.")
@@ -74,7 +74,8 @@ class WorkerMetrics:
         return generate_latest(self.registry)
 
 
-def serve_http(host: str, port: int, metrics: WorkerMetrics, health: Callable[[], dict[str, Any]]) -> ThreadingHTTPServer:
+def serve_http(host: str, port: int, metrics: WorkerMetrics,
+               health: Callable[[], dict[str, Any]]) -> ThreadingHTTPServer:
     """Serve /metrics and /healthz in a daemon thread (host ``0.0.0.0`` in containers, loopback otherwise)."""
 
     class Handler(BaseHTTPRequestHandler):

@@ -181,3 +181,11 @@ def poll_batch(consumer: Consumer, timeout: float, max_messages: int = 500) -> l
     if first is None:
         return []
     return [first, *consumer.consume(max_messages - 1, 0)]
+
+
+def coordinates(msg: Message) -> tuple[str, int, int]:
+    """Topic, partition and offset of a consumed message (always set on one that carries no error)."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    if topic is None or partition is None or offset is None:
+        raise ValueError("message without coordinates")
+    return topic, partition, offset

@@ -21,6 +21,7 @@ from streams.errors import ConfigError, MalformedRequest
 from streams.infra import console
 from streams.metrics import WorkerMetrics
 from streams.middleware import Job, Outcome, compose, default_middleware
+from streams.offsets import coordinates
 from streams.settings import KilnSettings
 from streams.stage import JobContext, Stage
 
@@ -85,11 +86,12 @@ async def replay(stage: Stage, settings: KilnSettings, topic: str | None = None,
         while remaining:
             msgs = await asyncio.to_thread(consumer.consume, 500, 0.2)
             for msg in msgs:
-                if msg.error() is not None:
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        remaining.pop(msg.partition(), None)
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        remaining.pop(msg.partition() or 0, None)
                     continue
-                p, offset = msg.partition(), msg.offset()
+                _, p, offset = coordinates(msg)
                 if p in remaining and offset < remaining[p]:
                     stats.messages += 1
                     task = asyncio.create_task(run_one(msg.value(), p, offset))

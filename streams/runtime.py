@@ -40,7 +40,14 @@ from streams.blobstore import BlobStore
 from streams.errors import KilnError, MalformedRequest
 from streams.metrics import WorkerMetrics, serve_http
 from streams.middleware import Job, Middleware, Outcome, compose, default_middleware, error_info
-from streams.offsets import OffsetMapError, PartitionOffsets, commit_position, decode_done, poll_batch
+from streams.offsets import (
+    OffsetMapError,
+    PartitionOffsets,
+    commit_position,
+    coordinates,
+    decode_done,
+    poll_batch,
+)
 from streams.settings import KilnSettings
 from streams.stage import JobContext, Stage
 
@@ -103,7 +110,7 @@ class Worker:
         self._busy_keys: set[bytes | None] = set()
         self._dirty: set[TP] = set()
         self._last_commit: dict[TP, tuple[int, str]] = {}
-        self._commands: queue.SimpleQueue[Callable[[Consumer], None]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Callable[[Consumer], object]] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._consumer_done = threading.Event()
         self._final_committed = threading.Event()
@@ -335,18 +342,19 @@ class Worker:
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error: %s", err)
                 continue
-            tp = (msg.topic(), msg.partition())
+            topic, partition, offset = coordinates(msg)
+            tp = (topic, partition)
             part = self._parts.get(tp)
             if part is None or part.revoking:
                 continue
-            if not part.offsets.receive(msg.offset()):
+            if not part.offsets.receive(offset):
                 self.metrics.skipped.inc()
                 self._dirty.add(tp)
                 continue
             part.backlog.append(msg)
             if not part.paused and len(part.backlog) >= self.prefetch:
                 part.paused = True
-                to_pause.append(TopicPartition(*tp))
+                to_pause.append(TopicPartition(topic, partition))
         if to_pause:
             self._commands.put(lambda c: c.pause(to_pause))
         self._dispatch()
@@ -407,7 +415,7 @@ class Worker:
 
         try:
             await self._process(msg, release_slot)
-            part.offsets.finish(msg.offset())
+            part.offsets.finish(coordinates(msg)[2])
             self._dirty.add(tp)
             self._commit_wake.set()
         except asyncio.CancelledError:
@@ -415,10 +423,12 @@ class Worker:
         except Exception:
             # Even the dead-letter record could not be delivered: this worker cannot make safe progress.
             # The offset stays unfinished, so the job replays on another worker after this one stops.
-            log.exception("job at %s[%d]@%d could not be completed; stopping", tp[0], tp[1], msg.offset())
+            log.exception("job at %s[%d]@%s could not be completed; stopping", tp[0], tp[1], msg.offset())
             self.stop()
         finally:
-            part.tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+            task = asyncio.current_task()
+            if task is not None:
+                part.tasks.discard(task)
             release_slot()
 
     # ---- event loop: one job ------------------------------------------------------------------------------
@@ -434,8 +444,9 @@ class Worker:
             await self._dead_letter(msg, error_info(e, False), attempts=0)
             await self._reply_best_effort(msg, error_info(e, False))
             return
-        ctx = JobContext(envelope=envelope, attempt=0, worker_id=self.worker_id, topic=msg.topic(),
-                         partition=msg.partition(), offset=msg.offset())
+        topic, partition, offset = coordinates(msg)
+        ctx = JobContext(envelope=envelope, attempt=0, worker_id=self.worker_id, topic=topic,
+                         partition=partition, offset=offset)
         outcome = await self._chain(Job(self.stage, ctx))
         release_slot()
         if outcome.dead_letter and outcome.error is not None:
@@ -511,13 +522,15 @@ class Worker:
             ("kiln-error-message", error.message.encode()[:4000]),
             ("kiln-stage", self.stage.name.encode()),
             ("kiln-attempts", str(attempts).encode()),
-            ("kiln-source-topic", msg.topic().encode()),
+            ("kiln-source-topic", str(msg.topic()).encode()),
             ("kiln-source-partition", str(msg.partition()).encode()),
             ("kiln-source-offset", str(msg.offset()).encode()),
             ("kiln-worker", self.worker_id.encode()),
         ]
-        await self._produce(self.dlq_topic, msg.value() or b"", key=msg.key(),
-                            headers=headers + list(msg.headers() or []))
+        raw_headers = msg.headers() or []
+        pairs = raw_headers.items() if isinstance(raw_headers, dict) else raw_headers
+        original = [(k, v if isinstance(v, bytes) else str(v or "").encode()) for k, v in pairs]
+        await self._produce(self.dlq_topic, msg.value() or b"", key=msg.key(), headers=headers + original)
         self.metrics.dead_lettered(error.type)
 
     # ---- event loop: commits ------------------------------------------------------------------------------

@@ -11,9 +11,9 @@ import pytest
 # testcontainers' reaper image comes from a hub this machine cannot reach; tests clean up after themselves.
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
-from streams import admin  # noqa: E402
-from streams.infra import COMPONENT_STEPS, run_script, run_steps  # noqa: E402
-from streams.settings import KilnSettings  # noqa: E402
+from streams import admin
+from streams.infra import COMPONENT_STEPS, run_script, run_steps
+from streams.settings import KilnSettings
 
 
 def _ensure(component: str) -> None:

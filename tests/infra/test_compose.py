@@ -36,7 +36,7 @@ def test_compose_file_is_valid_and_complete() -> None:
 
 @pytest.fixture(scope="module")
 def worker_image(docker_engine: Any) -> str:
-    image, _ = docker_engine.images.build(
+    _image, _ = docker_engine.images.build(
         path=str(ROOT), dockerfile="infra/docker/worker.Dockerfile", tag="kiln/worker:test",
         buildargs={"BASE_IMAGE": "kiln/base:latest"}, network_mode="host", rm=True,
     )
@@ -62,7 +62,8 @@ async def test_worker_image_serves_jobs_through_the_broker(worker_image: str, ka
         deadline = time.monotonic() + 60
         while True:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).json()["status"] == "ok":
+                health = await asyncio.to_thread(httpx.get, f"http://127.0.0.1:{port}/healthz", timeout=1)
+                if health.json()["status"] == "ok":
                     break
             except (httpx.HTTPError, ValueError):
                 pass

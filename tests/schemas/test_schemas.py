@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from datetime import timedelta
@@ -61,7 +62,5 @@ def test_decoding_arbitrary_bytes_raises_malformed_only(raw: bytes) -> None:
     from streams.codec import decode_request
     from streams.errors import MalformedRequest
 
-    try:
+    with contextlib.suppress(MalformedRequest):
         decode_request(raw)
-    except MalformedRequest:
-        pass

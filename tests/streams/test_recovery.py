@@ -15,15 +15,8 @@ from tests.streams.harness import WorkerProcess, journal_events, read_all, runni
 from workers.builtin import echo
 
 
-def _wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-async def _await_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
+async def _await_until(predicate, limit_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + limit_s
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.05)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,8 @@ async def test_replay_from_beginning_runs_every_job_once_without_results(kafka: 
     assert len(read_all(kafka, results, expect=25)) == 25
 
     journal = tmp_path / "journal"
-    proc = subprocess.run(
+    proc = await asyncio.to_thread(
+        subprocess.run,
         [sys.executable, "-m", "streams.cli", "replay", request_topic, "--from-beginning", "--stage", "sleep"],
         env={"KILN_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "KILN_SLEEP_JOURNAL": str(journal),
              "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},

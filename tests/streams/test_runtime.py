@@ -112,7 +112,7 @@ async def test_malformed_input_goes_to_dlq_and_worker_keeps_going(kafka: KilnSet
         ok = await client.call("echo", EchoRequest(data="still alive"), topic=request_topic)
         assert ok.data == "still alive"
     dlq = read_all(kafka, f"{request_topic}.dlq", expect=3)
-    assert [m.value()[:9] for m in dlq][0] == b"\x00 not jso"
+    assert next(m.value()[:9] for m in dlq) == b"\x00 not jso"
     assert {dict(m.headers())["kiln-error-type"] for m in dlq} == {b"MalformedRequest"}
     # Garbage bytes are never attempted; an invalid payload fails on its first attempt and is not retried.
     assert [dict(m.headers())["kiln-attempts"] for m in dlq] == [b"0", b"1", b"1"]

@@ -12,4 +12,4 @@ async def handle(request: EchoRequest, ctx: JobContext) -> EchoResult:
     return EchoResult(data=request.data)
 
 
-stage = Stage(STAGES["echo"], handle)  # type: ignore[arg-type]
+stage = Stage(STAGES["echo"], handle)

@@ -64,4 +64,4 @@ async def handle(request: SleepRequest, ctx: JobContext) -> SleepResult:
     return SleepResult(slept=request.seconds, attempt=ctx.attempt, tag=request.tag, worker=ctx.worker_id)
 
 
-stage = Stage(STAGES["sleep"], handle, job_timeout_s=300.0, max_attempts=3)  # type: ignore[arg-type]
+stage = Stage(STAGES["sleep"], handle, job_timeout_s=300.0, max_attempts=3)
