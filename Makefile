@@ -9,8 +9,9 @@ demo:
 test:
 	bash infra/bootstrap.sh
 	.venv/bin/kiln setup --all
+	$(MAKE) --no-print-directory lint
 	.venv/bin/python -m pytest -q -ra
 
 lint:
-	.venv/bin/ruff check streams workers ingest schemas tests bench
+	.venv/bin/ruff check .
 	.venv/bin/mypy

@@ -20,6 +20,8 @@ DOCKER="${KILN_DOCKER_CLI:-$(command -v /usr/bin/docker || command -v docker)}"
 engine_ready() { "$DOCKER" version --format '{{.Server.Version}}' >/dev/null 2>&1; }
 
 engine() {
+  # docker-compose (Debian's, v1) validates docker-compose.yml in the tests; users may use `docker compose`.
+  command -v docker-compose >/dev/null || apt_install docker-compose
   if engine_ready; then return 0; fi
   command -v dockerd >/dev/null || apt_install docker.io
   DOCKER="${KILN_DOCKER_CLI:-$(command -v /usr/bin/docker || command -v docker)}"
