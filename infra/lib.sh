@@ -41,7 +41,10 @@ tcp_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 
 apt_install() {
   local missing=()
-  for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  for pkg in "$@"; do
+    # "deinstall ok config-files" (removed, not purged) also makes dpkg -s succeed: ask for the real state.
+    [[ $(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null) == "install ok installed" ]] || missing+=("$pkg")
+  done
   ((${#missing[@]} == 0)) && return 0
   log "apt-get install ${missing[*]}"
   local stamp="$KILN_CACHE/apt-updated"

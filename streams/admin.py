@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.errors import InfraError
 from streams.settings import KilnSettings

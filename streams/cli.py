@@ -128,20 +128,34 @@ def worker(
     group: Annotated[str | None, typer.Option(help="Consumer group; default kiln.<stage>.")] = None,
     topic: Annotated[str | None, typer.Option(help="Request topic; default the stage's.")] = None,
     per_partition: Annotated[int | None, typer.Option(help="Max jobs in flight per partition (fairness).")] = None,
+    mode: Annotated[str, typer.Option(help="'group' (consumer group, any broker) or 'queue' (Kafka share group, "
+                                           "short jobs only).")] = "group",
     verbose: bool = False,
 ) -> None:
-    """Run a stage worker until SIGTERM: commit after finish, metrics and /healthz on KILN_METRICS_PORT."""
+    """Run a stage worker until SIGTERM: metrics and /healthz on KILN_METRICS_PORT."""
     import asyncio
 
     from streams.blobstore import open_blob_store
     from streams.runtime import Worker
+    from streams.share import ShareWorker
     from streams.stage import load_stage
 
     _logging(verbose)
     settings = get_settings()
-    runner = Worker(load_stage(stage), settings, slots=slots or None, group_id=group, topic=topic,
-                    max_in_flight_per_partition=per_partition, blob_store=open_blob_store(settings))
-    asyncio.run(runner.run(install_signal_handlers=True))
+    if mode not in ("group", "queue"):
+        raise typer.BadParameter("--mode is 'group' or 'queue'")
+    runner: Worker | ShareWorker
+    if mode == "queue":
+        runner = ShareWorker(load_stage(stage), settings, slots=slots or None, group_id=group, topic=topic,
+                             blob_store=open_blob_store(settings))
+    else:
+        runner = Worker(load_stage(stage), settings, slots=slots or None, group_id=group, topic=topic,
+                        max_in_flight_per_partition=per_partition, blob_store=open_blob_store(settings))
+    try:
+        asyncio.run(runner.run(install_signal_handlers=True))
+    except KilnError as e:
+        out.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from None
 
 
 @app.command()

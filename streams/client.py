@@ -32,8 +32,8 @@ from schemas.stages import DEFAULT_RESULTS_TOPIC, STAGES
 from streams import codec
 from streams.blobstore import BlobStore
 from streams.errors import ClientError, ConfigError, RequestExpired, RequestFailed
+from streams.executor import producer_config
 from streams.offsets import PartitionOffsets, commit_position, coordinates, decode_done, poll_batch
-from streams.runtime import producer_config
 from streams.settings import KilnSettings, get_settings
 
 log = logging.getLogger("kiln.client")

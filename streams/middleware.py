@@ -85,6 +85,10 @@ class RetryMiddleware:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
 
+    def total_backoff_s(self, attempts: int) -> float:
+        """The longest the waits between ``attempts`` attempts can add up to."""
+        return float(sum(min(self.max_backoff_s, self.backoff_s * 2 ** (k - 1)) for k in range(1, attempts)))
+
     async def __call__(self, job: Job, call_next: Next) -> Outcome:
         limit = max(1, job.stage.max_attempts)
         while True:
@@ -100,7 +104,7 @@ class RetryMiddleware:
             except Exception as e:
                 if job.ctx.attempt >= limit:
                     return Outcome("error", error=error_info(e, True), attempts=job.ctx.attempt, dead_letter=True)
-                delay = min(self.max_backoff_s, self.backoff_s * 2 ** (job.ctx.attempt - 1))
+                delay = self.total_backoff_s(job.ctx.attempt + 1) - self.total_backoff_s(job.ctx.attempt)
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import queue
@@ -29,17 +28,15 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from schemas.envelope import ErrorInfo, RequestEnvelope, ResultEnvelope
-from streams import admin, codec
+from streams import admin
 from streams.blobstore import BlobStore
-from streams.errors import KilnError, MalformedRequest
+from streams.executor import JobExecutor
 from streams.metrics import WorkerMetrics, serve_http
-from streams.middleware import Job, Middleware, Outcome, compose, default_middleware, error_info
+from streams.middleware import Middleware
 from streams.offsets import (
     OffsetMapError,
     PartitionOffsets,
@@ -49,17 +46,11 @@ from streams.offsets import (
     poll_batch,
 )
 from streams.settings import KilnSettings
-from streams.stage import JobContext, Stage
+from streams.stage import Stage
 
 log = logging.getLogger("kiln.runtime")
 
 TP = tuple[str, int]
-
-
-def producer_config(settings: KilnSettings, **extra: Any) -> dict[str, Any]:
-    """Idempotent producer: retries never duplicate or reorder a partition's records."""
-    return {"bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True, "acks": "all",
-            "linger.ms": 2, "compression.type": "zstd", "message.timeout.ms": 120000, **extra}
 
 
 @dataclass
@@ -99,11 +90,10 @@ class Worker:
         self.prefetch = max(2 * self.per_partition_cap, 16)
         self.grace_s = settings.grace_s if grace_s is None else grace_s
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.blob_store = blob_store
         self.metrics = WorkerMetrics(stage.name, self.worker_id)
         self.metrics.slots.set(self.slots)
-        self._chain = compose(middleware or default_middleware(self.metrics, settings.job_timeout_s),
-                              self._invoke_handler)
+        self.executor = JobExecutor(stage, settings, self.metrics, self.worker_id, self.dlq_topic, blob_store,
+                                    middleware)
         self._parts: dict[TP, _Partition] = {}
         self._rr: deque[TP] = deque()
         self._running = 0
@@ -115,7 +105,6 @@ class Worker:
         self._consumer_done = threading.Event()
         self._final_committed = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._producer: Producer | None = None
         self._commit_wake = asyncio.Event()
         self.ready = threading.Event()  # set once the consumer has joined the group
 
@@ -136,10 +125,8 @@ class Worker:
         server = (serve_http(self.settings.metrics_host, self.settings.metrics_port, self.metrics, self.health)
                   if serve_metrics else None)
         self.metrics_port = server.server_address[1] if server else 0
-        self._producer = Producer(producer_config(self.settings, **{"client.id": self.worker_id}))
+        self.executor.start(self._loop)
         consumer_thread = threading.Thread(target=self._consumer_main, name="kiln-consumer", daemon=True)
-        delivery_thread = threading.Thread(target=self._delivery_main, name="kiln-delivery", daemon=True)
-        delivery_thread.start()
         consumer_thread.start()
         log.info("worker %s: stage %s on %s (%d slots, group %s)", self.worker_id, self.stage.name, self.topic,
                  self.slots, self.group_id)
@@ -149,8 +136,7 @@ class Worker:
         finally:
             self._stopping.set()
             await asyncio.to_thread(self._consumer_done.wait)
-            await asyncio.to_thread(self._producer.flush, 10)
-            delivery_thread.join(timeout=5)
+            await self.executor.close()
             if server:
                 server.shutdown()
             log.info("worker %s stopped", self.worker_id)
@@ -281,13 +267,6 @@ class Worker:
         self._call_in_loop(lambda: self._forget_partitions(tps), timeout=30)
         log.warning("lost %s", sorted(p for _, p in tps))
 
-    # ---- delivery thread ----------------------------------------------------------------------------------
-
-    def _delivery_main(self) -> None:
-        assert self._producer is not None
-        while not (self._consumer_done.is_set() and len(self._producer) == 0):
-            self._producer.poll(0.1)
-
     # ---- event loop: partitions ---------------------------------------------------------------------------
 
     def _add_partitions(self, states: dict[TP, PartitionOffsets]) -> None:
@@ -414,7 +393,7 @@ class Worker:
             self._dispatch()
 
         try:
-            await self._process(msg, release_slot)
+            await self.executor.process(msg, release_slot)
             part.offsets.finish(coordinates(msg)[2])
             self._dirty.add(tp)
             self._commit_wake.set()
@@ -430,108 +409,6 @@ class Worker:
             if task is not None:
                 part.tasks.discard(task)
             release_slot()
-
-    # ---- event loop: one job ------------------------------------------------------------------------------
-
-    async def _process(self, msg: Message, release_slot: Callable[[], None]) -> None:
-        started = datetime.now(UTC)
-        try:
-            envelope = codec.decode_request(msg.value())
-            if envelope.kind != self.stage.name:
-                raise MalformedRequest(f"kind {envelope.kind!r} sent to stage {self.stage.name!r}")
-        except MalformedRequest as e:
-            release_slot()
-            await self._dead_letter(msg, error_info(e, False), attempts=0)
-            await self._reply_best_effort(msg, error_info(e, False))
-            return
-        topic, partition, offset = coordinates(msg)
-        ctx = JobContext(envelope=envelope, attempt=0, worker_id=self.worker_id, topic=topic,
-                         partition=partition, offset=offset)
-        outcome = await self._chain(Job(self.stage, ctx))
-        release_slot()
-        if outcome.dead_letter and outcome.error is not None:
-            await self._dead_letter(msg, outcome.error, outcome.attempts)
-        try:
-            await self._reply(envelope, outcome, started)
-        except KilnError as e:
-            # An unreachable reply_to (e.g. a topic that does not exist) is the request's fault: record it.
-            await self._dead_letter(msg, ErrorInfo(type="ReplyDeliveryFailed", message=str(e)), outcome.attempts)
-
-    async def _invoke_handler(self, job: Job) -> Outcome:
-        request = codec.request_payload(job.ctx.envelope, self.stage.spec.request_model, self.blob_store)
-        result = await self.stage.handler(request, job.ctx)
-        return Outcome("ok", result=result)
-
-    async def _produce(self, topic: str, value: bytes, key: bytes | str | None = None,
-                       partition: int | None = None, headers: list[tuple[str, bytes]] | None = None) -> None:
-        assert self._producer is not None and self._loop is not None
-        loop = self._loop
-        done: asyncio.Future[None] = loop.create_future()
-
-        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-            def settle() -> None:
-                if done.done():
-                    return
-                if err is None:
-                    done.set_result(None)
-                else:
-                    done.set_exception(KilnError(f"delivery to {topic} failed: {err}"))
-            loop.call_soon_threadsafe(settle)
-
-        kwargs: dict[str, Any] = {"key": key, "headers": headers, "on_delivery": on_delivery}
-        if partition is not None:
-            kwargs["partition"] = partition
-        while True:
-            try:
-                self._producer.produce(topic, value, **kwargs)
-                break
-            except BufferError:  # local queue full: let the delivery thread drain it
-                await asyncio.sleep(0.01)
-        await done
-
-    async def _reply(self, envelope: RequestEnvelope, outcome: Outcome, started: datetime) -> None:
-        if envelope.reply_to is None:
-            return
-        result = ResultEnvelope(
-            request_id=envelope.request_id, kind=envelope.kind, client_id=envelope.client_id,
-            status=outcome.status, result=outcome.result.model_dump(mode="json") if outcome.result else None,
-            error=outcome.error, attempts=outcome.attempts, worker=self.worker_id, started_at=started,
-        )
-        value = codec.encode(result, self.blob_store, self.settings.claim_check_bytes)
-        await self._produce(envelope.reply_to.topic, value, key=envelope.reply_to.key,
-                            partition=envelope.reply_to.partition)
-
-    async def _reply_best_effort(self, msg: Message, error: ErrorInfo) -> None:
-        """A malformed request may still name its id and reply_to: tell the client rather than let it wait."""
-        try:
-            raw = json.loads(msg.value() or b"")
-            reply_to, request_id = raw["reply_to"], str(raw["request_id"])
-            topic, key, partition = str(reply_to["topic"]), str(reply_to["key"]), reply_to.get("partition")
-        except Exception:
-            return
-        result = ResultEnvelope(request_id=request_id, kind=str(raw.get("kind", self.stage.name)),
-                                client_id=str(raw.get("client_id", "anonymous")), status="error", error=error,
-                                attempts=0, worker=self.worker_id)
-        with contextlib.suppress(KilnError):
-            await self._produce(topic, result.model_dump_json().encode(), key=key,
-                                partition=partition if isinstance(partition, int) else None)
-
-    async def _dead_letter(self, msg: Message, error: ErrorInfo, attempts: int) -> None:
-        headers = [
-            ("kiln-error-type", error.type.encode()),
-            ("kiln-error-message", error.message.encode()[:4000]),
-            ("kiln-stage", self.stage.name.encode()),
-            ("kiln-attempts", str(attempts).encode()),
-            ("kiln-source-topic", str(msg.topic()).encode()),
-            ("kiln-source-partition", str(msg.partition()).encode()),
-            ("kiln-source-offset", str(msg.offset()).encode()),
-            ("kiln-worker", self.worker_id.encode()),
-        ]
-        raw_headers = msg.headers() or []
-        pairs = raw_headers.items() if isinstance(raw_headers, dict) else raw_headers
-        original = [(k, v if isinstance(v, bytes) else str(v or "").encode()) for k, v in pairs]
-        await self._produce(self.dlq_topic, msg.value() or b"", key=msg.key(), headers=headers + original)
-        self.metrics.dead_lettered(error.type)
 
     # ---- event loop: commits ------------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@
 #   kafka.sh start     install, write config, format once, start, wait until it serves requests (idempotent)
 #   kafka.sh stop      stop the broker (idempotent)
 #   kafka.sh status    exit 0 when the broker answers on its port
-# Env: KILN_KAFKA_PORT (9092), KILN_KAFKA_CONTROLLER_PORT (port+1), KILN_KAFKA_HEAP (512m), KILN_KAFKA_DATA.
+# Env: KILN_KAFKA_PORT (9092), KILN_KAFKA_CONTROLLER_PORT (port+1), KILN_KAFKA_HEAP (512m), KILN_KAFKA_DATA,
+#      KILN_KAFKA_SHARE_GROUPS (1; 0 formats without share.version, like a broker that lacks share groups).
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 KAFKA_VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$INFRA_DIR/kafka/pom.xml")
@@ -15,6 +16,7 @@ CONTROLLER_PORT="${KILN_KAFKA_CONTROLLER_PORT:-$((PORT + 1))}"
 HEAP="${KILN_KAFKA_HEAP:-512m}"
 DATA="${KILN_KAFKA_DATA:-$KILN_RUN/kafka-$PORT}"
 PIDFILE="$DATA/kafka.pid"
+SHARE_GROUPS="${KILN_KAFKA_SHARE_GROUPS:-1}"
 
 install() {
   [[ -f $KAFKA_HOME/.complete ]] && return 0
@@ -82,9 +84,11 @@ java_cmd() {
 
 format() {
   [[ -f $DATA/data/meta.properties ]] && return 0
-  log "formatting KRaft storage in $DATA/data (share.version=1)"
+  local share_feature=share.version=1
+  [[ $SHARE_GROUPS == 1 ]] || share_feature=share.version=0
+  log "formatting KRaft storage in $DATA/data ($share_feature)"
   java_cmd kafka.tools.StorageTool format --standalone --cluster-id "kiln-$(printf '%016d' "$PORT")" \
-    --config "$DATA/server.properties" --feature share.version=1 >"$DATA/logs/format.log" 2>&1 \
+    --config "$DATA/server.properties" --feature "$share_feature" >"$DATA/logs/format.log" 2>&1 \
     || { cat "$DATA/logs/format.log" >&2; die "kafka format failed"; }
 }
 

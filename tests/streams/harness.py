@@ -41,21 +41,21 @@ class WorkerProcess:
     """``kiln worker`` as a real process: what a preemptible node runs."""
 
     def __init__(self, stage: str, settings: KilnSettings, topic: str, *, slots: int, journal: Path | None = None,
-                 grace_s: float = 30.0, extra: list[str] | None = None) -> None:
-        env = {**os.environ, "KILN_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "KILN_GRACE_S": str(grace_s),
-               "KILN_BLOB_STORE": f"file://{settings.cache / 'blobs'}"}
+                 grace_s: float = 30.0, extra: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        proc_env = {**os.environ, **(env or {}), "KILN_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+                    "KILN_GRACE_S": str(grace_s), "KILN_BLOB_STORE": f"file://{settings.cache / 'blobs'}"}
         if journal is not None:
-            env["KILN_SLEEP_JOURNAL"] = str(journal)
+            proc_env["KILN_SLEEP_JOURNAL"] = str(journal)
         self.log = Path(f"/tmp/kiln-test-worker-{topic}-{time.monotonic_ns()}.log")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streams.cli", "worker", stage, "--slots", str(slots), "--topic", topic,
              "--group", f"g-{topic}", *(extra or [])],
-            env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+            env=proc_env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
         )
 
     def wait_assigned(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
-        while "assigned" not in self.log.read_text():
+        while "assigned" not in self.log.read_text() and "queue mode" not in self.log.read_text():
             assert self.proc.poll() is None, self.log.read_text()
             assert time.monotonic() < deadline, "worker did not get partitions:\n" + self.log.read_text()
             time.sleep(0.1)

@@ -25,7 +25,7 @@ from streams.stage import JobContext, Stage
 class SleepSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KILN_SLEEP_")
 
-    journal: Path | None = Field(None, description="Append 'start|end <request_id> <worker>' lines here "
+    journal: Path | None = Field(None, description="Append 'start|end <request_id> <worker> <attempt> <time>' lines "
                                                    "(how tests and benchmarks count executions).")
 
 
@@ -35,7 +35,7 @@ _settings = SleepSettings()
 def _journal(event: str, ctx: JobContext) -> None:
     if _settings.journal is not None:
         with _settings.journal.open("a") as f:
-            f.write(f"{event} {ctx.envelope.request_id} {ctx.worker_id} {ctx.attempt}\n")
+            f.write(f"{event} {ctx.envelope.request_id} {ctx.worker_id} {ctx.attempt} {time.time():.6f}\n")
 
 
 def _spin(seconds: float) -> None:

@@ -1,0 +1,181 @@
+"""Runs one job end to end, whatever delivered it: decode, the middleware chain, the handler, the result to the
+request's ``reply_to``, and the dead-letter record on terminal failure.
+
+Both consumption modes use it: consumer groups (``streams.runtime``) and share groups (``streams.share``), so a
+stage's handler and the client are the same in either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from schemas.envelope import ErrorInfo, RequestEnvelope, ResultEnvelope
+from streams import codec
+from streams.blobstore import BlobStore
+from streams.errors import KilnError, MalformedRequest
+from streams.metrics import WorkerMetrics
+from streams.middleware import Job, Middleware, Outcome, compose, default_middleware, error_info
+from streams.offsets import coordinates
+from streams.settings import KilnSettings
+from streams.stage import JobContext, Stage
+
+
+def producer_config(settings: KilnSettings, **extra: Any) -> dict[str, Any]:
+    """Idempotent producer: retries never duplicate or reorder a partition's records."""
+    return {"bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True, "acks": "all",
+            "linger.ms": 2, "compression.type": "zstd", "message.timeout.ms": 120000, **extra}
+
+
+class JobExecutor:
+    """Owns the worker's producer (and the thread serving its delivery reports) and runs jobs on the loop."""
+
+    def __init__(self, stage: Stage, settings: KilnSettings, metrics: WorkerMetrics, worker_id: str,
+                 dlq_topic: str, blob_store: BlobStore | None = None,
+                 middleware: Sequence[Middleware] | None = None) -> None:
+        self.stage = stage
+        self.settings = settings
+        self.metrics = metrics
+        self.worker_id = worker_id
+        self.dlq_topic = dlq_topic
+        self.blob_store = blob_store
+        self._chain = compose(middleware or default_middleware(metrics, settings.job_timeout_s),
+                              self._invoke_handler)
+        self._producer: Producer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = threading.Event()
+        self._delivery_thread: threading.Thread | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._producer = Producer(producer_config(self.settings, **{"client.id": self.worker_id}))
+        self._delivery_thread = threading.Thread(target=self._delivery_main, name="kiln-delivery", daemon=True)
+        self._delivery_thread.start()
+
+    async def close(self) -> None:
+        """Flush outstanding results and dead letters, then stop the delivery thread."""
+        if self._producer is not None:
+            await asyncio.to_thread(self._producer.flush, 10)
+        self._closing.set()
+        if self._delivery_thread is not None:
+            await asyncio.to_thread(self._delivery_thread.join, 5)
+
+    def _delivery_main(self) -> None:
+        assert self._producer is not None
+        while not (self._closing.is_set() and len(self._producer) == 0):
+            self._producer.poll(0.1)
+
+    async def process(self, msg: Message, release_slot: Callable[[], None] = lambda: None) -> Outcome | None:
+        """Run the job in ``msg``; returns its outcome (None for undecodable input, which is dead-lettered).
+
+        ``release_slot`` is called once the handler is done, before its result is published. Raises only when not
+        even a dead-letter record could be delivered.
+        """
+        started = datetime.now(UTC)
+        try:
+            envelope = codec.decode_request(msg.value())
+            if envelope.kind != self.stage.name:
+                raise MalformedRequest(f"kind {envelope.kind!r} sent to stage {self.stage.name!r}")
+        except MalformedRequest as e:
+            release_slot()
+            await self.dead_letter(msg, error_info(e, False), attempts=0)
+            await self.reply_error(msg, error_info(e, False))
+            return None
+        topic, partition, offset = coordinates(msg)
+        ctx = JobContext(envelope=envelope, attempt=0, worker_id=self.worker_id, topic=topic,
+                         partition=partition, offset=offset)
+        outcome = await self._chain(Job(self.stage, ctx))
+        release_slot()
+        if outcome.dead_letter and outcome.error is not None:
+            await self.dead_letter(msg, outcome.error, outcome.attempts)
+        try:
+            await self._reply(envelope, outcome, started)
+        except KilnError as e:
+            # An unreachable reply_to (e.g. a topic that does not exist) is the request's fault: record it.
+            await self.dead_letter(msg, ErrorInfo(type="ReplyDeliveryFailed", message=str(e)), outcome.attempts)
+        return outcome
+
+    async def _invoke_handler(self, job: Job) -> Outcome:
+        request = codec.request_payload(job.ctx.envelope, self.stage.spec.request_model, self.blob_store)
+        result = await self.stage.handler(request, job.ctx)
+        return Outcome("ok", result=result)
+
+    async def produce(self, topic: str, value: bytes, key: bytes | str | None = None,
+                      partition: int | None = None, headers: list[tuple[str, bytes]] | None = None) -> None:
+        """Produce one record and wait until the broker has it (acks=all)."""
+        assert self._producer is not None and self._loop is not None
+        loop = self._loop
+        done: asyncio.Future[None] = loop.create_future()
+
+        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            def settle() -> None:
+                if done.done():
+                    return
+                if err is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(KilnError(f"delivery to {topic} failed: {err}"))
+            loop.call_soon_threadsafe(settle)
+
+        kwargs: dict[str, Any] = {"key": key, "headers": headers, "on_delivery": on_delivery}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self._producer.produce(topic, value, **kwargs)
+                break
+            except BufferError:  # local queue full: let the delivery thread drain it
+                await asyncio.sleep(0.01)
+        await done
+
+    async def _reply(self, envelope: RequestEnvelope, outcome: Outcome, started: datetime) -> None:
+        if envelope.reply_to is None:
+            return
+        result = ResultEnvelope(
+            request_id=envelope.request_id, kind=envelope.kind, client_id=envelope.client_id,
+            status=outcome.status, result=outcome.result.model_dump(mode="json") if outcome.result else None,
+            error=outcome.error, attempts=outcome.attempts, worker=self.worker_id, started_at=started,
+        )
+        value = codec.encode(result, self.blob_store, self.settings.claim_check_bytes)
+        await self.produce(envelope.reply_to.topic, value, key=envelope.reply_to.key,
+                           partition=envelope.reply_to.partition)
+
+    async def reply_error(self, msg: Message, error: ErrorInfo) -> None:
+        """Best effort: if the raw request names its id and reply_to, tell the client rather than let it wait
+        (also for malformed requests)."""
+        try:
+            raw = json.loads(msg.value() or b"")
+            reply_to, request_id = raw["reply_to"], str(raw["request_id"])
+            topic, key, partition = str(reply_to["topic"]), str(reply_to["key"]), reply_to.get("partition")
+        except Exception:
+            return
+        result = ResultEnvelope(request_id=request_id, kind=str(raw.get("kind", self.stage.name)),
+                                client_id=str(raw.get("client_id", "anonymous")), status="error", error=error,
+                                attempts=0, worker=self.worker_id)
+        with contextlib.suppress(KilnError):
+            await self.produce(topic, result.model_dump_json().encode(), key=key,
+                               partition=partition if isinstance(partition, int) else None)
+
+    async def dead_letter(self, msg: Message, error: ErrorInfo, attempts: int) -> None:
+        headers = [
+            ("kiln-error-type", error.type.encode()),
+            ("kiln-error-message", error.message.encode()[:4000]),
+            ("kiln-stage", self.stage.name.encode()),
+            ("kiln-attempts", str(attempts).encode()),
+            ("kiln-source-topic", str(msg.topic()).encode()),
+            ("kiln-source-partition", str(msg.partition()).encode()),
+            ("kiln-source-offset", str(msg.offset()).encode()),
+            ("kiln-worker", self.worker_id.encode()),
+        ]
+        raw_headers = msg.headers() or []
+        pairs = raw_headers.items() if isinstance(raw_headers, dict) else raw_headers
+        original = [(k, v if isinstance(v, bytes) else str(v or "").encode()) for k, v in pairs]
+        await self.produce(self.dlq_topic, msg.value() or b"", key=msg.key(), headers=headers + original)
+        self.metrics.dead_lettered(error.type)

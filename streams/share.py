@@ -1,0 +1,255 @@
+"""Queue mode: a stage consumed through a Kafka share group (KIP-932), a true global queue for short jobs.
+
+Any idle slot of any worker takes the next record, whatever its partition, so workers of different sizes share
+the load by their slot counts. Apache Kafka >= 4.2 only (Redpanda has no share groups).
+
+confluent-kafka's ``ShareConsumer`` is synchronous, must acknowledge a poll's records before the next poll, cannot
+pause, and holds each acquired record under a lock (30 s by default) that it cannot renew. So: one consumer per
+slot, in its own thread, asking for one record per poll; the job itself runs on the event loop through the same
+``JobExecutor`` as group mode. Acknowledgements: ACCEPT when the job finished (result published), REJECT when it
+was dead-lettered, RELEASE when it cannot run now (shutdown, a record beyond the first of a poll, a grace period
+that ran out). A record delivered ``delivery_limit`` times (e.g. one that crashes its worker) is dead-lettered
+with that reason and rejected instead of being run again. A stage whose worst case (timeout x attempts) does not
+fit in the lock is refused at start: it would be redelivered while still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from confluent_kafka import AcknowledgeType, Message, ShareConsumer
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+from schemas.envelope import ErrorInfo
+from streams import admin
+from streams.blobstore import BlobStore
+from streams.errors import ConfigError
+from streams.executor import JobExecutor
+from streams.metrics import WorkerMetrics, serve_http
+from streams.middleware import Middleware, RetryMiddleware
+from streams.settings import KilnSettings
+from streams.stage import Stage
+
+log = logging.getLogger("kiln.share")
+
+DEFAULT_LOCK_MS = 30_000
+DEFAULT_DELIVERY_LIMIT = 5
+
+
+def share_group_settings(settings: KilnSettings, group_id: str) -> tuple[float, int]:
+    """Make the share group start at the earliest offset (requests queued before any worker existed must run) and
+    return its record lock duration (s) and delivery-count limit, as the broker will apply them."""
+    if admin.SHARE_GROUP_HEARTBEAT_API not in admin.broker_api_keys(settings.bootstrap_servers):
+        raise ConfigError(f"the broker at {settings.bootstrap_servers} has no share groups (KIP-932): queue mode "
+                          "needs Apache Kafka >= 4.2 with share.version=1; use group mode (Redpanda)")
+    client = admin.admin_client(settings)
+    group = ConfigResource(ResourceType.GROUP, group_id, incremental_configs=[
+        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+    for fut in client.incremental_alter_configs([group]).values():
+        fut.result(15)
+    lock_ms, limit = DEFAULT_LOCK_MS, DEFAULT_DELIVERY_LIMIT
+    brokers = list(client.list_topics(timeout=15).brokers)
+    if brokers:
+        described = client.describe_configs([ConfigResource(ResourceType.BROKER, str(brokers[0]))])
+        for fut in described.values():
+            entries = fut.result(15)
+            lock_ms = int(entries["group.share.record.lock.duration.ms"].value or lock_ms)
+            limit = int(entries["group.share.delivery.count.limit"].value or limit)
+    for fut in client.describe_configs([ConfigResource(ResourceType.GROUP, group_id)]).values():
+        entries = fut.result(15)
+        if "share.record.lock.duration.ms" in entries and entries["share.record.lock.duration.ms"].value:
+            lock_ms = int(entries["share.record.lock.duration.ms"].value)
+        if "share.delivery.count.limit" in entries and entries["share.delivery.count.limit"].value:
+            limit = int(entries["share.delivery.count.limit"].value)
+    return lock_ms / 1000, limit
+
+
+def worst_case_job_s(stage: Stage, settings: KilnSettings) -> float | None:
+    """Longest a record can stay acquired: every attempt timing out, plus the retry backoff between attempts."""
+    timeout = settings.job_timeout_s or stage.job_timeout_s
+    if timeout is None:
+        return None
+    attempts = max(1, stage.max_attempts)
+    return timeout * attempts + RetryMiddleware().total_backoff_s(attempts)
+
+
+class ShareWorker:
+    """Runs ``stage`` from a share group with one ``ShareConsumer`` per slot, until ``stop()`` or SIGTERM."""
+
+    def __init__(self, stage: Stage, settings: KilnSettings, *, slots: int | None = None,
+                 group_id: str | None = None, topic: str | None = None, grace_s: float | None = None,
+                 middleware: Sequence[Middleware] | None = None, blob_store: BlobStore | None = None,
+                 worker_id: str | None = None) -> None:
+        self.stage = stage
+        self.settings = settings
+        self.slots = slots or settings.slots or len(os.sched_getaffinity(0))
+        self.topic = settings.topic(topic or stage.spec.request_topic)
+        self.group_id = group_id or f"kiln.{stage.name}.queue"
+        self.grace_s = settings.grace_s if grace_s is None else grace_s
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.metrics = WorkerMetrics(stage.name, self.worker_id)
+        self.metrics.slots.set(self.slots)
+        self.executor = JobExecutor(stage, settings, self.metrics, self.worker_id, f"{self.topic}.dlq", blob_store,
+                                    middleware)
+        self.ready = threading.Event()
+        self.metrics_port = 0
+        self._stopping = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopped: asyncio.Event | None = None
+        self._busy = 0
+        self._busy_lock = threading.Lock()
+        self._polled = 0
+        self.lock_s, self.delivery_limit = float(DEFAULT_LOCK_MS / 1000), DEFAULT_DELIVERY_LIMIT
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._loop is not None and self._stopped is not None:
+            self._loop.call_soon_threadsafe(self._stopped.set)
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "stopping" if self._stopping.is_set() else ("ok" if self.ready.is_set() else "starting"),
+                "stage": self.stage.name, "worker": self.worker_id, "mode": "queue", "busy_slots": self._busy,
+                "slots": self.slots}
+
+    def check(self) -> None:
+        """Refuse what queue mode cannot do safely, with the reason (raises ConfigError)."""
+        self.lock_s, self.delivery_limit = share_group_settings(self.settings, self.group_id)
+        worst = worst_case_job_s(self.stage, self.settings)
+        if worst is None or worst >= self.lock_s:
+            shown = "unbounded" if worst is None else f"{worst:g} s"
+            raise ConfigError(
+                f"stage {self.stage.name!r}: a job may hold its record for {shown} (timeout x attempts + backoff), "
+                f"longer than the share group's record lock of {self.lock_s:g} s, so it would be redelivered while "
+                "still running. Use group mode for long jobs, or set KILN_JOB_TIMEOUT_S so that "
+                f"timeout x {self.stage.max_attempts} attempts fits in the lock.")
+
+    async def run(self, install_signal_handlers: bool = False, serve_metrics: bool = True) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        if self._stopping.is_set():
+            self._stopped.set()
+        await asyncio.to_thread(self.check)
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(sig, self.stop)
+        server = (serve_http(self.settings.metrics_host, self.settings.metrics_port, self.metrics, self.health)
+                  if serve_metrics else None)
+        self.metrics_port = server.server_address[1] if server else 0
+        self.executor.start(self._loop)
+        threads = [threading.Thread(target=self._slot_main, args=(i,), name=f"kiln-share-{i}", daemon=True)
+                   for i in range(self.slots)]
+        for t in threads:
+            t.start()
+        log.info("worker %s: stage %s on %s in queue mode (%d slots, share group %s, lock %gs, delivery limit %d)",
+                 self.worker_id, self.stage.name, self.topic, self.slots, self.group_id, self.lock_s,
+                 self.delivery_limit)
+        try:
+            await self._stopped.wait()
+        finally:
+            self._stopping.set()
+            for t in threads:
+                await asyncio.to_thread(t.join, self.grace_s + 15)
+            await self.executor.close()
+            if server:
+                server.shutdown()
+            log.info("worker %s stopped", self.worker_id)
+
+    def _set_busy(self, delta: int) -> None:
+        with self._busy_lock:
+            self._busy += delta
+            self.metrics.busy_slots.set(self._busy)
+
+    def _slot_main(self, index: int) -> None:
+        consumer = ShareConsumer({
+            "bootstrap.servers": self.settings.bootstrap_servers,
+            "group.id": self.group_id,
+            "client.id": f"{self.worker_id}-{index}",
+            "share.acknowledgement.mode": "explicit",
+            "max.poll.records": 1,
+        })
+        consumer.subscribe([self.topic])
+        try:
+            while not self._stopping.is_set():
+                msgs = consumer.poll(0.2)
+                with self._busy_lock:
+                    self._polled += 1
+                    if self._polled >= self.slots:
+                        self.ready.set()
+                if not msgs:
+                    continue
+                polled_at = time.monotonic()
+                for i, msg in enumerate(msgs):
+                    if msg.error() is not None:
+                        continue
+                    consumer.acknowledge(msg, self._settle(msg, first=i == 0, polled_at=polled_at))
+                consumer.commit_async()
+        except Exception:
+            log.exception("share consumer %d failed", index)
+            self.stop()
+        finally:
+            try:
+                consumer.close()
+            except Exception as e:
+                log.warning("closing share consumer %d: %s", index, e)
+
+    def _settle(self, msg: Message, *, first: bool, polled_at: float) -> AcknowledgeType:
+        """Run (or refuse) one acquired record and say how to acknowledge it."""
+        assert self._loop is not None
+        if self._stopping.is_set() or (not first and time.monotonic() - polled_at > self.lock_s / 4):
+            return AcknowledgeType.RELEASE
+        if (msg.delivery_count() or 1) >= self.delivery_limit:
+            error = ErrorInfo(type="DeliveryLimitExceeded",
+                              message=f"delivered {msg.delivery_count()} times without finishing (the job may "
+                                      "crash or hang its worker); not run again")
+            asyncio.run_coroutine_threadsafe(self._refuse(msg, error), self._loop).result(60)
+            return AcknowledgeType.REJECT
+        self._set_busy(+1)
+        released = threading.Event()
+
+        def release_slot() -> None:
+            if not released.is_set():
+                released.set()
+                self._set_busy(-1)
+
+        job = asyncio.run_coroutine_threadsafe(self.executor.process(msg, release_slot), self._loop)
+        try:
+            while True:
+                try:
+                    outcome = job.result(timeout=0.2)
+                    break
+                except concurrent.futures.TimeoutError:
+                    if self._stopping.is_set() and not self._finish_within_grace(job):
+                        return AcknowledgeType.RELEASE
+        except Exception:
+            log.exception("job from %s[%s]@%s could not be completed", msg.topic(), msg.partition(), msg.offset())
+            return AcknowledgeType.RELEASE
+        finally:
+            release_slot()
+        if outcome is None or outcome.dead_letter:
+            return AcknowledgeType.REJECT
+        return AcknowledgeType.ACCEPT
+
+    async def _refuse(self, msg: Message, error: ErrorInfo) -> None:
+        await self.executor.dead_letter(msg, error, msg.delivery_count() or 0)
+        await self.executor.reply_error(msg, error)
+
+    def _finish_within_grace(self, job: concurrent.futures.Future[Any]) -> bool:
+        """On shutdown: give the running job the grace period; cancel it when that runs out."""
+        try:
+            job.result(timeout=self.grace_s)
+            return True
+        except concurrent.futures.TimeoutError:
+            job.cancel()
+            return False
+        except Exception:
+            return True

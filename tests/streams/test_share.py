@@ -1,0 +1,147 @@
+"""Queue mode (Kafka share groups) on the real broker: idle slots take queued work, crashes redeliver, poison
+is dead-lettered, long jobs and brokers without share groups are refused with a clear reason."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+from schemas.builtin import SleepRequest
+from streams import admin
+from streams.client import KilnClient
+from streams.errors import ConfigError, RequestFailed
+from streams.infra import run_script
+from streams.settings import KilnSettings
+from streams.share import ShareWorker
+from tests.streams.harness import WorkerProcess, journal_events, read_all
+from workers.builtin import sleep
+
+QUEUE = ["--mode", "queue"]
+
+
+def _group_config(settings: KilnSettings, group: str, **configs: str) -> None:
+    entries = [ConfigEntry(k.replace("_", "."), v, incremental_operation=AlterConfigOpType.SET)
+               for k, v in configs.items()]
+    for fut in admin.admin_client(settings).incremental_alter_configs(
+            [ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)]).values():
+        fut.result(15)
+
+
+def _concurrency(journal: Path) -> int:
+    """Peak number of jobs running at once across all workers, from the journal's timestamps."""
+    events = []
+    for line in journal.read_text().splitlines():
+        ev, *_rest, ts = line.split()
+        events.append((float(ts), 1 if ev == "start" else -1))
+    peak = now = 0
+    for _, delta in sorted(events):
+        now += delta
+        peak = max(peak, now)
+    return peak
+
+
+def test_long_jobs_are_refused_with_the_reason(kafka: KilnSettings, unique: str) -> None:
+    with pytest.raises(ConfigError, match="record lock"):
+        ShareWorker(sleep.stage, kafka, slots=1, group_id=f"q-{unique}").check()  # sleep allows 300 s per attempt
+    short = dataclasses.replace(sleep.stage, job_timeout_s=5.0)
+    ShareWorker(short, kafka, slots=1, group_id=f"q-{unique}").check()
+
+
+def test_broker_without_share_groups_is_refused(kafka: KilnSettings, tmp_path: Path) -> None:
+    env = {"KILN_KAFKA_PORT": "19392", "KILN_KAFKA_SHARE_GROUPS": "0", "KILN_KAFKA_DATA": str(tmp_path / "k"),
+           "KILN_KAFKA_HEAP": "256m"}
+    import os
+
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        run_script("kafka/kafka.sh", "start")
+        plain = kafka.model_copy(update={"bootstrap_servers": "127.0.0.1:19392"})
+        short = dataclasses.replace(sleep.stage, job_timeout_s=5.0)
+        with pytest.raises(ConfigError, match="no share groups"):
+            ShareWorker(short, plain, slots=1).check()
+    finally:
+        run_script("kafka/kafka.sh", "stop")
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+async def test_idle_slots_take_queued_jobs_from_any_partition(kafka: KilnSettings, topics, unique: str,  # type: ignore[no-untyped-def]
+                                                              tmp_path: Path) -> None:
+    request_topic, results = topics(partitions=2)
+    journal = tmp_path / "journal"
+    async with KilnClient(kafka, f"c-{unique}", results_topic=results, key_spread=1) as client:
+        # One client key: every job lands in ONE partition. A consumer group would give it to one worker.
+        futures = [await client.submit("sleep", SleepRequest(seconds=0.3, tag=f"j{i}"), topic=request_topic)
+                   for i in range(64)]
+        env = {"KILN_JOB_TIMEOUT_S": "5"}
+        with WorkerProcess("sleep", kafka, request_topic, slots=2, journal=journal, extra=QUEUE, env=env) as small, \
+                WorkerProcess("sleep", kafka, request_topic, slots=6, journal=journal, extra=QUEUE, env=env) as big:
+            envelopes = await asyncio.wait_for(asyncio.gather(*futures), 90)
+            small.terminate()
+            big.terminate()
+    assert len({e.request_id for e in envelopes}) == 64
+    per_worker = Counter(w for ev, _, w in journal_events(journal) if ev == "start")
+    assert len(per_worker) == 2, "one worker stayed idle"
+    counts = sorted(per_worker.values())
+    assert counts[1] >= 2 * counts[0], f"work not shared by slot count: {per_worker}"
+    assert _concurrency(journal) >= 7, "the 8 slots were not busy together"
+
+
+async def test_sigkilled_worker_jobs_are_redelivered_after_the_lock(kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
+                                                                    unique: str, tmp_path: Path) -> None:
+    request_topic, results = topics(partitions=1)
+    journal = tmp_path / "journal"
+    group = f"g-{request_topic}"
+    _group_config(kafka, group, share_record_lock_duration_ms="6000")
+    env = {"KILN_JOB_TIMEOUT_S": "1.5"}
+    async with KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
+        futures = [await client.submit("sleep", SleepRequest(seconds=1.0, tag=f"j{i}"), topic=request_topic)
+                   for i in range(2)]
+        with WorkerProcess("sleep", kafka, request_topic, slots=2, journal=journal, extra=QUEUE, env=env) as first:
+            deadline = time.monotonic() + 30
+            while sum(e[0] == "start" for e in journal_events(journal)) < 2:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            first.kill()
+        killed_at = time.monotonic()
+        with WorkerProcess("sleep", kafka, request_topic, slots=2, journal=journal, extra=QUEUE, env=env) as second:
+            envelopes = await asyncio.wait_for(asyncio.gather(*futures), 60)
+            waited = time.monotonic() - killed_at
+            second.terminate()
+    starts = Counter(rid for ev, rid, _ in journal_events(journal) if ev == "start")
+    assert sorted(starts.values()) == [2, 2]  # each ran on the killed worker, then again
+    assert {e.request_id for e in envelopes} == set(starts)
+    assert waited > 3.0  # redelivered only once the dead consumer's locks expired
+    assert len(read_all(kafka, results, expect=2)) == 2  # one result each: nothing finished twice
+
+
+async def test_poison_job_is_dead_lettered_at_the_delivery_limit(kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
+                                                                 unique: str, tmp_path: Path) -> None:
+    request_topic, results = topics(partitions=1)
+    group = f"g-{request_topic}"
+    _group_config(kafka, group, share_record_lock_duration_ms="3000", share_delivery_count_limit="2")
+    env = {"KILN_JOB_TIMEOUT_S": "0.5"}
+    async with KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
+        poison = await client.submit("sleep", SleepRequest(fail="crash", tag="poison"), topic=request_topic)
+        with WorkerProcess("sleep", kafka, request_topic, slots=1, extra=QUEUE, env=env) as first:
+            await asyncio.to_thread(first.proc.wait, 30)  # the job SIGKILLs its worker
+        with WorkerProcess("sleep", kafka, request_topic, slots=1, extra=QUEUE, env=env) as second:
+            with pytest.raises(RequestFailed, match="DeliveryLimitExceeded"):
+                client.result_of(await asyncio.wait_for(poison, 60))
+            healthy = await client.call("sleep", SleepRequest(tag="after"), topic=request_topic)
+            second.terminate()
+    assert healthy.tag == "after"
+    dlq = read_all(kafka, f"{request_topic}.dlq", expect=1)
+    headers = dict(dlq[0].headers())
+    assert headers["kiln-error-type"] == b"DeliveryLimitExceeded"
+    assert headers["kiln-attempts"] == b"2"
