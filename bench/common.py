@@ -38,18 +38,19 @@ def fresh_topics(settings: KilnSettings, name: str, partitions: int) -> tuple[st
 
 class WorkerProc:
     def __init__(self, settings: KilnSettings, stage: str, topic: str, slots: int, *,
-                 journal: Path | None = None, extra: list[str] | None = None) -> None:
-        env = {**os.environ, "KILN_BOOTSTRAP_SERVERS": settings.bootstrap_servers}
+                 journal: Path | None = None, extra: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        proc_env = {**os.environ, **(env or {}), "KILN_BOOTSTRAP_SERVERS": settings.bootstrap_servers}
         if journal:
-            env["KILN_SLEEP_JOURNAL"] = str(journal)
+            proc_env["KILN_SLEEP_JOURNAL"] = str(journal)
         self.log = Path(f"/tmp/kiln-bench-{topic}-{time.monotonic_ns()}.log")
         self.proc = subprocess.Popen([sys.executable, "-m", "streams.cli", "worker", stage, "--slots", str(slots),
                                       "--topic", topic, "--group", f"g-{topic}", *(extra or [])],
-                                     env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+                                     env=proc_env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
 
     def wait_assigned(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
-        while "assigned" not in self.log.read_text():
+        while "assigned" not in self.log.read_text() and "queue mode" not in self.log.read_text():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("worker failed to start:\n" + self.log.read_text())
             time.sleep(0.05)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import struct
 from dataclasses import dataclass, field
 
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -86,35 +88,93 @@ CONSUMER_GROUP_HEARTBEAT_API = 68  # KIP-848
 SHARE_GROUP_HEARTBEAT_API = 76  # KIP-932
 
 
-def broker_api_keys(bootstrap_servers: str, timeout: float = 10.0) -> set[int]:
-    """The API keys the first bootstrap broker supports, from a raw ApiVersions v0 request.
+@dataclass(frozen=True)
+class BrokerFeatures:
+    api_keys: frozenset[int]
+    finalized: dict[str, int]  # feature name -> finalized max version level (e.g. share.version)
 
-    librdkafka does not expose ApiVersions to Python; kiln needs it to choose the group protocol and to refuse
-    share-group mode on brokers (Redpanda) that lack it.
+    @property
+    def share_groups(self) -> bool:
+        return SHARE_GROUP_HEARTBEAT_API in self.api_keys and self.finalized.get("share.version", 0) >= 1
+
+    @property
+    def consumer_protocol(self) -> bool:
+        return CONSUMER_GROUP_HEARTBEAT_API in self.api_keys
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def take(self, fmt: str) -> int:
+        (value,) = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return int(value)
+
+    def uvarint(self) -> int:
+        value = shift = 0
+        while True:
+            byte = self.data[self.pos]
+            self.pos += 1
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+
+    def compact_bytes(self) -> bytes:
+        n = self.uvarint() - 1
+        out = self.data[self.pos:self.pos + max(n, 0)]
+        self.pos += max(n, 0)
+        return out
+
+    def skip_tags(self) -> None:
+        for _ in range(self.uvarint()):
+            self.uvarint()
+            self.pos += self.uvarint()
+
+
+def broker_features(bootstrap_servers: str, timeout: float = 10.0) -> BrokerFeatures:
+    """API keys and finalized features of the first bootstrap broker, from a raw ApiVersions v3 request.
+
+    librdkafka exposes neither to Python; kiln needs them to choose the group protocol (KIP-848) and to refuse
+    queue mode where share groups are absent (Redpanda) or not enabled (a Kafka formatted without share.version).
     """
-    import socket
-    import struct
-
     host, _, port = bootstrap_servers.split(",")[0].strip().rpartition(":")
-    client_id = b"kiln-probe"
-    body = struct.pack(">hhih", 18, 0, 1, len(client_id)) + client_id
+    client_id, software, version = b"kiln-probe", b"kiln", b"1"
+    header = struct.pack(">hhih", 18, 3, 1, len(client_id)) + client_id + b"\x00"
+    body = bytes([len(software) + 1]) + software + bytes([len(version) + 1]) + version + b"\x00"
     try:
         with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout) as sock:
-            sock.sendall(struct.pack(">i", len(body)) + body)
+            sock.sendall(struct.pack(">i", len(header + body)) + header + body)
             size = struct.unpack(">i", _recv_exact(sock, 4))[0]
-            data = _recv_exact(sock, size)
+            reader = _Reader(_recv_exact(sock, size))
     except OSError as e:
         raise InfraError(f"ApiVersions probe of {bootstrap_servers} failed: {e}") from e
-    _corr, error, count = struct.unpack(">ihi", data[:10])
-    if error:
+    reader.take(">i")  # correlation id (ApiVersions responses keep header v0)
+    if error := reader.take(">h"):
         raise InfraError(f"ApiVersions error {error} from {bootstrap_servers}")
-    return {struct.unpack(">hhh", data[10 + 6 * i: 16 + 6 * i])[0] for i in range(count)}
+    keys = set()
+    for _ in range(reader.uvarint() - 1):
+        keys.add(reader.take(">h"))
+        reader.take(">h")
+        reader.take(">h")
+        reader.skip_tags()
+    reader.take(">i")  # throttle time
+    finalized: dict[str, int] = {}
+    for _ in range(reader.uvarint()):
+        tag, length = reader.uvarint(), reader.uvarint()
+        end = reader.pos + length
+        if tag == 2:  # FinalizedFeatures
+            for _ in range(reader.uvarint() - 1):
+                name = reader.compact_bytes().decode()
+                finalized[name] = reader.take(">h")
+                reader.take(">h")
+                reader.skip_tags()
+        reader.pos = end
+    return BrokerFeatures(frozenset(keys), finalized)
 
 
-def _recv_exact(sock: object, n: int) -> bytes:
-    import socket
-
-    assert isinstance(sock, socket.socket)
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
@@ -128,4 +188,4 @@ def resolve_group_protocol(settings: KilnSettings) -> str:
     """'consumer' (KIP-848) where the broker supports it, else 'classic'; an explicit setting wins."""
     if settings.group_protocol != "auto":
         return settings.group_protocol
-    return "consumer" if CONSUMER_GROUP_HEARTBEAT_API in broker_api_keys(settings.bootstrap_servers) else "classic"
+    return "consumer" if broker_features(settings.bootstrap_servers).consumer_protocol else "classic"

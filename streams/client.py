@@ -51,6 +51,7 @@ class _ProcessState:
         self.unclaimed: asyncio.Queue[tuple[ResultEnvelope, int]] = asyncio.Queue()
         self.slots = asyncio.Semaphore(max_in_flight)
         self.producer: Producer | None = None
+        self.queue_producer: Producer | None = None
         self.consumer: Consumer | None = None
         self.partition = 0
         self.offsets: PartitionOffsets | None = None
@@ -79,6 +80,7 @@ class KilnClient:
         self.key_spread = max(1, key_spread)
         self.blob_store = blob_store
         self._child_client_id = child_client_id or (lambda cid, pid: f"{cid}.{pid}")
+        self._queue_topics = {self.settings.topic(t) for t in self.settings.queue_topics}
         self._state: _ProcessState | None = None
         self._start_lock: asyncio.Lock | None = None
         self._owner_pid = os.getpid()
@@ -108,6 +110,10 @@ class KilnClient:
     async def _start(self, loop: asyncio.AbstractEventLoop) -> _ProcessState:
         state = _ProcessState(self.client_id, loop, self.max_in_flight)
         state.producer = Producer(producer_config(self.settings, **{"client.id": self.client_id}))
+        # Queue-mode topics get one record per producer batch: a share group acquires whole batches, so batched
+        # requests would hand one slot many jobs while others idle. (It costs throughput, so only for them.)
+        state.queue_producer = Producer(producer_config(
+            self.settings, **{"client.id": f"{self.client_id}.queue", "batch.num.messages": 1}))
         consumer = Consumer({
             "bootstrap.servers": self.settings.bootstrap_servers,
             "group.id": f"kiln-client.{self.client_id}",
@@ -229,7 +235,8 @@ class KilnClient:
 
     async def _produce(self, state: _ProcessState, topic: str, value: bytes, key: str, request_id: str) -> None:
         """Queue the request without waiting for the broker: a failed delivery fails the request's future."""
-        assert state.producer is not None
+        assert state.producer is not None and state.queue_producer is not None
+        producer = state.queue_producer if topic in self._queue_topics else state.producer
 
         def on_delivery(err: KafkaError | None, _msg: Message) -> None:
             if err is not None:
@@ -238,7 +245,7 @@ class KilnClient:
 
         while True:
             try:
-                state.producer.produce(topic, value, key=key, on_delivery=on_delivery)
+                producer.produce(topic, value, key=key, on_delivery=on_delivery)
                 return
             except BufferError:  # local queue full: the I/O thread drains it
                 await asyncio.sleep(0.005)
@@ -252,15 +259,17 @@ class KilnClient:
     # ---- results ------------------------------------------------------------------------------------------
 
     def _io_main(self, state: _ProcessState) -> None:
-        assert state.consumer is not None and state.producer is not None
+        assert state.consumer is not None and state.producer is not None and state.queue_producer is not None
         try:
             while not state.stop.is_set():
                 state.producer.poll(0)
+                state.queue_producer.poll(0)
                 self._send_commit(state, asynchronous=True)
                 msgs = poll_batch(state.consumer, 0.02)
                 if msgs:
                     state.loop.call_soon_threadsafe(self._on_results, state, msgs)
             state.producer.flush(10)
+            state.queue_producer.flush(10)
             self._send_commit(state, asynchronous=False)
         finally:
             with contextlib.suppress(Exception):

@@ -41,6 +41,8 @@ class KilnSettings(BaseSettings):
                                 description="'consumer' = KIP-848; 'auto' uses it when the broker has it.")
     slots: int = Field(0, ge=0, description="Job slots per worker; 0 = the CPUs available to this process.")
     grace_s: float = Field(30.0, ge=0, description="On SIGTERM or revoke, how long running jobs may finish.")
+    queue_topics: list[str] = Field(default_factory=list, description="Request topics consumed in queue mode "
+                                    "(share groups); clients send them one record per batch. JSON list.")
     job_timeout_s: float | None = Field(None, gt=0, description="Per-attempt time limit; overrides the stage's own.")
 
     def topic(self, name: str) -> str:

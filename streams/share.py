@@ -49,7 +49,7 @@ DEFAULT_DELIVERY_LIMIT = 5
 def share_group_settings(settings: KilnSettings, group_id: str) -> tuple[float, int]:
     """Make the share group start at the earliest offset (requests queued before any worker existed must run) and
     return its record lock duration (s) and delivery-count limit, as the broker will apply them."""
-    if admin.SHARE_GROUP_HEARTBEAT_API not in admin.broker_api_keys(settings.bootstrap_servers):
+    if not admin.broker_features(settings.bootstrap_servers).share_groups:
         raise ConfigError(f"the broker at {settings.bootstrap_servers} has no share groups (KIP-932): queue mode "
                           "needs Apache Kafka >= 4.2 with share.version=1; use group mode (Redpanda)")
     client = admin.admin_client(settings)
@@ -150,6 +150,9 @@ class ShareWorker:
                    for i in range(self.slots)]
         for t in threads:
             t.start()
+        if self.topic not in {self.settings.topic(t) for t in self.settings.queue_topics}:
+            log.warning("%s is not in KILN_QUEUE_TOPICS: clients that batch its requests hand whole batches to "
+                        "one slot", self.topic)
         log.info("worker %s: stage %s on %s in queue mode (%d slots, share group %s, lock %gs, delivery limit %d)",
                  self.worker_id, self.stage.name, self.topic, self.slots, self.group_id, self.lock_s,
                  self.delivery_limit)

@@ -22,9 +22,12 @@ from tests.streams.harness import read_all, running_worker
 from workers.builtin import echo, sleep
 
 
-async def test_echo_round_trip_and_out_of_order(kafka: KilnSettings, topics, unique: str) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("protocol", ["consumer", "classic"])
+async def test_echo_round_trip_and_out_of_order(kafka: KilnSettings, topics, unique: str,  # type: ignore[no-untyped-def]
+                                                protocol: str) -> None:
     request_topic, results = topics(partitions=4)
-    async with running_worker(echo.stage, kafka, request_topic, slots=8), \
+    settings = kafka.model_copy(update={"group_protocol": protocol})  # KIP-848, and the classic protocol
+    async with running_worker(echo.stage, settings, request_topic, slots=8), \
             KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
         futures = [await client.submit("echo", EchoRequest(data={"i": i}), topic=request_topic) for i in range(200)]
         envelopes = await asyncio.wait_for(asyncio.gather(*futures), 30)

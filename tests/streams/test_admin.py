@@ -1,0 +1,33 @@
+"""Topic topology on the real broker, and the broker feature probe."""
+
+from __future__ import annotations
+
+from confluent_kafka.admin import ConfigResource, ResourceType
+
+from streams import admin
+from streams.settings import KilnSettings
+
+
+def test_stage_topics_are_created_with_their_partitions_and_retention(kafka: KilnSettings, unique: str) -> None:
+    settings = kafka.model_copy(update={"topic_prefix": f"t{unique}."})
+    first = admin.create_topics(settings)
+    assert set(first.values()) == {"created"} and len(first) == len(admin.STAGE_TOPICS)
+    assert set(admin.create_topics(settings).values()) == {"exists"}  # idempotent
+
+    client = admin.admin_client(settings)
+    md = client.list_topics(timeout=10).topics
+    for spec in admin.STAGE_TOPICS:
+        assert len(md[settings.topic(spec.name)].partitions) == spec.partitions
+    configs = client.describe_configs([ConfigResource(ResourceType.TOPIC, settings.topic("repo.ingest")),
+                                       ConfigResource(ResourceType.TOPIC, settings.topic("exec.requests.dlq"))])
+    for fut in configs.values():
+        entries = fut.result(10)
+        assert entries["retention.ms"].value == "-1"  # replayed to rebuild state / kept as evidence
+
+
+def test_broker_features_are_probed(kafka: KilnSettings) -> None:
+    features = admin.broker_features(kafka.bootstrap_servers)
+    assert admin.CONSUMER_GROUP_HEARTBEAT_API in features.api_keys
+    assert features.finalized["share.version"] == 1 and features.share_groups
+    assert admin.resolve_group_protocol(kafka) == "consumer"
+    assert admin.resolve_group_protocol(kafka.model_copy(update={"group_protocol": "classic"})) == "classic"
