@@ -31,7 +31,7 @@ async def measure(mode: str, seconds: float, warmup: float = 5.0) -> tuple[float
     settings = broker()
     topic, results = fresh_topics(settings, "util", 16)
     extra = ["--mode", mode]
-    workers = [WorkerProc(settings, "sleep", topic, slots=n, extra=extra, env={"KILN_JOB_TIMEOUT_S": "6"})
+    workers = [WorkerProc(settings, "sleep", topic, slots=n, extra=extra, env={"KILN_JOB_TIMEOUT_S": "4"})
                for n in SLOTS]
     rng = random.Random(1)
     done: list[ResultEnvelope] = []
@@ -39,7 +39,9 @@ async def measure(mode: str, seconds: float, warmup: float = 5.0) -> tuple[float
         for w in workers:
             w.wait_assigned()
         capacity = sum(SLOTS) / (MEDIAN_S * math.exp(SIGMA**2 / 2))
-        async with KilnClient(settings, results_topic=results, max_in_flight=100_000, key_spread=16) as client:
+        client_settings = settings.model_copy(update={"queue_topics": [topic] if mode == "queue" else []})
+        async with KilnClient(client_settings, results_topic=results, max_in_flight=100_000,
+                              key_spread=64) as client:
             futures: list[asyncio.Future[ResultEnvelope]] = []
             start = time.monotonic()
             # Keep twice the capacity queued at all times: the backlog never runs dry.

@@ -4,9 +4,12 @@ Any idle slot of any worker takes the next record, whatever its partition, so wo
 the load by their slot counts. Apache Kafka >= 4.2 only (Redpanda has no share groups).
 
 confluent-kafka's ``ShareConsumer`` is synchronous, must acknowledge a poll's records before the next poll, cannot
-pause, and holds each acquired record under a lock (30 s by default) that it cannot renew. So: one consumer per
-slot, in its own thread, asking for one record per poll; the job itself runs on the event loop through the same
-``JobExecutor`` as group mode. Acknowledgements: ACCEPT when the job finished (result published), REJECT when it
+pause, and holds each acquired record under a lock (30 s by default) that it cannot renew. So: two consumers per
+slot, each in its own thread asking for one record per poll, and a semaphore of ``slots`` around the handler:
+while one consumer's job runs, the other's record is already fetched, and publishing a result and the next
+ShareFetch round trip never leave the slot idle. A worker thus holds at most one waiting record per slot, so load
+still follows slot counts across workers. The job itself runs on the event loop through the same ``JobExecutor``
+as group mode. Acknowledgements: ACCEPT when the job finished (result published), REJECT when it
 was dead-lettered, RELEASE when it cannot run now (shutdown, a record beyond the first of a poll, a grace period
 that ran out). A record delivered ``delivery_limit`` times (e.g. one that crashes its worker) is dead-lettered
 with that reason and rejected instead of being run again. A stage whose worst case (timeout x attempts) does not
@@ -75,12 +78,13 @@ def share_group_settings(settings: KilnSettings, group_id: str) -> tuple[float, 
 
 
 def worst_case_job_s(stage: Stage, settings: KilnSettings) -> float | None:
-    """Longest a record can stay acquired: every attempt timing out, plus the retry backoff between attempts."""
+    """Longest a record can stay acquired: waiting for a slot, then every attempt timing out, with backoff."""
     timeout = settings.job_timeout_s or stage.job_timeout_s
     if timeout is None:
         return None
     attempts = max(1, stage.max_attempts)
-    return timeout * attempts + RetryMiddleware().total_backoff_s(attempts)
+    per_job = timeout * attempts + RetryMiddleware().total_backoff_s(attempts)
+    return 2 * per_job  # a record may first wait for its slot while the job before it runs
 
 
 class ShareWorker:
@@ -108,6 +112,7 @@ class ShareWorker:
         self._stopped: asyncio.Event | None = None
         self._busy = 0
         self._busy_lock = threading.Lock()
+        self._slot_free = threading.Semaphore(self.slots)
         self._polled = 0
         self.lock_s, self.delivery_limit = float(DEFAULT_LOCK_MS / 1000), DEFAULT_DELIVERY_LIMIT
 
@@ -128,10 +133,10 @@ class ShareWorker:
         if worst is None or worst >= self.lock_s:
             shown = "unbounded" if worst is None else f"{worst:g} s"
             raise ConfigError(
-                f"stage {self.stage.name!r}: a job may hold its record for {shown} (timeout x attempts + backoff), "
-                f"longer than the share group's record lock of {self.lock_s:g} s, so it would be redelivered while "
-                "still running. Use group mode for long jobs, or set KILN_JOB_TIMEOUT_S so that "
-                f"timeout x {self.stage.max_attempts} attempts fits in the lock.")
+                f"stage {self.stage.name!r}: a record may stay acquired for {shown} (waiting for a slot behind one "
+                "job, then its own timeout x attempts + backoff), longer than the share group's record lock of "
+                f"{self.lock_s:g} s, so it would be redelivered while still running. Use group mode for long jobs, "
+                f"or set KILN_JOB_TIMEOUT_S so that 2 x timeout x {self.stage.max_attempts} attempts fits in the lock.")
 
     async def run(self, install_signal_handlers: bool = False, serve_metrics: bool = True) -> None:
         self._loop = asyncio.get_running_loop()
@@ -146,8 +151,8 @@ class ShareWorker:
                   if serve_metrics else None)
         self.metrics_port = server.server_address[1] if server else 0
         self.executor.start(self._loop)
-        threads = [threading.Thread(target=self._slot_main, args=(i,), name=f"kiln-share-{i}", daemon=True)
-                   for i in range(self.slots)]
+        threads = [threading.Thread(target=self._consumer_main, args=(i,), name=f"kiln-share-{i}", daemon=True)
+                   for i in range(2 * self.slots)]
         for t in threads:
             t.start()
         if self.topic not in {self.settings.topic(t) for t in self.settings.queue_topics}:
@@ -172,7 +177,7 @@ class ShareWorker:
             self._busy += delta
             self.metrics.busy_slots.set(self._busy)
 
-    def _slot_main(self, index: int) -> None:
+    def _consumer_main(self, index: int) -> None:
         consumer = ShareConsumer({
             "bootstrap.servers": self.settings.bootstrap_servers,
             "group.id": self.group_id,
@@ -186,7 +191,7 @@ class ShareWorker:
                 msgs = consumer.poll(0.2)
                 with self._busy_lock:
                     self._polled += 1
-                    if self._polled >= self.slots:
+                    if self._polled >= 2 * self.slots:
                         self.ready.set()
                 if not msgs:
                     continue
@@ -195,7 +200,7 @@ class ShareWorker:
                     if msg.error() is not None:
                         continue
                     consumer.acknowledge(msg, self._settle(msg, first=i == 0, polled_at=polled_at))
-                consumer.commit_async()
+                # The acknowledgements ride on the next poll's ShareFetch: no extra round trip per job.
         except Exception:
             log.exception("share consumer %d failed", index)
             self.stop()
@@ -216,6 +221,9 @@ class ShareWorker:
                                       "crash or hang its worker); not run again")
             asyncio.run_coroutine_threadsafe(self._refuse(msg, error), self._loop).result(60)
             return AcknowledgeType.REJECT
+        while not self._slot_free.acquire(timeout=0.2):
+            if self._stopping.is_set():
+                return AcknowledgeType.RELEASE
         self._set_busy(+1)
         released = threading.Event()
 
@@ -223,6 +231,7 @@ class ShareWorker:
             if not released.is_set():
                 released.set()
                 self._set_busy(-1)
+                self._slot_free.release()
 
         job = asyncio.run_coroutine_threadsafe(self.executor.process(msg, release_slot), self._loop)
         try:
