@@ -11,8 +11,11 @@ ShareFetch round trip never leave the slot idle. A worker thus holds at most one
 still follows slot counts across workers. The job itself runs on the event loop through the same ``JobExecutor``
 as group mode. Acknowledgements: ACCEPT when the job finished (result published), REJECT when it
 was dead-lettered, RELEASE when it cannot run now (shutdown, a record beyond the first of a poll, a grace period
-that ran out). A record delivered ``delivery_limit`` times (e.g. one that crashes its worker) is dead-lettered
-with that reason and rejected instead of being run again. A stage whose worst case (timeout x attempts) does not
+that ran out). A record delivered ``refuse_at`` times (e.g. one that crashes its worker) is dead-lettered with
+that reason and rejected instead of being run again. ``refuse_at`` stays two below the broker's delivery-count
+limit, because the broker archives a record silently at its limit and a crash can spend more than one delivery:
+the record the dying consumer held is acquired at once for a sibling consumer's pending fetch in the same dead
+process. A stage whose worst case (timeout x attempts) does not
 fit in the lock is refused at start: it would be redelivered while still running.
 """
 
@@ -115,6 +118,7 @@ class ShareWorker:
         self._slot_free = threading.Semaphore(self.slots)
         self._polled = 0
         self.lock_s, self.delivery_limit = float(DEFAULT_LOCK_MS / 1000), DEFAULT_DELIVERY_LIMIT
+        self.refuse_at = max(2, self.delivery_limit - 2)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -129,6 +133,7 @@ class ShareWorker:
     def check(self) -> None:
         """Refuse what queue mode cannot do safely, with the reason (raises ConfigError)."""
         self.lock_s, self.delivery_limit = share_group_settings(self.settings, self.group_id)
+        self.refuse_at = max(2, self.delivery_limit - 2)
         worst = worst_case_job_s(self.stage, self.settings)
         if worst is None or worst >= self.lock_s:
             shown = "unbounded" if worst is None else f"{worst:g} s"
@@ -158,9 +163,9 @@ class ShareWorker:
         if self.topic not in {self.settings.topic(t) for t in self.settings.queue_topics}:
             log.warning("%s is not in KILN_QUEUE_TOPICS: clients that batch its requests hand whole batches to "
                         "one slot", self.topic)
-        log.info("worker %s: stage %s on %s in queue mode (%d slots, share group %s, lock %gs, delivery limit %d)",
-                 self.worker_id, self.stage.name, self.topic, self.slots, self.group_id, self.lock_s,
-                 self.delivery_limit)
+        log.info("worker %s: stage %s on %s in queue mode (%d slots, share group %s, lock %gs, dead-letter at "
+                 "delivery %d of the broker's %d)", self.worker_id, self.stage.name, self.topic, self.slots,
+                 self.group_id, self.lock_s, self.refuse_at, self.delivery_limit)
         try:
             await self._stopped.wait()
         finally:
@@ -215,7 +220,8 @@ class ShareWorker:
         assert self._loop is not None
         if self._stopping.is_set() or (not first and time.monotonic() - polled_at > self.lock_s / 4):
             return AcknowledgeType.RELEASE
-        if (msg.delivery_count() or 1) >= self.delivery_limit:
+        log.debug("acquired %s[%s]@%s (delivery %s)", msg.topic(), msg.partition(), msg.offset(), msg.delivery_count())
+        if (msg.delivery_count() or 1) >= self.refuse_at:
             error = ErrorInfo(type="DeliveryLimitExceeded",
                               message=f"delivered {msg.delivery_count()} times without finishing (the job may "
                                       "crash or hang its worker); not run again")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import subprocess
 import time
 from collections import Counter
@@ -23,7 +24,7 @@ from streams.share import ShareWorker
 from tests.streams.harness import WorkerProcess, journal_events, read_all
 from workers.builtin import sleep
 
-QUEUE = ["--mode", "queue"]
+QUEUE = ["--mode", "queue", "--verbose"]
 
 
 def _group_config(settings: KilnSettings, group: str, **configs: str) -> None:
@@ -86,7 +87,7 @@ async def test_idle_slots_take_queued_jobs_from_any_partition(kafka: KilnSetting
                                                               tmp_path: Path) -> None:
     request_topic, results = topics(partitions=2)
     journal = tmp_path / "journal"
-    env = {"KILN_JOB_TIMEOUT_S": "4"}
+    env = {"KILN_JOB_TIMEOUT_S": "4", "KILN_QUEUE_TOPICS": json.dumps([request_topic])}
     async with KilnClient(_queue(kafka, request_topic), f"c-{unique}", results_topic=results) as client:
         with WorkerProcess("sleep", kafka, request_topic, slots=2, journal=journal, extra=QUEUE, env=env) as small, \
                 WorkerProcess("sleep", kafka, request_topic, slots=6, journal=journal, extra=QUEUE, env=env) as big:
@@ -113,7 +114,7 @@ async def test_sigkilled_worker_jobs_are_redelivered_after_the_lock(kafka: KilnS
     journal = tmp_path / "journal"
     group = f"g-{request_topic}"
     _group_config(kafka, group, share_record_lock_duration_ms="12000")
-    env = {"KILN_JOB_TIMEOUT_S": "1.5"}
+    env = {"KILN_JOB_TIMEOUT_S": "1.5", "KILN_QUEUE_TOPICS": json.dumps([request_topic])}
     async with KilnClient(_queue(kafka, request_topic), f"c-{unique}", results_topic=results) as client:
         futures = [await client.submit("sleep", SleepRequest(seconds=1.0, tag=f"j{i}"), topic=request_topic)
                    for i in range(2)]
@@ -142,11 +143,12 @@ async def test_sigkilled_worker_jobs_are_redelivered_after_the_lock(kafka: KilnS
 async def test_poison_job_is_dead_lettered_at_the_delivery_limit(kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
                                                                  unique: str) -> None:
     request_topic, results = topics(partitions=1)
-    env = {"KILN_JOB_TIMEOUT_S": "0.5"}
+    _group_config(kafka, f"g-{request_topic}", share_record_lock_duration_ms="10000")
+    env = {"KILN_JOB_TIMEOUT_S": "0.5", "KILN_QUEUE_TOPICS": json.dumps([request_topic])}
     crashes = 0
     async with KilnClient(_queue(kafka, request_topic), f"c-{unique}", results_topic=results) as client:
         poison = await client.submit("sleep", SleepRequest(fail="crash", tag="poison"), topic=request_topic)
-        # Each delivery SIGKILLs its worker; at the broker's delivery limit (5) it is dead-lettered, not run.
+        # Each run SIGKILLs its worker; at delivery 3 (two below the broker's limit of 5) it is dead-lettered.
         while True:
             worker = WorkerProcess("sleep", kafka, request_topic, slots=1, extra=QUEUE, env=env)
             try:
@@ -157,12 +159,14 @@ async def test_poison_job_is_dead_lettered_at_the_delivery_limit(kafka: KilnSett
                 break  # this worker survived: it refused the job
         with worker:
             with pytest.raises(RequestFailed, match="DeliveryLimitExceeded"):
-                client.result_of(await asyncio.wait_for(poison, 30))
+                client.result_of(await asyncio.wait_for(poison, 90))
             healthy = await client.call("sleep", SleepRequest(tag="after"), topic=request_topic)
             worker.terminate()
     assert healthy.tag == "after"
-    assert crashes == 4
+    # At most 2 runs. A crash can spend two deliveries: the record released by the dying consumer is acquired at
+    # once for its sibling's pending fetch, in the same dead process.
+    assert 1 <= crashes <= 2
     dlq = read_all(kafka, f"{request_topic}.dlq", expect=1)
     headers = dict(dlq[0].headers())
     assert headers["kiln-error-type"] == b"DeliveryLimitExceeded"
-    assert headers["kiln-attempts"] == b"5"
+    assert int(headers["kiln-attempts"]) in (3, 4)  # the delivery count at which it was refused
