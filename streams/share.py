@@ -12,11 +12,13 @@ still follows slot counts across workers. The job itself runs on the event loop 
 as group mode. Acknowledgements: ACCEPT when the job finished (result published), REJECT when it
 was dead-lettered, RELEASE when it cannot run now (shutdown, a record beyond the first of a poll, a grace period
 that ran out). A record delivered ``refuse_at`` times (e.g. one that crashes its worker) is dead-lettered with
-that reason and rejected instead of being run again. ``refuse_at`` stays two below the broker's delivery-count
-limit, because the broker archives a record silently at its limit and a crash can spend more than one delivery:
-the record the dying consumer held is acquired at once for a sibling consumer's pending fetch in the same dead
-process. A stage whose worst case (timeout x attempts) does not
-fit in the lock is refused at start: it would be redelivered while still running.
+that reason and rejected instead of being run again. The delivery count is a loose crash counter: when a process
+dies, the record one consumer held is acquired at once for a sibling consumer's pending fetch in the same dead
+process, so one crash often spends two deliveries, sometimes more; and the broker archives a record silently at
+its own limit. So ``refuse_at`` is half the broker's limit, and kiln's broker runs with the maximum limit (10);
+with the broker default (5) a worker warns, since a once-preempted job could then be dead-lettered. A stage
+whose worst case (waiting for a slot, then timeout x attempts) does not fit in the lock is refused at start: it
+would be redelivered while still running.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ class ShareWorker:
         self._slot_free = threading.Semaphore(self.slots)
         self._polled = 0
         self.lock_s, self.delivery_limit = float(DEFAULT_LOCK_MS / 1000), DEFAULT_DELIVERY_LIMIT
-        self.refuse_at = max(2, self.delivery_limit - 2)
+        self.refuse_at = max(2, self.delivery_limit // 2)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -133,7 +135,10 @@ class ShareWorker:
     def check(self) -> None:
         """Refuse what queue mode cannot do safely, with the reason (raises ConfigError)."""
         self.lock_s, self.delivery_limit = share_group_settings(self.settings, self.group_id)
-        self.refuse_at = max(2, self.delivery_limit - 2)
+        self.refuse_at = max(2, self.delivery_limit // 2)
+        if self.delivery_limit < 10:
+            log.warning("broker group.share.delivery.count.limit is %d: set it to 10 so that a job whose worker "
+                        "was preempted is not mistaken for poison", self.delivery_limit)
         worst = worst_case_job_s(self.stage, self.settings)
         if worst is None or worst >= self.lock_s:
             shown = "unbounded" if worst is None else f"{worst:g} s"

@@ -56,6 +56,8 @@ group.consumer.min.heartbeat.interval.ms=500
 group.classic.min.session.timeout.ms=3000
 group.share.min.record.lock.duration.ms=1000
 group.share.record.lock.duration.ms=30000
+# The maximum: a SIGKILLed process can spend several deliveries of one record (see streams/share.py).
+group.share.delivery.count.limit=10
 message.max.bytes=1048588
 log.retention.check.interval.ms=300000
 EOF

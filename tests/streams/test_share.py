@@ -132,7 +132,7 @@ async def test_sigkilled_worker_jobs_are_redelivered_after_the_lock(kafka: KilnS
             waited = time.monotonic() - killed_at
             second.terminate()
     rerun = {rid for ev, rid, _ in journal_events(journal)[len(before):] if ev == "start"}
-    assert in_flight and rerun == in_flight  # exactly the jobs the dead worker held ran again
+    assert in_flight and rerun == in_flight, journal.read_text()  # exactly the jobs the dead worker held ran again
     assert len({e.request_id for e in envelopes}) == 2
     # The broker releases a dead member's records when its connection drops (a SIGKILLed process's sockets close
     # at once); the record lock (12 s here) is the bound when a node vanishes without closing them.
@@ -148,7 +148,7 @@ async def test_poison_job_is_dead_lettered_at_the_delivery_limit(kafka: KilnSett
     crashes = 0
     async with KilnClient(_queue(kafka, request_topic), f"c-{unique}", results_topic=results) as client:
         poison = await client.submit("sleep", SleepRequest(fail="crash", tag="poison"), topic=request_topic)
-        # Each run SIGKILLs its worker; at delivery 3 (two below the broker's limit of 5) it is dead-lettered.
+        # Each run SIGKILLs its worker; at delivery 5 (half the broker's limit of 10) it is dead-lettered.
         while True:
             worker = WorkerProcess("sleep", kafka, request_topic, slots=1, extra=QUEUE, env=env)
             try:
@@ -163,10 +163,10 @@ async def test_poison_job_is_dead_lettered_at_the_delivery_limit(kafka: KilnSett
             healthy = await client.call("sleep", SleepRequest(tag="after"), topic=request_topic)
             worker.terminate()
     assert healthy.tag == "after"
-    # At most 2 runs. A crash can spend two deliveries: the record released by the dying consumer is acquired at
+    # At most 4 runs. A crash can spend two deliveries: the record released by the dying consumer is acquired at
     # once for its sibling's pending fetch, in the same dead process.
-    assert 1 <= crashes <= 2
+    assert 1 <= crashes <= 4
     dlq = read_all(kafka, f"{request_topic}.dlq", expect=1)
     headers = dict(dlq[0].headers())
     assert headers["kiln-error-type"] == b"DeliveryLimitExceeded"
-    assert int(headers["kiln-attempts"]) in (3, 4)  # the delivery count at which it was refused
+    assert 5 <= int(headers["kiln-attempts"]) < 10  # refused before the broker would archive it silently
