@@ -6,7 +6,9 @@ offset, completions in the last minute, busy and total slots, failures by reason
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 import threading
 import time
 from collections import deque
@@ -100,3 +102,13 @@ def serve_http(host: str, port: int, metrics: WorkerMetrics,
     server = ThreadingHTTPServer((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="kiln-metrics", daemon=True).start()
     return server
+
+
+def start_worker_endpoints(loop: asyncio.AbstractEventLoop, stop: Callable[[], None], host: str, port: int,
+                           metrics: WorkerMetrics, health: Callable[[], dict[str, Any]], *,
+                           install_signal_handlers: bool, serve_metrics: bool) -> ThreadingHTTPServer | None:
+    """What every worker mode starts: SIGTERM/SIGINT -> graceful ``stop``, and the metrics/health endpoint."""
+    if install_signal_handlers:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop)
+    return serve_http(host, port, metrics, health) if serve_metrics else None

@@ -20,7 +20,6 @@ import contextlib
 import logging
 import os
 import queue
-import signal
 import socket
 import threading
 import time
@@ -35,7 +34,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from streams import admin
 from streams.blobstore import BlobStore
 from streams.executor import JobExecutor
-from streams.metrics import WorkerMetrics, serve_http
+from streams.metrics import WorkerMetrics, start_worker_endpoints
 from streams.middleware import Middleware
 from streams.offsets import (
     OffsetMapError,
@@ -119,11 +118,9 @@ class Worker:
     async def run(self, install_signal_handlers: bool = False, serve_metrics: bool = True) -> None:
         self._loop = asyncio.get_running_loop()
         self._commit_wake = asyncio.Event()
-        if install_signal_handlers:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._loop.add_signal_handler(sig, self.stop)
-        server = (serve_http(self.settings.metrics_host, self.settings.metrics_port, self.metrics, self.health)
-                  if serve_metrics else None)
+        server = start_worker_endpoints(self._loop, self.stop, self.settings.metrics_host, self.settings.metrics_port,
+                                        self.metrics, self.health, install_signal_handlers=install_signal_handlers,
+                                        serve_metrics=serve_metrics)
         self.metrics_port = server.server_address[1] if server else 0
         self.executor.start(self._loop)
         consumer_thread = threading.Thread(target=self._consumer_main, name="kiln-consumer", daemon=True)

@@ -27,7 +27,6 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -43,7 +42,7 @@ from streams import admin
 from streams.blobstore import BlobStore
 from streams.errors import ConfigError
 from streams.executor import JobExecutor
-from streams.metrics import WorkerMetrics, serve_http
+from streams.metrics import WorkerMetrics, start_worker_endpoints
 from streams.middleware import Middleware, RetryMiddleware
 from streams.settings import KilnSettings
 from streams.stage import Stage
@@ -154,11 +153,9 @@ class ShareWorker:
         if self._stopping.is_set():
             self._stopped.set()
         await asyncio.to_thread(self.check)
-        if install_signal_handlers:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._loop.add_signal_handler(sig, self.stop)
-        server = (serve_http(self.settings.metrics_host, self.settings.metrics_port, self.metrics, self.health)
-                  if serve_metrics else None)
+        server = start_worker_endpoints(self._loop, self.stop, self.settings.metrics_host, self.settings.metrics_port,
+                                        self.metrics, self.health, install_signal_handlers=install_signal_handlers,
+                                        serve_metrics=serve_metrics)
         self.metrics_port = server.server_address[1] if server else 0
         self.executor.start(self._loop)
         threads = [threading.Thread(target=self._consumer_main, args=(i,), name=f"kiln-share-{i}", daemon=True)
