@@ -68,12 +68,23 @@ def unique() -> str:
 
 @pytest.fixture
 def topics(kafka: KilnSettings, unique: str):  # type: ignore[no-untyped-def]
-    """Create fresh request (+ DLQ) and results topics for one test: ``topics(partitions=1)`` -> names."""
+    """Create fresh request (+ DLQ) and results topics for one test: ``topics(partitions=1)`` -> names.
+    They are deleted afterwards, so the local broker does not accumulate partitions run after run."""
+    created: list[str] = []
 
     def make(partitions: int = 1, results_partitions: int = 2) -> tuple[str, str]:
         request, results = f"req-{unique}", f"res-{unique}"
-        admin.create_topics(kafka, [admin.TopicSpec(request, partitions), admin.TopicSpec(f"{request}.dlq", 1),
-                                    admin.TopicSpec(results, results_partitions)])
+        specs = [admin.TopicSpec(request, partitions), admin.TopicSpec(f"{request}.dlq", 1),
+                 admin.TopicSpec(results, results_partitions)]
+        admin.create_topics(kafka, specs)
+        created.extend(s.name for s in specs)
         return request, results
 
-    return make
+    yield make
+    if created:
+        client = admin.admin_client(kafka)
+        for fut in client.delete_topics(created, operation_timeout=30).values():
+            try:
+                fut.result(30)
+            except Exception as e:  # cleanup only: a leftover topic harms nothing
+                print(f"could not delete a test topic: {e}")
