@@ -263,7 +263,8 @@ class KilnClient:
         try:
             while not state.stop.is_set():
                 state.producer.poll(0)
-                state.queue_producer.poll(0)
+                if len(state.queue_producer):  # idle most of the time; polling it anyway costs dispatch rate
+                    state.queue_producer.poll(0)
                 self._send_commit(state, asynchronous=True)
                 msgs = poll_batch(state.consumer, 0.02)
                 if msgs:
