@@ -145,13 +145,13 @@ def worker(
     if mode not in ("group", "queue"):
         raise typer.BadParameter("--mode is 'group' or 'queue'")
     runner: Worker | ShareWorker
-    if mode == "queue":
-        runner = ShareWorker(load_stage(stage), settings, slots=slots or None, group_id=group, topic=topic,
-                             blob_store=open_blob_store(settings))
-    else:
-        runner = Worker(load_stage(stage), settings, slots=slots or None, group_id=group, topic=topic,
-                        max_in_flight_per_partition=per_partition, blob_store=open_blob_store(settings))
     try:
+        if mode == "queue":
+            runner = ShareWorker(load_stage(stage), settings, slots=slots or None, group_id=group, topic=topic,
+                                 blob_store=open_blob_store(settings))
+        else:
+            runner = Worker(load_stage(stage), settings, slots=slots or None, group_id=group, topic=topic,
+                            max_in_flight_per_partition=per_partition, blob_store=open_blob_store(settings))
         asyncio.run(runner.run(install_signal_handlers=True))
     except KilnError as e:
         out.print(f"[red]error:[/] {e}")

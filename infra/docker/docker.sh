@@ -107,7 +107,7 @@ toolchain() {
 status() {
   engine_ready || { echo "dockerd not running"; return 1; }
   echo "dockerd $("$DOCKER" version --format '{{.Server.Version}}') running; images:"
-  "$DOCKER" image ls --format '  {{.Repository}}:{{.Tag}} {{.Size}}' | grep '^  kiln/' || true
+  "$DOCKER" image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep '^kiln/' | sed 's/^/  /' || true
 }
 
 case "${1:-}" in
