@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from dataclasses import dataclass, field
 
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -72,7 +73,21 @@ def create_topics(settings: KilnSettings, specs: list[TopicSpec] | None = None,
                     outcome[name] = "exists"
                 else:
                     raise InfraError(f"creating topic {name}: {e}") from e
+        _wait_for_leaders(admin, [t.topic for t in todo], timeout)
     return outcome
+
+
+def _wait_for_leaders(admin: AdminClient, names: list[str], timeout: float) -> None:
+    """Created topics are usable once every partition has a leader; until then clients get NOT_LEADER errors."""
+    deadline = time.monotonic() + timeout
+    while True:
+        topics = admin.list_topics(timeout=timeout).topics
+        if all(n in topics and topics[n].partitions and all(p.leader >= 0 for p in topics[n].partitions.values())
+               for n in names):
+            return
+        if time.monotonic() > deadline:
+            raise InfraError(f"topics without partition leaders after {timeout:g}s: {names}")
+        time.sleep(0.1)
 
 
 def wait_for_broker(settings: KilnSettings, timeout: float = 60.0) -> int:

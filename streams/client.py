@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import uuid
 import zlib
 from collections import OrderedDict
@@ -24,7 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
 
-from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from pydantic import BaseModel
 
 from schemas.envelope import ReplyTo, RequestEnvelope, ResultEnvelope
@@ -59,6 +60,26 @@ class _ProcessState:
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
         self.seq = 0
+
+
+_SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+             KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
+             KafkaError._TIMED_OUT}
+
+
+def _retrying(fn: Callable[[], TopicPartition], limit_s: float = 30.0) -> TopicPartition:
+    """``fn`` retried while the broker answers with a retriable error (e.g. a topic created a moment ago whose
+    partition leaders are not known yet: NOT_LEADER_FOR_PARTITION)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            return fn()
+        except KafkaException as e:
+            err = e.args[0] if e.args else None
+            transient = isinstance(err, KafkaError) and (err.retriable() or err.code() in _SETTLING)
+            if not transient or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 class KilnClient:
@@ -139,7 +160,7 @@ class KilnClient:
                 return start
             return committed
 
-        start = await asyncio.to_thread(position)
+        start = await asyncio.to_thread(_retrying, position)
         state.offsets = PartitionOffsets(start.offset, decode_done(start.offset, start.metadata))
         consumer.assign([TopicPartition(self.results_topic, state.partition, start.offset)])
         state.thread = threading.Thread(target=self._io_main, args=(state,), name="kiln-client-io", daemon=True)
