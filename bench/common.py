@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import statistics
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -88,3 +90,20 @@ def report(title: str, metrics: dict[str, float], notes: dict[str, str] | None =
     for name, value in (notes or {}).items():
         table.add_row(name, value)
     console.print(table)
+
+
+async def offer_at_rate(rate: float, seconds: float, job: Callable[[int], Awaitable[None]]) -> None:
+    """Open-loop load: start ``job(n)`` at ``rate`` per second for ``seconds``, whatever the completions do,
+    then wait for all of them (latency is measured under the offered load, not throttled by it)."""
+    tasks: list[asyncio.Task[None]] = []
+
+    async def run(n: int) -> None:
+        await job(n)
+
+    start, n = time.monotonic(), 0
+    while (now := time.monotonic()) - start < seconds:
+        while n < int((now - start) * rate):
+            tasks.append(asyncio.create_task(run(n)))
+            n += 1
+        await asyncio.sleep(0.001)
+    await asyncio.gather(*tasks)

@@ -14,7 +14,7 @@ import asyncio
 import os
 import time
 
-from bench.common import WorkerProc, broker, fresh_topics, percentile, report
+from bench.common import WorkerProc, broker, fresh_topics, offer_at_rate, percentile, report
 from schemas.builtin import EchoRequest
 from streams.client import KilnClient
 
@@ -30,22 +30,13 @@ async def peak(client: KilnClient, topic: str, jobs: int) -> float:
 async def paced(client: KilnClient, topic: str, rate: float, seconds: float) -> list[float]:
     latencies: list[float] = []
     payload = EchoRequest(data=None)
-    pending: list[asyncio.Task[None]] = []
 
-    async def one() -> None:
+    async def one(_n: int) -> None:
         t0 = time.monotonic()
         await (await client.submit("echo", payload, topic=topic))
         latencies.append((time.monotonic() - t0) * 1000)
 
-    start = time.monotonic()
-    n = 0
-    while (now := time.monotonic()) - start < seconds:
-        due = int((now - start) * rate)
-        while n < due:
-            pending.append(asyncio.create_task(one()))
-            n += 1
-        await asyncio.sleep(0.001)
-    await asyncio.gather(*pending)
+    await offer_at_rate(rate, seconds, one)
     return latencies
 
 

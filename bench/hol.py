@@ -14,7 +14,7 @@ import asyncio
 import random
 import time
 
-from bench.common import WorkerProc, broker, fresh_topics, percentile, report
+from bench.common import WorkerProc, broker, fresh_topics, offer_at_rate, percentile, report
 from schemas.builtin import SleepRequest
 from streams.client import KilnClient
 
@@ -24,21 +24,15 @@ SLOTS, FAST_S, SLOW_S, SLOW_SHARE = 8, 0.005, 10.0, 0.01
 async def run(client: KilnClient, topic: str, rate: float, seconds: float, slow_share: float) -> list[float]:
     rng = random.Random(42)
     fast_latencies: list[float] = []
-    tasks: list[asyncio.Task[None]] = []
 
-    async def one(slow: bool) -> None:
+    async def one(_n: int) -> None:
+        slow = rng.random() < slow_share
         t0 = time.monotonic()
         await (await client.submit("sleep", SleepRequest(seconds=SLOW_S if slow else FAST_S), topic=topic))
         if not slow:
             fast_latencies.append((time.monotonic() - t0) * 1000)
 
-    start, n = time.monotonic(), 0
-    while (now := time.monotonic()) - start < seconds:
-        while n < int((now - start) * rate):
-            tasks.append(asyncio.create_task(one(rng.random() < slow_share)))
-            n += 1
-        await asyncio.sleep(0.002)
-    await asyncio.gather(*tasks)
+    await offer_at_rate(rate, seconds, one)
     return fast_latencies
 
 
