@@ -1,7 +1,8 @@
 """Content-addressed, write-once blob storage: a local filesystem store (embedded default) and S3.
 
 A blob's name is its digest (``sha256:<hex>``), so writes are idempotent and a reader can verify what it got.
-Both implementations stream: large objects never sit whole in memory.
+Both implementations stream: large objects never sit whole in memory. Beside blobs, a store keeps small mutable
+*names* (e.g. a repository name -> its current manifest), replaced atomically.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from streams.settings import KilnSettings
 
 CHUNK = 1 << 20
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,12 @@ def _check_digest(digest: str) -> str:
     if not _DIGEST.match(digest):
         raise BlobError(f"not a sha256 digest: {digest!r}")
     return digest.removeprefix("sha256:")
+
+
+def _check_name(name: str) -> str:
+    if len(name) > 512 or not _NAME.match(name):
+        raise BlobError(f"not a valid name: {name!r}")
+    return name
 
 
 class _HashingReader:
@@ -76,8 +84,41 @@ class BlobStore(ABC):
     @abstractmethod
     def exists(self, digest: str) -> bool: ...
 
+    @abstractmethod
+    def set_name(self, name: str, data: bytes) -> None:
+        """Point ``name`` at ``data`` (small), replacing what it held; readers see old or new, never a mix."""
+
+    @abstractmethod
+    def get_name(self, name: str) -> bytes:
+        """What ``name`` holds; raises BlobNotFound."""
+
+    @abstractmethod
+    def list_names(self, prefix: str) -> list[str]:
+        """Names under ``prefix/``, sorted, without the prefix."""
+
     def put(self, data: bytes) -> BlobRef:
         return self.put_stream(io.BytesIO(data))
+
+    def local_copy(self, digest: str, cache_dir: Path) -> Path:
+        """A verified local file with the blob's bytes (downloaded once into ``cache_dir``), e.g. to mmap it."""
+        path = cache_dir / _check_digest(digest)
+        if path.is_file():
+            return path
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".part-")
+        try:
+            hasher = hashlib.sha256()
+            with os.fdopen(fd, "wb") as out:
+                for chunk in self.iter_chunks(digest):
+                    hasher.update(chunk)
+                    out.write(chunk)
+            if "sha256:" + hasher.hexdigest() != digest:
+                raise BlobCorrupt(f"blob {digest} is corrupt")
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return path
 
     def get(self, digest: str) -> bytes:
         """The whole blob, verified against its digest."""
@@ -131,6 +172,34 @@ class FileBlobStore(BlobStore):
 
     def exists(self, digest: str) -> bool:
         return self._path(digest).is_file()
+
+    def local_copy(self, digest: str, cache_dir: Path) -> Path:
+        path = self._path(digest)
+        if not path.is_file():
+            raise BlobNotFound(digest)
+        return path
+
+    def set_name(self, name: str, data: bytes) -> None:
+        path = self.root / "names" / _check_name(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.root / "tmp")
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+
+    def get_name(self, name: str) -> bytes:
+        try:
+            return (self.root / "names" / _check_name(name)).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise BlobNotFound(name) from None
+
+    def list_names(self, prefix: str) -> list[str]:
+        base = self.root / "names" / _check_name(prefix)
+        if not base.is_dir():
+            return []
+        return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file())
 
 
 class S3BlobStore(BlobStore):
@@ -198,6 +267,27 @@ class S3BlobStore(BlobStore):
                 raise BlobNotFound(digest) from None
             raise BlobError(f"S3 get {digest}: {e}") from e
         return body  # type: ignore[no-any-return]
+
+    def set_name(self, name: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=f"{self.prefix}names/{_check_name(name)}", Body=data)
+
+    def get_name(self, name: str) -> bytes:
+        from botocore.exceptions import ClientError
+
+        try:
+            obj = self.client.get_object(Bucket=self.bucket, Key=f"{self.prefix}names/{_check_name(name)}")
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise BlobNotFound(name) from None
+            raise BlobError(f"S3 get name {name}: {e}") from e
+        return obj["Body"].read()  # type: ignore[no-any-return]
+
+    def list_names(self, prefix: str) -> list[str]:
+        base = f"{self.prefix}names/{_check_name(prefix)}/"
+        names: list[str] = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
+            names.extend(obj["Key"][len(base):] for obj in page.get("Contents", []))
+        return sorted(names)
 
     def exists(self, digest: str) -> bool:
         from botocore.exceptions import ClientError
