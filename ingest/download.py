@@ -92,7 +92,7 @@ def _classify(stderr: bytes) -> FailureReason:
 
 
 async def init_bare(repo: Path) -> Git:
-    repo.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(repo.mkdir, parents=True, exist_ok=True)
     git = Git(repo, 600)
     await git.run("init", "--quiet", "--bare", ".")
     return git

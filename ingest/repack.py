@@ -8,6 +8,7 @@ the store records digests, so a rebuild on another version still serves the same
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,7 @@ async def repack(git: Git, out_dir: Path, head_hint: str | None) -> Repacked:
     if not refs:
         raise CorruptPack("nothing to pack: the repository has no refs")
     tips = "".join(sorted({oid + "\n" for oid in refs.values()})).encode()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
     name = (await git.run(*PACK_CONFIG, "pack-objects", "--revs", "--threads=1", "--no-reuse-delta",
                           "--no-reuse-object", "--window=10", "--depth=50", "--quiet", str(out_dir / "kiln"),
                           stdin=tips)).decode().strip()
@@ -60,10 +61,10 @@ def build_manifest(pack_path: Path, idx_path: Path, refs: dict[str, str], head_h
                 tag_targets[oid.hex()] = parse_tag_target(pack.read(oid).data)
         peeled: dict[str, str] = {}
         tags: dict[str, str] = {}
-        for ref, oid in sorted(refs.items()):
-            target, seen = oid, 0
+        for ref, stored in sorted(refs.items()):
+            target, seen = stored, 0
             while target in tag_targets and seen < 16:
-                tags.setdefault(ref, oid)
+                tags.setdefault(ref, stored)
                 target, seen = tag_targets[target][0], seen + 1
             if target in commits:  # refs to bare trees or blobs are not revisions: leave them out
                 peeled[ref] = target

@@ -28,12 +28,13 @@ async def rewrite_into(source: Repository, rewrite: HistoryRewrite, repo_dir: Pa
     pack_dir.mkdir(parents=True, exist_ok=True)
     os.symlink(source.pack_path, pack_dir / "pack-source.pack")
     os.symlink(source.idx_path, pack_dir / "pack-source.idx")
+    head: str | None = MAIN
     if rewrite.operation == "truncate":
-        refs, head = {MAIN: source.resolve(rewrite.revision or "")}, MAIN
+        refs = {MAIN: source.resolve(rewrite.revision or "")}
     elif rewrite.operation == "squash":
         oid = source.resolve(rewrite.revision or "")
         body = rewrite_commit(source.raw(oid), source.commit(oid).tree, [])
-        refs, head = {MAIN: write_loose(repo_dir, "commit", body)}, MAIN
+        refs = {MAIN: write_loose(repo_dir, "commit", body)}
     else:
         refs, head = _remove_path(source, repo_dir, unquote_to_bytes(rewrite.path or "")), source.head
     script = "".join(f"update {name} {oid}\n" for name, oid in sorted(refs.items()))

@@ -30,14 +30,14 @@ async def ingest(request: IngestRequest, request_id: str, store: SaucerStore, wo
         return event.model_copy(update={"reason": reason, "detail": detail[:2000],
                                         "duration_s": round(time.monotonic() - started, 3)})
 
-    work_root.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(work_root.mkdir, parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work_root, prefix="ingest-") as tmp:
         repo_dir = Path(tmp) / "repo"
         try:
             if request.rewrite is not None:
-                strategy = "rewrite"
                 source = store.repository(request.rewrite.source)
                 git, head = await rewrite_into(source, request.rewrite, repo_dir)
+                strategy = "rewrite"
             else:
                 strategy, _, head = await download(repo_dir, check_location(request.location or ""), request.refs,
                                                    pin if pin is not None else request.pin, runners)

@@ -4,6 +4,7 @@ manifest. Works on any ``BlobStore``; readers on other nodes download pack and i
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -62,8 +63,6 @@ class SaucerStore:
 
     def pointer(self, name: str) -> dict[str, Any]:
         """The repository's current manifest digest and ingestion record (re-read every couple of seconds)."""
-        import re
-
         if not re.match(REPO_NAME, name) or len(name) > 200:
             raise RepositoryNotFound(f"no repository {name!r}")
         now = time.monotonic()

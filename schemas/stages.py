@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from schemas.builtin import EchoRequest, EchoResult, SleepRequest, SleepResult
+from schemas.ingest import IngestEvent, IngestRequest
 
 
 @dataclass(frozen=True)
@@ -17,11 +18,17 @@ class StageSpec:
     request_model: type[BaseModel]
     result_model: type[BaseModel]
     ordering: Literal["unordered", "keyed"] = "unordered"
+    events_topic: str | None = None
+    """Where every successful result is also published (keyed like its request), for readers other than the
+    requester; never re-published by a replay."""
 
 
 STAGES: dict[str, StageSpec] = {
     "echo": StageSpec("echo", "echo.requests", EchoRequest, EchoResult),
     "sleep": StageSpec("sleep", "sleep.requests", SleepRequest, SleepResult),
+    # Keyed by the root repository, so a rewrite runs after the ingestion of its source, also in a replay.
+    "ingest": StageSpec("ingest", "repo.ingest", IngestRequest, IngestEvent, ordering="keyed",
+                        events_topic="repo.events"),
 }
 
 DEFAULT_RESULTS_TOPIC = "kiln.results"

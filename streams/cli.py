@@ -198,5 +198,15 @@ def demo() -> None:
         raise typer.Exit(1)
 
 
+def _add_plugin_commands() -> None:
+    """Command groups other packages contribute (entry point group ``kiln.commands``), e.g. ``kiln saucer``."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="kiln.commands"):
+        app.add_typer(ep.load(), name=ep.name)
+
+
+_add_plugin_commands()
+
 if __name__ == "__main__":
     app()

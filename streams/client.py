@@ -29,6 +29,7 @@ from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException
 from pydantic import BaseModel
 
 from schemas.envelope import ReplyTo, RequestEnvelope, ResultEnvelope
+from schemas.ingest import IngestEvent, IngestRequest
 from schemas.stages import DEFAULT_RESULTS_TOPIC, STAGES
 from streams import codec
 from streams.blobstore import BlobStore
@@ -230,6 +231,11 @@ class KilnClient:
         """Submit and await: the stage's typed result, or ``RequestFailed`` / ``RequestExpired``."""
         envelope = await (await self.submit(kind, payload, **kwargs))
         return self.result_of(envelope)
+
+    async def ingest_repository(self, request: IngestRequest, **kwargs: Any) -> IngestEvent:
+        """Ingest (or derive) a repository through Saucer; keyed by its root so rewrites follow their source."""
+        result: IngestEvent = await self.call("ingest", request, key=request.root, **kwargs)
+        return result
 
     def result_of(self, envelope: ResultEnvelope) -> Any:
         if envelope.status == "expired":

@@ -97,6 +97,7 @@ class JobExecutor:
             await self.dead_letter(msg, outcome.error, outcome.attempts)
         try:
             await self._reply(envelope, outcome, started)
+            await self._publish_event(msg, outcome)
         except KilnError as e:
             # An unreachable reply_to (e.g. a topic that does not exist) is the request's fault: record it.
             await self.dead_letter(msg, ErrorInfo(type="ReplyDeliveryFailed", message=str(e)), outcome.attempts)
@@ -146,6 +147,12 @@ class JobExecutor:
         value = codec.encode(result, self.blob_store, self.settings.claim_check_bytes)
         await self.produce(envelope.reply_to.topic, value, key=envelope.reply_to.key,
                            partition=envelope.reply_to.partition)
+
+    async def _publish_event(self, msg: Message, outcome: Outcome) -> None:
+        topic = self.stage.spec.events_topic
+        if topic is None or outcome.status != "ok" or outcome.result is None:
+            return
+        await self.produce(self.settings.topic(topic), outcome.result.model_dump_json().encode(), key=msg.key())
 
     async def reply_error(self, msg: Message, error: ErrorInfo) -> None:
         """Best effort: if the raw request names its id and reply_to, tell the client rather than let it wait

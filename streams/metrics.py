@@ -21,8 +21,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 
 class WorkerMetrics:
-    def __init__(self, stage: str, worker_id: str) -> None:
+    def __init__(self, stage: str, worker_id: str, stage_registry: CollectorRegistry | None = None) -> None:
         self.registry = CollectorRegistry()
+        self.stage_registry = stage_registry
         labels = {"stage": stage, "worker": worker_id}
         self._recent: deque[float] = deque()
         self._lock = threading.Lock()
@@ -73,7 +74,8 @@ class WorkerMetrics:
             return float(len(self._recent))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        extra = generate_latest(self.stage_registry) if self.stage_registry is not None else b""
+        return generate_latest(self.registry) + extra
 
 
 def serve_http(host: str, port: int, metrics: WorkerMetrics,

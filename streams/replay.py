@@ -4,15 +4,17 @@ Replay reads every partition from the beginning up to the end offsets seen at st
 (nothing is committed, live workers are untouched). Results and dead-letter records are never re-emitted: they
 reached their readers the first time. A stage declares what else a replay must not repeat by checking
 ``ctx.replay`` in its handler (e.g. Saucer rebuilds its store but publishes no second round of events).
+Stages with keyed ordering see a key's records in offset order, as they did live.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from streams import codec
@@ -34,9 +36,9 @@ class ReplayStats:
     malformed: int = 0
 
 
-async def replay(stage: Stage, settings: KilnSettings, topic: str | None = None, *, concurrency: int = 8,
-                 blob_store: BlobStore | None = None, show_progress: bool = True) -> ReplayStats:
-    name = settings.topic(topic or stage.spec.request_topic)
+def _open_to_end(settings: KilnSettings, name: str) -> tuple[Consumer, dict[int, int], int]:
+    """A consumer assigned to every non-empty partition of ``name`` from the start; the end offsets seen now and
+    the number of records before them."""
     consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers,
                          "group.id": f"kiln-replay-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
                          "enable.partition.eof": True, "auto.offset.reset": "earliest"})
@@ -45,12 +47,55 @@ async def replay(stage: Stage, settings: KilnSettings, topic: str | None = None,
         consumer.close()
         raise ConfigError(f"topic {name} does not exist")
     ends: dict[int, int] = {}
+    total = 0
     for p in md.partitions:
         low, high = consumer.get_watermark_offsets(TopicPartition(name, p), timeout=15)
         if high > low:
             ends[p] = high
-    total = sum(ends[p] - consumer.get_watermark_offsets(TopicPartition(name, p), timeout=15)[0] for p in ends)
+            total += high - low
     consumer.assign([TopicPartition(name, p, 0) for p in ends])
+    return consumer, ends, total
+
+
+def _records_until_end(consumer: Consumer, ends: dict[int, int], max_batch: int = 500) -> list[Message]:
+    """The next batch of records before the end offsets; drops partitions from ``ends`` as they reach them."""
+    batch: list[Message] = []
+    for msg in consumer.consume(max_batch, 0.2):
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                ends.pop(msg.partition() or 0, None)
+            continue
+        _, p, offset = coordinates(msg)
+        if p in ends and offset < ends[p]:
+            batch.append(msg)
+        if p in ends and offset >= ends[p] - 1:
+            del ends[p]
+    return batch
+
+
+def read_topic(settings: KilnSettings, topic: str) -> list[Message]:
+    """Every record ``topic`` holds now, from the start (e.g. the events a replay must not repeat)."""
+    consumer, ends, _ = _open_to_end(settings, settings.topic(topic))
+    records: list[Message] = []
+    try:
+        while ends:
+            records.extend(_records_until_end(consumer, ends))
+    finally:
+        consumer.close()
+    return records
+
+
+def _forget_if_last(last_of_key: dict[bytes | None, asyncio.Task[None]], key: bytes | None,
+                    task: asyncio.Task[None]) -> None:
+    if last_of_key.get(key) is task:
+        del last_of_key[key]
+
+
+async def replay(stage: Stage, settings: KilnSettings, topic: str | None = None, *, concurrency: int = 8,
+                 blob_store: BlobStore | None = None, show_progress: bool = True) -> ReplayStats:
+    name = settings.topic(topic or stage.spec.request_topic)
+    consumer, remaining, total = _open_to_end(settings, name)
 
     stats = ReplayStats()
     metrics = WorkerMetrics(stage.name, "replay")
@@ -63,7 +108,12 @@ async def replay(stage: Stage, settings: KilnSettings, topic: str | None = None,
     gate = asyncio.Semaphore(concurrency)
     tasks: set[asyncio.Task[None]] = set()
 
-    async def run_one(value: bytes | None, partition: int, offset: int) -> None:
+    keyed = stage.spec.ordering == "keyed"
+    last_of_key: dict[bytes | None, asyncio.Task[None]] = {}
+
+    async def run_one(value: bytes | None, partition: int, offset: int, after: asyncio.Task[None] | None) -> None:
+        if after is not None:
+            await asyncio.wait([after])
         async with gate:
             try:
                 envelope = codec.decode_request(value)
@@ -82,24 +132,19 @@ async def replay(stage: Stage, settings: KilnSettings, topic: str | None = None,
                         console=console, disable=not show_progress)
     with progress:
         bar = progress.add_task("replay", total=total)
-        remaining = dict(ends)
         while remaining:
-            msgs = await asyncio.to_thread(consumer.consume, 500, 0.2)
-            for msg in msgs:
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        remaining.pop(msg.partition() or 0, None)
-                    continue
+            for msg in await asyncio.to_thread(_records_until_end, consumer, remaining):
                 _, p, offset = coordinates(msg)
-                if p in remaining and offset < remaining[p]:
-                    stats.messages += 1
-                    task = asyncio.create_task(run_one(msg.value(), p, offset))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                    task.add_done_callback(lambda _t: progress.advance(bar))
-                if p in remaining and offset >= remaining[p] - 1:
-                    del remaining[p]
+                stats.messages += 1
+                after = last_of_key.get(msg.key()) if keyed else None
+                task = asyncio.create_task(run_one(msg.value(), p, offset, after))
+                if keyed:
+                    key = msg.key()
+                    last_of_key[key] = task
+                    task.add_done_callback(functools.partial(_forget_if_last, last_of_key, key))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                task.add_done_callback(lambda _t: progress.advance(bar))
             # Back-pressure: never hold more than a few batches of pending jobs.
             while len(tasks) > concurrency * 4:
                 await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -89,7 +89,7 @@ class Worker:
         self.prefetch = max(2 * self.per_partition_cap, 16)
         self.grace_s = settings.grace_s if grace_s is None else grace_s
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.metrics = WorkerMetrics(stage.name, self.worker_id)
+        self.metrics = WorkerMetrics(stage.name, self.worker_id, stage.registry)
         self.metrics.slots.set(self.slots)
         self.executor = JobExecutor(stage, settings, self.metrics, self.worker_id, self.dlq_topic, blob_store,
                                     middleware)

@@ -105,7 +105,7 @@ class ShareWorker:
         self.group_id = group_id or f"kiln.{stage.name}.queue"
         self.grace_s = settings.grace_s if grace_s is None else grace_s
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.metrics = WorkerMetrics(stage.name, self.worker_id)
+        self.metrics = WorkerMetrics(stage.name, self.worker_id, stage.registry)
         self.metrics.slots.set(self.slots)
         self.executor = JobExecutor(stage, settings, self.metrics, self.worker_id, f"{self.topic}.dlq", blob_store,
                                     middleware)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from schemas.envelope import RequestEnvelope
@@ -41,6 +42,8 @@ class Stage:
     handler: Handler
     job_timeout_s: float | None = None
     max_attempts: int = 3
+    registry: CollectorRegistry | None = None
+    """The stage's own Prometheus metrics, served on the worker's /metrics next to the runtime's."""
 
     @property
     def name(self) -> str:
