@@ -85,6 +85,13 @@ def _varint_size(data: bytes, pos: int) -> tuple[int, int]:
 
 
 def apply_delta(base: bytes, delta: bytes) -> bytes:
+    try:
+        return _apply_delta(base, delta)
+    except IndexError:
+        raise CorruptPack("delta is truncated") from None
+
+
+def _apply_delta(base: bytes, delta: bytes) -> bytes:
     src_size, pos = _varint_size(delta, 0)
     dst_size, pos = _varint_size(delta, pos)
     if src_size != len(base):

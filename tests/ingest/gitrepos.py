@@ -74,6 +74,7 @@ def rich_repository(path: Path) -> Builder:
     b("merge", "-q", "--no-ff", "-m", "merge feature", "feature/rename")
     b("rm", "-q", "docs/guide.md")
     commit = b.commit("delete docs")
+    (path / "vendor/lib").mkdir(parents=True)  # an unpopulated submodule, as a fresh clone has it
     b("update-index", "--add", "--cacheinfo", f"160000,{commit},vendor/lib")
     b("commit", "-q", "-m", "add submodule entry")
     b("tag", "-a", "v1.0", "-m", "release 1.0")
