@@ -48,6 +48,18 @@ STAGE_TOPICS: list[TopicSpec] = [
 ]
 
 
+def delete_topics(settings: KilnSettings, names: list[str], timeout: float = 30.0) -> list[str]:
+    """Delete topics by their full names; returns the ones that could not be deleted (with why)."""
+    admin = admin_client(settings)  # must outlive the futures
+    failed: list[str] = []
+    for name, fut in admin.delete_topics(names, operation_timeout=timeout).items():
+        try:
+            fut.result(timeout)
+        except Exception as e:
+            failed.append(f"{name}: {e}")
+    return failed
+
+
 def admin_client(settings: KilnSettings) -> AdminClient:
     return AdminClient({"bootstrap.servers": settings.bootstrap_servers})
 

@@ -160,7 +160,7 @@ def worker(
 
 @app.command()
 def replay(
-    topic: Annotated[str, typer.Argument(help="Request topic to replay, e.g. repo.ingest.")],
+    topic: Annotated[str, typer.Argument(help="Request topic, e.g. repo.ingest (KILN_TOPIC_PREFIX is added).")],
     from_beginning: Annotated[bool, typer.Option("--from-beginning", help="Start at offset 0 (required).")] = False,
     stage: Annotated[str | None, typer.Option(help="Stage whose handler consumes it; default: by topic.")] = None,
     concurrency: int = 8,
@@ -176,7 +176,7 @@ def replay(
     if not from_beginning:
         raise typer.BadParameter("only --from-beginning replays are supported")
     settings = get_settings()
-    name = stage or next((k for k, s in STAGES.items() if settings.topic(s.request_topic) == topic), None)
+    name = stage or next((k for k, s in STAGES.items() if s.request_topic == topic), None)
     if name is None:
         raise typer.BadParameter(f"no stage consumes {topic}; pass --stage")
     stats = asyncio.run(run_replay(load_stage(name), settings, topic, concurrency=concurrency,
