@@ -17,6 +17,7 @@ from fastapi import FastAPI, Query, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ingest.errors import InvalidReference, NotAFile, NotFound, SaucerError
 from ingest.reader import MAX_PATH_BYTES, Repository, TreeEntry
@@ -75,15 +76,32 @@ def create_app(store: SaucerStore) -> FastAPI:
             400 if isinstance(exc, InvalidReference) else 500)
         return JSONResponse({"detail": str(exc), "error": type(exc).__name__}, status_code=status)
 
-    @app.middleware("http")
-    async def measure(request: Request, call_next: Any) -> Response:
-        started = time.perf_counter()
-        response: Response = await call_next(request)
-        route = request.scope.get("route")
-        name = getattr(route, "name", "unmatched")
-        served.labels(name, str(response.status_code)).inc()
-        latency.labels(name).observe(time.perf_counter() - started)
-        return response
+    class Measure:
+        """Plain ASGI middleware (Starlette's BaseHTTPMiddleware costs about a millisecond per request)."""
+
+        def __init__(self, inner: ASGIApp) -> None:
+            self.inner = inner
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await self.inner(scope, receive, send)
+                return
+            started = time.perf_counter()
+            status = [500]
+
+            async def sending(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    status[0] = message["status"]
+                await send(message)
+
+            try:
+                await self.inner(scope, receive, sending)
+            finally:
+                name = getattr(scope.get("route"), "name", "unmatched")
+                served.labels(name, str(status[0])).inc()
+                latency.labels(name).observe(time.perf_counter() - started)
+
+    app.add_middleware(Measure)
 
     def repository(request: Request) -> Repository:
         return store.repository(_repo_name(request))
@@ -101,7 +119,7 @@ def create_app(store: SaucerStore) -> FastAPI:
         return [{"name": name, **store.pointer(name)} for name in store.names()]
 
     @app.get("/repos/{name:path}/-/revisions")
-    def revisions(request: Request, name: str,
+    async def revisions(request: Request, name: str,
                   kind: Literal["branches", "tags", "commits"] = "branches",
                   limit: int = Query(100, ge=1, le=10_000), offset: int = Query(0, ge=0)) -> dict[str, Any]:
         repo = repository(request)
@@ -116,13 +134,13 @@ def create_app(store: SaucerStore) -> FastAPI:
         return {"repository": repo.name, "kind": kind, "total": len(items), "items": items[offset:offset + limit]}
 
     @app.get("/repos/{name:path}/-/resolve")
-    def resolve(request: Request, name: str, rev: str = "HEAD") -> dict[str, str]:
+    async def resolve(request: Request, name: str, rev: str = "HEAD") -> dict[str, str]:
         repo = repository(request)
         return {"repository": repo.name, "rev": rev, "commit": repo.resolve(rev)}
 
     @app.get("/repos/{name:path}/-/tree/{path:path}")
     @app.get("/repos/{name:path}/-/tree")
-    def tree(request: Request, response: Response, name: str, path: str = "", rev: str = "HEAD") -> Any:
+    async def tree(request: Request, response: Response, name: str, path: str = "", rev: str = "HEAD") -> Any:
         repo = repository(request)
         raw = _raw_path_after(request, "tree")
         commit = repo.resolve(rev)
@@ -134,7 +152,7 @@ def create_app(store: SaucerStore) -> FastAPI:
                 "entries": [_entry_json(e) for e in repo.tree(commit, raw)]}
 
     @app.get("/repos/{name:path}/-/files/{path:path}")
-    def read_file(request: Request, name: str, path: str, rev: str = "HEAD") -> Response:
+    async def read_file(request: Request, name: str, path: str, rev: str = "HEAD") -> Response:
         repo = repository(request)
         raw = _raw_path_after(request, "files")
         commit = repo.resolve(rev)
@@ -149,7 +167,7 @@ def create_app(store: SaucerStore) -> FastAPI:
         return response
 
     @app.get("/repos/{name:path}")
-    def describe(request: Request, name: str) -> dict[str, Any]:
+    async def describe(request: Request, name: str) -> dict[str, Any]:
         repo = store.repository(unquote(name))
         return {"name": repo.name, "head": repo.head, "refs": repo.refs(), "commits": len(repo.manifest.commits),
                 "objects": repo.manifest.objects, "pack_bytes": repo.manifest.pack_bytes,

@@ -4,6 +4,9 @@ ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     KILN_METRICS_HOST=0.0.0.0 KILN_METRICS_PORT=9100 KILN_CACHE=/var/lib/kiln
+# git: Saucer's ingestion fetches and packs with it (the local base already has it; slim images do not).
+RUN command -v git >/dev/null || (apt-get update && apt-get install -y --no-install-recommends git ca-certificates \
+    && rm -rf /var/lib/apt/lists/*)
 RUN python3 -m venv /opt/kiln && mkdir -p /var/lib/kiln && chown 1000:1000 /var/lib/kiln
 # Dependencies first, keyed by pyproject.toml only, so source edits reuse this layer.
 COPY pyproject.toml README.md /src/
