@@ -17,12 +17,13 @@ from pydantic import BaseModel
 from schemas.builtin import EchoRequest, EchoResult, SleepRequest, SleepResult
 from schemas.envelope import SCHEMA_VERSION, RequestEnvelope, ResultEnvelope
 from schemas.ingest import IngestEvent, IngestRequest
+from schemas.lean import LeanRequest, LeanResult
 from schemas.reports import CoverageReport, TestReport
 
 SCHEMA_DIR = Path(__file__).parent / "jsonschema"
 MODELS: list[type[BaseModel]] = [
     RequestEnvelope, ResultEnvelope, EchoRequest, EchoResult, SleepRequest, SleepResult, TestReport, CoverageReport,
-    IngestRequest, IngestEvent,
+    IngestRequest, IngestEvent, LeanRequest, LeanResult,
 ]
 
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from schemas.builtin import EchoRequest, EchoResult, SleepRequest, SleepResult
 from schemas.ingest import IngestEvent, IngestRequest
+from schemas.lean import LeanRequest, LeanResult
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class StageSpec:
 STAGES: dict[str, StageSpec] = {
     "echo": StageSpec("echo", "echo.requests", EchoRequest, EchoResult),
     "sleep": StageSpec("sleep", "sleep.requests", SleepRequest, SleepResult),
+    "lean": StageSpec("lean", "lean.requests", LeanRequest, LeanResult),
     # Keyed by the root repository, so a rewrite runs after the ingestion of its source, also in a replay.
     "ingest": StageSpec("ingest", "repo.ingest", IngestRequest, IngestEvent, ordering="keyed",
                         events_topic="repo.events"),

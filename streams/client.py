@@ -21,7 +21,7 @@ import time
 import uuid
 import zlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -30,12 +30,14 @@ from pydantic import BaseModel
 
 from schemas.envelope import ReplyTo, RequestEnvelope, ResultEnvelope
 from schemas.ingest import IngestEvent, IngestRequest
+from schemas.lean import LeanRequest, LeanResult, ProofStateRef
 from schemas.stages import DEFAULT_RESULTS_TOPIC, STAGES
 from streams import codec
 from streams.blobstore import BlobStore
 from streams.errors import ClientError, ConfigError, RequestExpired, RequestFailed
 from streams.executor import producer_config
 from streams.offsets import PartitionOffsets, commit_position, coordinates, decode_done, poll_batch
+from streams.proofsearch import SearchOutcome, breadth_first
 from streams.settings import KilnSettings, get_settings
 
 log = logging.getLogger("kiln.client")
@@ -236,6 +238,26 @@ class KilnClient:
         """Ingest (or derive) a repository through Saucer; keyed by its root so rewrites follow their source."""
         result: IngestEvent = await self.call("ingest", request, key=request.root, **kwargs)
         return result
+
+    async def run_code(self, code: str, *, header: list[str] | None = None, timeout_s: float = 60.0,
+                       key: str | None = None) -> LeanResult:
+        """Run Lean code (its leading ``import`` lines choose the REPL process); one proof state per ``sorry``."""
+        request = LeanRequest(op="run_code", code=code, header=header or [], timeout_s=timeout_s)
+        result: LeanResult = await self.call("lean", request, key=key)
+        return result
+
+    async def run_tactic(self, state: ProofStateRef, tactic: str, *, timeout_s: float = 30.0) -> LeanResult:
+        """Apply ``tactic`` to ``state``; keyed by the state's affinity so it tends to reach the worker holding it."""
+        request = LeanRequest(op="run_tactic", state=state, tactic=tactic, timeout_s=timeout_s)
+        result: LeanResult = await self.call("lean", request, key=state.affinity or None)
+        return result
+
+    async def explore(self, root: ProofStateRef, candidates: Callable[[ProofStateRef], Sequence[str]] | Sequence[str],
+                      *, max_depth: int = 4, max_nodes: int = 2000) -> SearchOutcome:
+        """Breadth-first search from ``root`` over candidate tactics, in parallel across workers; stops at the first
+        completed proof."""
+        pick = candidates if callable(candidates) else (lambda _state: candidates)
+        return await breadth_first(self.run_tactic, root, pick, max_depth=max_depth, max_nodes=max_nodes)
 
     def result_of(self, envelope: ResultEnvelope) -> Any:
         if envelope.status == "expired":

@@ -89,8 +89,10 @@ class JobExecutor:
             await self.reply_error(msg, error_info(e, False))
             return None
         topic, partition, offset = coordinates(msg)
+        raw_key = msg.key()
         ctx = JobContext(envelope=envelope, attempt=0, worker_id=self.worker_id, topic=topic,
-                         partition=partition, offset=offset)
+                         partition=partition, offset=offset,
+                         key=raw_key.decode(errors="replace") if raw_key is not None else None)
         outcome = await self._chain(Job(self.stage, ctx))
         release_slot()
         if outcome.dead_letter and outcome.error is not None:

@@ -29,9 +29,13 @@ class JobContext:
     partition: int
     offset: int
     replay: bool = False
+    key: str | None = None
+    """The request record's key (e.g. where follow-up requests should be routed)."""
 
 
 Handler = Callable[[Any, JobContext], Awaitable[BaseModel]]
+Setup = Callable[[int], Awaitable[None]]
+Teardown = Callable[[], Awaitable[None]]
 
 
 @dataclass
@@ -44,6 +48,10 @@ class Stage:
     max_attempts: int = 3
     registry: CollectorRegistry | None = None
     """The stage's own Prometheus metrics, served on the worker's /metrics next to the runtime's."""
+    setup: Setup | None = None
+    """Called with the worker's slot count before the first job (e.g. to size and prewarm a process pool)."""
+    teardown: Teardown | None = None
+    """Called after the last job has finished, on shutdown."""
 
     @property
     def name(self) -> str:

@@ -1,0 +1,321 @@
+#!/usr/bin/env python3
+"""A fake Lean REPL: the one sanctioned stand-in for Lean, which cannot be installed here.
+
+It speaks the protocol of leanprover-community/repl exactly (one JSON request per blank-line-terminated block on
+stdin; a pretty-printed JSON reply and a blank line on stdout) and implements a tiny deterministic proof calculus
+over propositional goals, so tactic sequences succeed or fail meaningfully:
+
+  theorem t1 : p → p ∧ True := by sorry          -- run as a command: one proof state per sorry
+  tactics: intro h | constructor | left | right | exact h | assumption | trivial | rfl | sorry
+           simp, omega, decide  -- only when the header imports Mathlib ("unknown tactic" otherwise)
+
+Headers matter: ``import ...`` lines at the top of a command cost FAKE_LEAN_IMPORT_S seconds each time they are
+processed (as real imports do), and a pickled state can only be unpickled where the same imports are loaded.
+Misbehaviour on demand, in a command (``-- fake: crash``) or as a tactic (``fake_crash``): ``sleep S``, ``crash``,
+``hang``, ``garbage`` (malformed output), ``grow MB`` (memory growth). FAKE_LEAN_TACTIC_MS adds a fixed cost to
+every tactic; FAKE_LEAN_PICKLE_KB pads pickles to a realistic size (they compress well, as real ones do).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+
+IMPORT_S = float(os.environ.get("FAKE_LEAN_IMPORT_S", "0"))
+TACTIC_MS = float(os.environ.get("FAKE_LEAN_TACTIC_MS", "0"))
+PICKLE_KB = int(os.environ.get("FAKE_LEAN_PICKLE_KB", "64"))
+MATHLIB_TACTICS = {"simp", "omega", "decide"}
+IMPLIES, OR, AND = "\u2192", "\u2228", "\u2227"
+
+_hog: list[bytearray] = []
+
+
+# --- propositions ------------------------------------------------------------------------------------------------
+
+def split_top(text: str, op: str) -> tuple[str, str] | None:
+    """Split at the first top-level (unparenthesised) occurrence of ``op``; right-associative operators."""
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif depth == 0 and text.startswith(op, i):
+            return text[:i].strip(), text[i + len(op):].strip()
+    return None
+
+
+def strip_parens(text: str) -> str:
+    text = text.strip()
+    while text.startswith("(") and text.endswith(")"):
+        depth = 0
+        for i, ch in enumerate(text):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0 and i < len(text) - 1:
+                return text
+        text = text[1:-1].strip()
+    return text
+
+
+def shape(prop: str) -> tuple[str, str, str] | None:
+    prop = strip_parens(prop)
+    for op in (IMPLIES, OR, AND):
+        parts = split_top(prop, op)
+        if parts:
+            return op, strip_parens(parts[0]), strip_parens(parts[1])
+    return None
+
+
+def equal_sides(prop: str) -> bool:
+    parts = split_top(strip_parens(prop), "=")
+    return parts is not None and parts[0] == parts[1]
+
+
+# --- proof states ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Goal:
+    hyps: list[tuple[str, str]]
+    target: str
+
+    def render(self) -> str:
+        return "".join(f"{n} : {t}\n" for n, t in self.hyps) + f"⊢ {self.target}"
+
+
+@dataclass
+class State:
+    goals: list[Goal]
+    imports: list[str] = field(default_factory=list)
+
+
+class LeanError(Exception):
+    pass
+
+
+def apply_tactic(state: State, tactic: str) -> State:
+    if not state.goals:
+        raise LeanError("no goals to be proved")
+    goal, rest = state.goals[0], state.goals[1:]
+    words = tactic.split()
+    name, args = words[0], words[1:]
+    target = strip_parens(goal.target)
+    s = shape(target)
+    if name in MATHLIB_TACTICS and not any(i.startswith("Mathlib") for i in state.imports):
+        raise LeanError(f"unknown tactic '{name}'")
+    if name == "intro" and s and s[0] == IMPLIES:
+        hyp = args[0] if args else f"h{len(goal.hyps)}"
+        return State([Goal([*goal.hyps, (hyp, s[1])], s[2]), *rest], state.imports)
+    if name == "constructor" and s and s[0] == AND:
+        return State([Goal(goal.hyps, s[1]), Goal(goal.hyps, s[2]), *rest], state.imports)
+    if name in ("left", "right") and s and s[0] == OR:
+        return State([Goal(goal.hyps, s[1] if name == "left" else s[2]), *rest], state.imports)
+    if name == "exact" and args:
+        hyps = dict(goal.hyps)
+        if args[0] not in hyps:
+            raise LeanError(f"unknown identifier '{args[0]}'")
+        if strip_parens(hyps[args[0]]) != target:
+            raise LeanError(f"type mismatch\n  {args[0]}\nhas type\n  {hyps[args[0]]}\nbut is expected to have type\n"
+                            f"  {target}")
+        return State(rest, state.imports)
+    if name == "assumption" and target in {strip_parens(t) for _, t in goal.hyps}:
+        return State(rest, state.imports)
+    if name == "trivial" and target == "True":
+        return State(rest, state.imports)
+    if name == "rfl" and equal_sides(target):
+        return State(rest, state.imports)
+    if name == "sorry":
+        return State(rest, state.imports)
+    if name == "simp" and (target == "True" or equal_sides(target) or
+                           (s and s[0] == AND and all(p == "True" or equal_sides(p) for p in s[1:]))):
+        return State(rest, state.imports)
+    if name in ("omega", "decide") and re.fullmatch(r"[\d\s+*<=≤]+", target):
+        return State(rest, state.imports)
+    if name in {"intro", "constructor", "left", "right", "exact", "assumption", "trivial", "rfl", *MATHLIB_TACTICS}:
+        raise LeanError(f"tactic '{name}' failed\n{goal.render()}")
+    raise LeanError(f"unknown tactic '{name}'")
+
+
+# --- the REPL --------------------------------------------------------------------------------------------------
+
+class Repl:
+    def __init__(self) -> None:
+        self.envs: dict[int, list[str]] = {}
+        self.states: dict[int, State] = {}
+
+    def misbehave(self, directive: str) -> None:
+        word, _, arg = directive.strip().partition(" ")
+        if word == "sleep":
+            time.sleep(float(arg or 1))
+        elif word == "crash":
+            os._exit(3)
+        elif word == "hang":
+            while True:
+                time.sleep(3600)
+        elif word == "garbage":
+            sys.stdout.write("this is not json {{{\n\n")
+            sys.stdout.flush()
+        elif word == "grow":
+            block = bytearray(int(float(arg or 100) * (1 << 20)))
+            for i in range(0, len(block), 4096):
+                block[i] = 1
+            _hog.append(block)
+
+    def new_state(self, state: State) -> int:
+        sid = len(self.states)
+        self.states[sid] = state
+        return sid
+
+    def command(self, req: dict[str, object]) -> dict[str, object]:
+        code = str(req["cmd"])
+        for directive in re.findall(r"--\s*fake:\s*(.+)", code):
+            self.misbehave(directive)
+        lines = code.split("\n")
+        imports = [ln.strip()[len("import "):].strip() for ln in lines if ln.strip().startswith("import ")]
+        messages: list[dict[str, object]] = []
+        if "env" in req:
+            if int(str(req["env"])) not in self.envs:
+                return {"message": f"unknown environment {req['env']}"}
+            if imports:
+                messages.append(self._msg("error", 1, 0, "invalid 'import' command, it must be used in the "
+                                                          "beginning of the file"))
+            imports = self.envs[int(str(req["env"]))]
+        else:
+            time.sleep(IMPORT_S * len(imports))
+        sorries: list[dict[str, object]] = []
+        for number, line in enumerate(lines, start=1):
+            m = re.match(r"\s*(theorem|lemma|example)\s*(\S*)\s*:\s*(.+?)\s*:=\s*(by\s+)?(.*)$", line)
+            if not m:
+                if line.strip() and not line.strip().startswith(("import ", "--", "open ", "variable ")):
+                    messages.append(self._msg("error", number, 0, f"unexpected token; expected command: {line!r}"))
+                continue
+            prop, body = m.group(3), m.group(5).strip()
+            if body == "sorry":
+                column = line.rindex("sorry")
+                sid = self.new_state(State([Goal([], prop)], imports))
+                sorries.append({"pos": {"line": number, "column": column},
+                                "endPos": {"line": number, "column": column + 5},
+                                "goal": f"⊢ {prop}", "proofState": sid})
+                messages.append(self._msg("warning", number, 0, "declaration uses 'sorry'"))
+                continue
+            state = State([Goal([], prop)], imports)
+            try:
+                for tactic in re.split(r"[;\n]", body):
+                    if tactic.strip():
+                        state = apply_tactic(state, tactic.strip())
+                if state.goals:
+                    messages.append(self._msg("error", number, 0, "unsolved goals\n" +
+                                              "\n\n".join(g.render() for g in state.goals)))
+            except LeanError as e:
+                messages.append(self._msg("error", number, 0, str(e)))
+        env = len(self.envs)
+        self.envs[env] = imports
+        reply: dict[str, object] = {"env": env}
+        if messages:
+            reply["messages"] = messages
+        if sorries:
+            reply["sorries"] = sorries
+        return reply
+
+    @staticmethod
+    def _msg(severity: str, line: int, column: int, data: str) -> dict[str, object]:
+        return {"severity": severity, "pos": {"line": line, "column": column}, "endPos": None, "data": data}
+
+    def tactic(self, req: dict[str, object]) -> dict[str, object]:
+        text = str(req["tactic"])
+        for part in re.split(r"[;\n]", text):
+            if part.strip().startswith("fake_"):
+                self.misbehave(part.strip()[len("fake_"):])
+        time.sleep(TACTIC_MS / 1000)
+        sid = int(str(req["proofState"]))
+        if sid not in self.states:
+            return {"message": "Unknown proof state."}
+        state = self.states[sid]
+        try:
+            for tactic in re.split(r"[;\n]", text):
+                if tactic.strip() and not tactic.strip().startswith("fake_"):
+                    state = apply_tactic(state, tactic.strip())
+        except LeanError as e:
+            return {"message": f"Lean error:\n<input>:1:0: {e}"}
+        new = self.new_state(state)
+        return {"proofState": new, "goals": [g.render() for g in state.goals],
+                "proofStatus": "Completed" if not state.goals else "Incomplete: open goals remain"}
+
+    def pickle(self, req: dict[str, object]) -> dict[str, object]:
+        path = str(req["pickleTo"])
+        if "proofState" in req:
+            sid = int(str(req["proofState"]))
+            if sid not in self.states:
+                return {"message": "Unknown proof state."}
+            st = self.states[sid]
+            doc = {"kind": "proofState", "imports": st.imports,
+                   "goals": [{"hyps": g.hyps, "target": g.target} for g in st.goals]}
+        else:
+            env = int(str(req.get("env", -1)))
+            if env not in self.envs:
+                return {"message": f"unknown environment {env}"}
+            doc = {"kind": "env", "imports": self.envs[env]}
+        body = json.dumps(doc).encode()
+        # Real pickles hold compacted olean data: large and very compressible.
+        padding = (b"olean-region:" + body[:64]) * (PICKLE_KB * 1024 // (13 + min(64, len(body))) + 1)
+        with open(path, "wb") as f:
+            f.write(len(body).to_bytes(4, "big") + body + padding[:PICKLE_KB * 1024])
+        return {"proofState": req["proofState"]} if "proofState" in req else {"env": req["env"]}
+
+    def unpickle(self, req: dict[str, object]) -> dict[str, object]:
+        path = str(req.get("unpickleProofStateFrom") or req.get("unpickleEnvFrom"))
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+            doc = json.loads(raw[4:4 + int.from_bytes(raw[:4], "big")])
+        except (OSError, ValueError) as e:
+            return {"message": f"Lean error:\ncould not unpickle {path}: {e}"}
+        loaded = self.envs.get(int(str(req["env"])), []) if "env" in req else []
+        if doc["imports"] != loaded:
+            return {"message": f"Lean error:\nimports {doc['imports']} of the pickle are not loaded ({loaded})"}
+        if doc["kind"] == "env":
+            env = len(self.envs)
+            self.envs[env] = doc["imports"]
+            return {"env": env}
+        state = State([Goal([tuple(h) for h in g["hyps"]], g["target"]) for g in doc["goals"]], doc["imports"])
+        sid = self.new_state(state)
+        return {"proofState": sid, "goals": [g.render() for g in state.goals]}
+
+    def handle(self, req: dict[str, object]) -> dict[str, object]:
+        if "cmd" in req:
+            return self.command(req)
+        if "tactic" in req:
+            return self.tactic(req)
+        if "pickleTo" in req:
+            return self.pickle(req)
+        if "unpickleProofStateFrom" in req or "unpickleEnvFrom" in req:
+            return self.unpickle(req)
+        return {"message": "Could not parse as a valid JSON command"}
+
+
+def main() -> None:
+    repl = Repl()
+    block: list[str] = []
+    for line in sys.stdin:
+        if line.strip():
+            block.append(line)
+            continue
+        if not block:
+            continue
+        text, block = "".join(block), []
+        try:
+            request = json.loads(text)
+        except ValueError as e:
+            reply: dict[str, object] = {"message": f"Could not parse JSON:\n{e}"}
+        else:
+            reply = repl.handle(request)
+        sys.stdout.write(json.dumps(reply, indent=2, ensure_ascii=False) + "\n\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""The REPL wrapper, pool and session against the fake REPL as a real process: protocol, Lean errors as
+results, timeouts, crashes, memory bound, recycling, malformed output, header reuse, export/import."""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from schemas.lean import LeanRequest, ProofStateRef
+from tests.workers.lean.fake import FAKE_COMMAND, THEOREMS
+from workers.lean.errors import ReplCrashed, ReplMemoryExceeded, ReplProtocolError, ReplTimeout
+from workers.lean.pool import ReplPool
+from workers.lean.repl import Header, ReplLimits, ReplProcess
+from workers.lean.session import LeanSession, StateCodec
+
+
+@contextlib.asynccontextmanager
+async def open_session(tmp: Path, size: int = 2, **limits: int) -> AsyncIterator[LeanSession]:
+    counter = iter(range(10_000))
+
+    def factory(header: Header) -> ReplProcess:
+        return ReplProcess(shlex.split(FAKE_COMMAND), header, tmp / f"p{next(counter)}", ReplLimits(**limits))
+
+    session = LeanSession(ReplPool(factory, size=size), StateCodec(None))
+    try:
+        yield session
+    finally:
+        await session.pool.close()
+
+
+def code(text: str, header: list[str] | None = None, timeout_s: float = 30) -> LeanRequest:
+    return LeanRequest(op="run_code", code=text, header=header or [], timeout_s=timeout_s)
+
+
+def tactic(state: ProofStateRef | None, text: str, timeout_s: float = 30) -> LeanRequest:
+    return LeanRequest(op="run_tactic", state=state, tactic=text, timeout_s=timeout_s)
+
+
+async def test_code_with_sorries_then_tactics(tmp_path: Path) -> None:
+    async with open_session(tmp_path) as session:
+        result = await session.run(code(THEOREMS), "k")
+        assert result.ok and [s.goal for s in result.sorries] == ["⊢ p → p ∧ True", "⊢ q ∨ r → r ∨ q", "⊢ a = a"]
+        assert all(s.state.affinity == "k" and s.state.raw_bytes > s.state.stored_bytes for s in result.sorries)
+        first = result.sorries[0].state
+        step = await session.run(tactic(first, "intro h"), "k")
+        assert step.ok and step.goals == ["h : p\n⊢ p ∧ True"] and step.proof_status == "Incomplete: open goals remain"
+        assert step.state_pinned  # the same process still held the state
+        assert step.state is not None
+        done = await session.run(tactic(step.state, "constructor; exact h; trivial"), "k")
+        assert done.completed and done.goals == []
+        # Lean errors are results, not failures.
+        bad = await session.run(tactic(first, "exact nothing"), "k")
+        assert not bad.ok and "unknown identifier 'nothing'" in (bad.error or "")
+        unknown = await session.run(tactic(first, "frobnicate"), "k")
+        assert not unknown.ok and "unknown tactic" in (unknown.error or "")
+        broken = await session.run(code("theorem x : p := by trivial\nnonsense here"), "k")
+        assert not broken.ok and {m.severity for m in broken.messages} == {"error"}
+
+
+async def test_headers_are_loaded_once_per_process_and_matter(tmp_path: Path) -> None:
+    async with open_session(tmp_path) as session:
+        mathlib = ["import Mathlib"]
+        first = await session.run(code(THEOREMS, mathlib), "k")
+        second = await session.run(code("import Mathlib\n" + THEOREMS), "k")  # header taken from the code
+        assert not first.header_reused and second.header_reused
+        assert (await session.run(tactic(first.sorries[2].state, "simp"), "k")).completed
+        plain = await session.run(code(THEOREMS), "k")
+        simp = await session.run(tactic(plain.sorries[2].state, "simp"), "k")
+        assert not simp.ok and "unknown tactic 'simp'" in (simp.error or "")
+
+
+async def test_export_in_one_process_import_in_another(tmp_path: Path) -> None:
+    async with open_session(tmp_path / "a") as left, open_session(tmp_path / "b") as right:
+        state = (await left.run(code(THEOREMS), "k")).sorries[1].state
+        step = await right.run(tactic(state, "intro h; right"), "k")
+        assert step.ok and not step.state_pinned and step.goals == ["h : q ∨ r\n⊢ q"]
+
+
+async def test_timeout_kills_and_respawns(tmp_path: Path) -> None:
+    async with open_session(tmp_path) as session:
+        state = (await session.run(code(THEOREMS), "k")).sorries[0].state
+        with pytest.raises(ReplTimeout):
+            await session.run(tactic(state, "fake_hang", timeout_s=0.5), "k")
+        assert session.pool.stats.retired == {"timeout": 1}
+        assert (await session.run(tactic(state, "intro h"), "k")).ok  # imported into a fresh process
+
+
+async def test_crash_mid_request_is_typed_and_the_pool_recovers(tmp_path: Path) -> None:
+    async with open_session(tmp_path) as session:
+        state = (await session.run(code(THEOREMS), "k")).sorries[0].state
+        with pytest.raises(ReplCrashed, match="exited mid-request"):
+            await session.run(tactic(state, "fake_crash"), "k")
+        with pytest.raises(ReplCrashed):
+            await session.run(code("-- fake: crash\n" + THEOREMS), "k")
+        assert session.pool.stats.retired == {"crash": 2}
+        assert (await session.run(tactic(state, "intro h"), "k")).ok
+
+
+async def test_memory_bound_is_enforced(tmp_path: Path) -> None:
+    async with open_session(tmp_path, memory_bytes=200 << 20) as session:
+        state = (await session.run(code(THEOREMS), "k")).sorries[0].state
+        with pytest.raises(ReplMemoryExceeded):
+            await session.run(tactic(state, "fake_grow 400; fake_sleep 5"), "k")
+        assert session.pool.stats.retired == {"memory": 1}
+        assert (await session.run(tactic(state, "intro h"), "k")).ok
+
+
+async def test_processes_are_recycled_after_n_requests(tmp_path: Path) -> None:
+    async with open_session(tmp_path, size=1, recycle_after=4) as session:
+        state = (await session.run(code(THEOREMS), "k")).sorries[0].state
+        for _ in range(6):
+            assert (await session.run(tactic(state, "intro h"), "k")).ok
+        assert session.pool.stats.retired.get("recycled", 0) >= 2
+        assert session.pool.stats.spawned >= 3
+
+
+async def test_malformed_output_is_a_protocol_error(tmp_path: Path) -> None:
+    async with open_session(tmp_path) as session:
+        state = (await session.run(code(THEOREMS), "k")).sorries[0].state
+        with pytest.raises(ReplProtocolError, match="not a reply"):
+            await session.run(tactic(state, "fake_garbage"), "k")
+        assert session.pool.stats.retired == {"protocol": 1}
+        assert (await session.run(tactic(state, "intro h"), "k")).ok
+
+
+async def test_a_full_pool_evicts_an_idle_process_of_another_header(tmp_path: Path) -> None:
+    async with open_session(tmp_path, size=1) as session:
+        await session.run(code(THEOREMS, ["import A"]), "k")
+        await session.run(code(THEOREMS, ["import B"]), "k")
+        assert session.pool.processes == 1 and session.pool.headers() == {("import B",): 1}

@@ -1,0 +1,32 @@
+"""Failures of a REPL process (not of Lean: Lean errors are results). The runtime reads the base class.
+
+ReplError
+├── ReplCrashed         (transient) the process exited mid-request; a retry gets a fresh process
+├── ReplProtocolError   (transient) it wrote something that is not a reply; it is killed and replaced
+├── ReplTimeout         (permanent) the request ran past its time limit; the process tree was killed
+└── ReplMemoryExceeded  (permanent) the process grew past the memory bound; it was killed
+"""
+
+from __future__ import annotations
+
+from streams.errors import JobError, PermanentJobError, TransientJobError
+
+
+class ReplError(JobError):
+    """A REPL process failed; it has been killed and will be replaced."""
+
+
+class ReplCrashed(ReplError, TransientJobError):
+    pass
+
+
+class ReplProtocolError(ReplError, TransientJobError):
+    pass
+
+
+class ReplTimeout(ReplError, PermanentJobError):
+    pass
+
+
+class ReplMemoryExceeded(ReplError, PermanentJobError):
+    pass

@@ -1,0 +1,181 @@
+"""One Lean REPL process behind an asyncio API: frame requests, time-limit them, bound memory, recycle.
+
+The REPL answers one request at a time, has no timeout of its own and only grows, so this wrapper kills the
+process group on a timeout, on a reply that is not JSON, or when the tree's RSS passes the bound (an RSS
+watchdog: an address-space rlimit breaks Lean's runtime, which reserves large virtual regions), and the pool
+replaces it. A process is started with its header (the ``import`` lines) run once; every later command runs in
+that environment, so imports are paid once per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workers.lean.errors import ReplCrashed, ReplError, ReplMemoryExceeded, ReplProtocolError, ReplTimeout
+
+Header = tuple[str, ...]
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class ReplLimits:
+    memory_bytes: int = 8 << 30
+    header_timeout_s: float = 600.0
+    recycle_after: int = 1000
+    poll_s: float = 0.05
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the worker dies, so a hung REPL never outlives a killed worker."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and its descendants (``lake env repl`` runs Lean as a child)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * _PAGE
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+class ReplProcess:
+    def __init__(self, command: Sequence[str], header: Header, workdir: Path, limits: ReplLimits,
+                 cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+        self.command = list(command)
+        self.header = header
+        self.workdir = workdir
+        self.limits = limits
+        self.cwd = cwd
+        self.env = env
+        self.header_env: int | None = None
+        self.requests = 0
+        self.held: dict[str, int] = {}  # proof-state id (sha256) -> proofState number live in this process
+        self.last_used = time.monotonic()
+        self.exit_reason: str | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None and self.exit_reason is None
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.workdir.mkdir, parents=True, exist_ok=True)
+        self._proc = await asyncio.create_subprocess_exec(
+            *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL, cwd=self.cwd, env=self.env, start_new_session=True,
+            preexec_fn=_die_with_parent,
+            limit=64 << 20,  # one reply line can be large (goals of a big proof state)
+        )
+        if self.header:
+            reply = await self.send({"cmd": "\n".join(self.header)}, self.limits.header_timeout_s)
+            if "env" not in reply:
+                await self.kill("header failed")
+                raise ReplCrashed(f"loading the header {list(self.header)} failed: {reply.get('message')}")
+            self.header_env = int(reply["env"])
+            self.requests = 0
+
+    async def send(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """One request, one reply; raises a ReplError (and kills the process) on anything but a reply."""
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.stdout is None or not self.alive:
+            raise ReplCrashed("the REPL process is not running")
+        self.requests += 1
+        self.last_used = time.monotonic()
+        try:
+            proc.stdin.write(json.dumps(request).encode() + b"\n\n")
+            await proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            raise await self._crashed() from None
+        reply_task = asyncio.ensure_future(self._read_reply(proc.stdout))
+        watchdog = asyncio.ensure_future(self._watch_memory(proc.pid))
+        try:
+            done, _ = await asyncio.wait({reply_task, watchdog}, timeout=timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watchdog.cancel()
+        if reply_task in done:
+            return reply_task.result()  # re-raises protocol errors / crashes
+        reply_task.cancel()
+        if watchdog in done and not watchdog.cancelled() and watchdog.exception() is None:
+            await self.kill("memory")
+            raise ReplMemoryExceeded(f"REPL passed its memory bound of {self.limits.memory_bytes >> 20} MiB")
+        await self.kill("timeout")
+        raise ReplTimeout(f"REPL request ran past {timeout_s:g}s; the process was killed")
+
+    async def _read_reply(self, stdout: asyncio.StreamReader) -> dict[str, Any]:
+        lines: list[bytes] = []
+        while True:
+            try:
+                line = await stdout.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                await self.kill("protocol")
+                raise ReplProtocolError("REPL reply line exceeds the reader limit") from None
+            if not line:
+                raise await self._crashed()
+            if line.strip():
+                lines.append(line)
+            elif lines:
+                break
+        try:
+            reply = json.loads(b"".join(lines))
+            if not isinstance(reply, dict):
+                raise ValueError("reply is not an object")
+        except ValueError as e:
+            await self.kill("protocol")
+            raise ReplProtocolError(f"REPL wrote something that is not a reply ({e}): "
+                                    f"{b''.join(lines)[:200]!r}") from None
+        return reply
+
+    async def _watch_memory(self, pid: int) -> None:
+        """Returns when the process tree's RSS passes the bound; runs until cancelled otherwise."""
+        while True:
+            if await asyncio.to_thread(tree_rss, pid) > self.limits.memory_bytes:
+                return
+            await asyncio.sleep(self.limits.poll_s)
+
+    async def _crashed(self) -> ReplError:
+        code = await self._reap()
+        self.exit_reason = self.exit_reason or "crash"
+        return ReplCrashed(f"REPL process exited mid-request (status {code})")
+
+    async def kill(self, reason: str) -> None:
+        """Kill the whole process group (Lean may run under ``lake env``) and reap it."""
+        self.exit_reason = self.exit_reason or reason
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+        await self._reap()
+
+    async def _reap(self) -> int | None:
+        if self._proc is None:
+            return None
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(self._proc.wait(), 10)
+        return self._proc.returncode
+
+    async def close(self) -> None:
+        if self._proc is not None and self._proc.stdin is not None:
+            with contextlib.suppress(Exception):
+                self._proc.stdin.close()
+        await self.kill(self.exit_reason or "closed")

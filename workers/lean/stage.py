@@ -1,0 +1,123 @@
+"""``lean``: ``lean.requests`` -> results. Run code and tactics on a pool of Lean REPL processes.
+
+Configuration (``KILN_LEAN_*``): ``REPL`` (the command: a ``repl`` binary, or any program speaking its protocol),
+``PROJECT`` (a Lake project: its ``LEAN_PATH`` is taken once from ``lake env`` and the REPL runs there),
+``MEMORY_MB``, ``RECYCLE_AFTER``, ``IDLE_TTL_S``, ``PREWARM`` (headers to load at start, JSON list of lists),
+``INLINE_STATE_KB`` (larger states travel as claim checks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.lean import LeanRequest, LeanResult
+from schemas.stages import STAGES
+from streams.blobstore import open_blob_store
+from streams.errors import ConfigError
+from streams.settings import get_settings
+from streams.stage import JobContext, Stage
+from workers.lean.pool import ReplPool
+from workers.lean.repl import Header, ReplLimits, ReplProcess
+from workers.lean.session import LeanSession, StateCodec
+
+
+class LeanSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KILN_LEAN_")
+
+    repl: str = Field("repl", description="REPL command line (shell words).")
+    project: Path | None = Field(None, description="Lake project directory (search path for imports).")
+    memory_mb: int = Field(8192, ge=64, description="RSS bound per REPL process tree.")
+    recycle_after: int = Field(1000, ge=1, description="Replace a process after this many requests.")
+    idle_ttl_s: float = Field(600.0, gt=0)
+    prewarm: list[list[str]] = Field(default_factory=list, description="Headers to load at start.")
+    inline_state_kb: int = Field(192, ge=0)
+
+
+registry = CollectorRegistry()
+PROCESSES = Gauge("kiln_lean_repl_processes", "REPL processes alive.", registry=registry)
+RETIRED = Counter("kiln_lean_repl_retired_total", "REPL processes retired, by reason (recycled, timeout, crash, "
+                  "memory, protocol).", ["reason"], registry=registry)
+HEADER = Counter("kiln_lean_header_total", "Requests by whether their header was already loaded.", ["outcome"],
+                 registry=registry)
+PINNED = Counter("kiln_lean_state_pin_total", "Tactic requests by whether their state was live here.", ["outcome"],
+                 registry=registry)
+RATIO = Histogram("kiln_lean_state_compression_ratio", "Compressed / raw size of exported proof states.",
+                  registry=registry, buckets=(0.01, 0.02, 0.05, 0.08, 0.12, 0.2, 0.35, 0.5, 0.75, 1.0))
+OUTCOMES = Counter("kiln_lean_requests_total", "Requests by operation and Lean outcome.", ["op", "ok"],
+                   registry=registry)
+
+
+class _LeanService:
+    def __init__(self) -> None:
+        self.session: LeanSession | None = None
+        self.pool: ReplPool | None = None
+        self._workdir: tempfile.TemporaryDirectory[str] | None = None
+
+    def _factory(self, settings: LeanSettings, env: dict[str, str], root: Path) -> Callable[[Header], ReplProcess]:
+        limits = ReplLimits(memory_bytes=settings.memory_mb << 20, recycle_after=settings.recycle_after)
+        command = shlex.split(settings.repl)
+        counter = itertools.count()
+
+        def make(header: Header) -> ReplProcess:
+            return ReplProcess(command, header, root / f"p{next(counter)}", limits, cwd=settings.project, env=env)
+
+        return make
+
+    async def setup(self, slots: int) -> None:
+        settings = LeanSettings()
+        env = dict(os.environ)
+        if settings.project is not None:
+            if not settings.project.is_dir():
+                raise ConfigError(f"KILN_LEAN_PROJECT {settings.project} is not a directory")
+            lean_path = await asyncio.to_thread(
+                subprocess.run, ["lake", "env", "printenv", "LEAN_PATH"], cwd=settings.project, capture_output=True,
+                text=True, timeout=600)
+            if lean_path.returncode == 0:
+                env["LEAN_PATH"] = lean_path.stdout.strip()
+        self._workdir = tempfile.TemporaryDirectory(prefix="kiln-lean-")
+        self.pool = ReplPool(self._factory(settings, env, Path(self._workdir.name)), size=slots,
+                             idle_ttl_s=settings.idle_ttl_s, on_retire=lambda reason: RETIRED.labels(reason).inc())
+        self.pool.start()
+        blobs = open_blob_store(get_settings())
+        self.session = LeanSession(self.pool, StateCodec(blobs, settings.inline_state_kb * 1024))
+        await self.pool.prewarm([tuple(h) for h in settings.prewarm])
+
+    async def teardown(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+        if self._workdir is not None:
+            self._workdir.cleanup()
+
+    async def handle(self, request: LeanRequest, ctx: JobContext) -> LeanResult:
+        if self.session is None or self.pool is None:
+            await self.setup(os.cpu_count() or 1)
+        assert self.session is not None and self.pool is not None
+        affinity = ctx.key or ctx.envelope.request_id
+        try:
+            result = await self.session.run(request, affinity)
+        finally:
+            PROCESSES.set(self.pool.processes)
+        HEADER.labels("hit" if result.header_reused else "miss").inc()
+        if request.op == "run_tactic":
+            PINNED.labels("hit" if result.state_pinned else "miss").inc()
+        for ref in [s.state for s in result.sorries] + ([result.state] if result.state else []):
+            if ref.raw_bytes:
+                RATIO.observe(ref.stored_bytes / ref.raw_bytes)
+        OUTCOMES.labels(request.op, str(result.ok).lower()).inc()
+        return result
+
+
+service = _LeanService()
+stage = Stage(STAGES["lean"], service.handle, max_attempts=3, registry=registry, setup=service.setup,
+              teardown=service.teardown)
