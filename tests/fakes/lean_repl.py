@@ -11,9 +11,10 @@ over propositional goals, so tactic sequences succeed or fail meaningfully:
 
 Headers matter: ``import ...`` lines at the top of a command cost FAKE_LEAN_IMPORT_S seconds each time they are
 processed (as real imports do), and a pickled state can only be unpickled where the same imports are loaded.
-Misbehaviour on demand, in a command (``-- fake: crash``) or as a tactic (``fake_crash``): ``sleep S``, ``crash``,
-``hang``, ``garbage`` (malformed output), ``grow MB`` (memory growth). FAKE_LEAN_TACTIC_MS adds a fixed cost to
-every tactic; FAKE_LEAN_PICKLE_KB pads pickles to a realistic size (they compress well, as real ones do).
+Misbehaviour on demand, in a command (``-- fake: crash``) or as a tactic (``fake_crash``): ``sleep S``,
+``crash``, ``crash_once MARKER`` (crash unless MARKER exists, then create it), ``hang``, ``garbage`` (malformed
+output), ``grow MB`` (memory growth). FAKE_LEAN_TACTIC_MS adds a fixed cost to every tactic; FAKE_LEAN_PICKLE_KB
+pads pickles to a realistic size (they compress well, as real ones do).
 """
 
 from __future__ import annotations
@@ -153,6 +154,10 @@ class Repl:
             time.sleep(float(arg or 1))
         elif word == "crash":
             os._exit(3)
+        elif word == "crash_once":  # crash unless the marker file exists; create it (a retry then succeeds)
+            if not os.path.exists(arg):
+                open(arg, "w").close()
+                os._exit(3)
         elif word == "hang":
             while True:
                 time.sleep(3600)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -17,41 +16,24 @@ import pytest
 
 from ingest.store import SaucerStore
 from schemas.ingest import HistoryRewrite, IngestEvent, IngestRequest
-from streams import admin
 from streams.blobstore import FileBlobStore
 from streams.client import KilnClient
 from streams.errors import RequestFailed
 from streams.settings import KilnSettings
 from tests.ingest.gitrepos import Builder, rich_repository, write
 from tests.streams.harness import WorkerProcess, read_all
+from tests.workers.conftest import free_port, worker_env
 
 
-@pytest.fixture
-def stage_topics(kafka: KilnSettings, unique: str, tmp_path: Path) -> Iterator[KilnSettings]:
-    """The ingest stage's own topics under a test-unique prefix (deleted afterwards)."""
-    settings = kafka.model_copy(update={"topic_prefix": f"t{unique}.", "cache": tmp_path / "cache"})
-    specs = [admin.TopicSpec("repo.ingest", 2), admin.TopicSpec("repo.ingest.dlq", 1),
-             admin.TopicSpec("repo.events", 1), admin.TopicSpec("kiln.results", 1)]
-    admin.create_topics(settings, specs)
-    yield settings
-    admin.delete_topics(settings, [settings.topic(s.name) for s in specs])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def test_ingest_events_failures_and_replay_rebuild(stage_topics: KilnSettings, tmp_path: Path) -> None:
-    settings = stage_topics
+async def test_ingest_events_failures_and_replay_rebuild(stage_topics: Callable[..., KilnSettings],
+                                                         tmp_path: Path) -> None:
+    settings = stage_topics(("repo.ingest", 2), ("repo.events", 1))
     one = rich_repository(tmp_path / "one")
     two = Builder(tmp_path / "two")
     write(two.path, "main.go", "package main\n")
     two.commit("go")
     port = free_port()
-    env = {"KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_CACHE": str(settings.cache),
-           "KILN_METRICS_PORT": str(port)}
+    env = worker_env(settings, KILN_METRICS_PORT=str(port))
     with WorkerProcess("ingest", settings, "repo.ingest", slots=2, env=env) as worker:
         worker.wait_assigned()
         async with KilnClient(settings, "trainer") as client:

@@ -1,0 +1,119 @@
+"""The ``lean`` stage on the real broker with the fake REPL in real worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from schemas.lean import LeanRequest, ProofStateRef
+from streams.client import KilnClient
+from streams.errors import RequestFailed
+from streams.settings import KilnSettings
+from tests.streams.harness import WorkerProcess
+from tests.workers.conftest import free_port, worker_env
+from tests.workers.lean.fake import FAKE_COMMAND, THEOREMS
+
+
+def lean_worker(settings: KilnSettings, slots: int, port: int, **env: str) -> WorkerProcess:
+    return WorkerProcess("lean", settings, "lean.requests", slots=slots,
+                         env=worker_env(settings, KILN_LEAN_REPL=FAKE_COMMAND, KILN_METRICS_PORT=str(port), **env))
+
+
+async def metrics(port: int) -> str:
+    async with httpx.AsyncClient() as http:
+        return (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+
+
+async def test_lean_requests_across_two_workers(stage_topics: Callable[..., KilnSettings]) -> None:
+    settings = stage_topics(("lean.requests", 4))
+    ports = [free_port(), free_port()]
+    with lean_worker(settings, 2, ports[0]) as w1, lean_worker(settings, 2, ports[1]) as w2:
+        w1.wait_assigned()
+        w2.wait_assigned()
+        async with KilnClient(settings, "prover") as client:
+            code = await client.run_code(THEOREMS, key="session-1")
+            assert code.ok and len(code.sorries) == 3
+            state = code.sorries[0].state
+            assert state.affinity == "session-1"
+            step = await client.run_tactic(state, "intro h")
+            assert step.ok and step.state_pinned and step.goals == ["h : p\n⊢ p ∧ True"]
+            failed = await client.run_tactic(state, "exact nothing")
+            assert not failed.ok and "unknown identifier" in (failed.error or "")
+
+            # Export in one worker process, import in another: route the state to the worker that did not make it.
+            origin = (await (await client.submit("lean", LeanRequest(op="run_tactic", state=state, tactic="intro h"),
+                                                 key=state.affinity))).worker
+            for i in range(64):
+                moved = state.model_copy(update={"affinity": f"elsewhere-{i}"})
+                envelope = await (await client.submit("lean", LeanRequest(op="run_tactic", state=moved,
+                                                                           tactic="intro h"), key=moved.affinity))
+                if envelope.worker != origin:
+                    break
+            assert envelope.worker != origin, "no key reached the other worker"
+            imported = client.result_of(envelope)
+            assert imported.ok and not imported.state_pinned and imported.goals == ["h : p\n⊢ p ∧ True"]
+
+            # 1,000 concurrent tactic requests from one client, each answered with its own result.
+            results = await asyncio.gather(*(client.run_tactic(state, f"intro h{i}") for i in range(1000)))
+            assert [r.goals for r in results] == [[f"h{i} : p\n⊢ p ∧ True"] for i in range(1000)]
+
+            search = await client.explore(code.sorries[1].state, ["intro h", "left", "right", "cases h",
+                                                                  "exact h", "assumption"], max_depth=3)
+            assert search.proof is None or search.proof[0] == "intro h"
+            search = await client.explore(state, ["intro h", "constructor", "exact h", "trivial"], max_depth=4)
+            assert search.proof == ["intro h", "constructor", "exact h", "trivial"]
+        text = await metrics(ports[0]) + await metrics(ports[1])
+    assert 'kiln_lean_header_total{outcome="hit"}' in text
+    assert "kiln_lean_state_compression_ratio_count" in text
+
+
+async def test_misbehaving_repl_gives_typed_failures_and_the_worker_lives(
+        stage_topics: Callable[..., KilnSettings], tmp_path: Path) -> None:
+    settings = stage_topics(("lean.requests", 1))
+    port = free_port()
+    with lean_worker(settings, 2, port, KILN_LEAN_MEMORY_MB="200", KILN_LEAN_RECYCLE_AFTER="6") as worker:
+        worker.wait_assigned()
+        async with KilnClient(settings, "prover") as client:
+            state: ProofStateRef = (await client.run_code(THEOREMS)).sorries[0].state
+            with pytest.raises(RequestFailed, match="ReplTimeout"):
+                await client.run_tactic(state, "fake_hang", timeout_s=1)
+            with pytest.raises(RequestFailed, match="ReplMemoryExceeded"):
+                await client.run_tactic(state, "fake_grow 400; fake_sleep 10")
+            with pytest.raises(RequestFailed, match="ReplCrashed"):
+                await client.run_tactic(state, "fake_crash")  # crashes on every attempt: a clear failure
+            retried = await client.run_tactic(state, f"fake_crash_once {tmp_path / 'marker'}; intro h")
+            assert retried.ok and retried.goals == ["h : p\n⊢ p ∧ True"]  # crashed once, retried, succeeded
+            with pytest.raises(RequestFailed, match="ReplProtocolError"):
+                await client.run_tactic(state, "fake_garbage")
+            for _ in range(14):
+                assert (await client.run_tactic(state, "intro h")).ok
+        assert worker.proc.poll() is None
+        text = await metrics(port)
+    for reason in ("timeout", "memory", "crash", "protocol", "recycled"):
+        assert f'kiln_lean_repl_retired_total{{reason="{reason}"}}' in text, reason
+
+
+async def test_killed_worker_tactics_complete_elsewhere_once(stage_topics: Callable[..., KilnSettings]) -> None:
+    settings = stage_topics(("lean.requests", 4))
+    with lean_worker(settings, 2, free_port()) as doomed, lean_worker(settings, 2, free_port()) as survivor:
+        doomed.wait_assigned()
+        survivor.wait_assigned()
+        async with KilnClient(settings, "prover") as client:
+            state = (await client.run_code(THEOREMS)).sorries[0].state
+            seen: list[str] = []
+
+            async def one(i: int) -> None:
+                moved = state.model_copy(update={"affinity": f"k{i % 16}"})  # spread over all partitions
+                result = await client.run_tactic(moved, f"fake_sleep 0.1; intro h{i}")
+                seen.append(result.goals[0].split(" :")[0])
+
+            jobs = [asyncio.create_task(one(i)) for i in range(120)]
+            while len(seen) < 10:
+                await asyncio.sleep(0.05)
+            doomed.kill()
+            await asyncio.wait_for(asyncio.gather(*jobs), 240)
+    assert sorted(seen) == sorted(f"h{i}" for i in range(120))  # every job, each result once
