@@ -105,15 +105,17 @@ async def test_killed_worker_tactics_complete_elsewhere_once(stage_topics: Calla
         async with KilnClient(settings, "prover") as client:
             state = (await client.run_code(THEOREMS)).sorries[0].state
             seen: list[str] = []
+            some_done = asyncio.Event()
 
             async def one(i: int) -> None:
                 moved = state.model_copy(update={"affinity": f"k{i % 16}"})  # spread over all partitions
                 result = await client.run_tactic(moved, f"fake_sleep 0.1; intro h{i}")
                 seen.append(result.goals[0].split(" :")[0])
+                if len(seen) >= 10:
+                    some_done.set()
 
             jobs = [asyncio.create_task(one(i)) for i in range(120)]
-            while len(seen) < 10:
-                await asyncio.sleep(0.05)
+            await asyncio.wait_for(some_done.wait(), 120)
             doomed.kill()
             await asyncio.wait_for(asyncio.gather(*jobs), 240)
     assert sorted(seen) == sorted(f"h{i}" for i in range(120))  # every job, each result once
