@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from schemas.builder import BuildEvent, BuildRequest
 from schemas.builtin import EchoRequest, EchoResult, SleepRequest, SleepResult
 from schemas.envelope import SCHEMA_VERSION, RequestEnvelope, ResultEnvelope
 from schemas.ingest import IngestEvent, IngestRequest
@@ -23,7 +24,7 @@ from schemas.reports import CoverageReport, TestReport
 SCHEMA_DIR = Path(__file__).parent / "jsonschema"
 MODELS: list[type[BaseModel]] = [
     RequestEnvelope, ResultEnvelope, EchoRequest, EchoResult, SleepRequest, SleepResult, TestReport, CoverageReport,
-    IngestRequest, IngestEvent, LeanRequest, LeanResult,
+    IngestRequest, IngestEvent, LeanRequest, LeanResult, BuildRequest, BuildEvent,
 ]
 
 

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from schemas.builder import BuildEvent, BuildRequest
 from schemas.builtin import EchoRequest, EchoResult, SleepRequest, SleepResult
 from schemas.ingest import IngestEvent, IngestRequest
 from schemas.lean import LeanRequest, LeanResult
@@ -27,6 +28,7 @@ class StageSpec:
 STAGES: dict[str, StageSpec] = {
     "echo": StageSpec("echo", "echo.requests", EchoRequest, EchoResult),
     "sleep": StageSpec("sleep", "sleep.requests", SleepRequest, SleepResult),
+    "build": StageSpec("build", "image.build", BuildRequest, BuildEvent, events_topic="image.events"),
     "lean": StageSpec("lean", "lean.requests", LeanRequest, LeanResult),
     # Keyed by the root repository, so a rewrite runs after the ingestion of its source, also in a replay.
     "ingest": StageSpec("ingest", "repo.ingest", IngestRequest, IngestEvent, ordering="keyed",

@@ -1,0 +1,333 @@
+"""How to build a checkout: ordered, explainable rules keyed by *build system*, not language.
+
+``plan(checkout)`` looks at the files only (no build runs here) and returns a ``Plan`` with every decision and its
+reason. Rules, in priority order: cmake, cargo, go, python, npm, make; a repository's own Dockerfile, when present,
+is the image recipe and the detected system supplies the test command. Ambiguity: the project's CI configuration
+decides (the system whose tool it runs), else a CMakeLists.txt beats a Makefile (usually generated or stale),
+else priority order. Bump ``RULES_VERSION`` whenever a change could alter a build: it is part of the build cache key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from schemas.builder import Decision
+
+RULES_VERSION = 1
+REPORTS = "/tmp/kiln-reports"
+TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
+LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time
+PRIORITY = ["cmake", "cargo", "go", "python", "npm", "make"]
+CI_TOOLS = {
+    "python": re.compile(r"\b(pytest|tox|nox|unittest)\b"),
+    "go": re.compile(r"\bgo (test|build|vet)\b"),
+    "cargo": re.compile(r"\bcargo (test|build|check)\b"),
+    "npm": re.compile(r"\b(npm|yarn|pnpm|npx)\b"),
+    "cmake": re.compile(r"\b(cmake|ctest)\b"),
+    "make": re.compile(r"(^|[;&|]\s*)make\b"),
+}
+# Hub images whose role the local toolchain image (Debian bookworm + Go, Rust, Python 3.11, Node 20) can fill.
+LOCAL_BASES = {"python": "toolchain", "golang": "toolchain", "rust": "toolchain", "node": "toolchain",
+               "gcc": "toolchain", "buildpack-deps": "toolchain", "debian": "base"}
+
+
+class PlanError(Exception):
+    """The rules cannot build this checkout; ``reason`` says why."""
+
+
+@dataclass
+class Plan:
+    system: str
+    recipe: str  # "rules" or "dockerfile"
+    decisions: list[Decision]
+    toolchain: dict[str, str]
+    manifests: list[str]  # files whose content keys the dependency layer
+    deps_script: str
+    build_script: str
+    test_script: str
+    env: dict[str, str] = field(default_factory=dict)
+    dockerfile: str | None = None  # the repository's Dockerfile with FROM lines mapped to local images
+
+    def decide(self, topic: str, choice: str, reason: str) -> None:
+        self.decisions.append(Decision(topic=topic, choice=choice, reason=reason))
+
+
+def detect(root: Path) -> list[tuple[str, str]]:
+    """(system, evidence) for every build system whose marker files are present, in priority order."""
+    markers = {
+        "cmake": ["CMakeLists.txt"], "cargo": ["Cargo.toml"], "go": ["go.mod"],
+        "python": ["pyproject.toml", "setup.py", "setup.cfg"], "npm": ["package.json"],
+        "make": ["Makefile", "makefile", "GNUmakefile"],
+    }
+    found = []
+    for system in PRIORITY:
+        present = [m for m in markers[system] if (root / m).is_file()]
+        if present:
+            found.append((system, ", ".join(present)))
+    return found
+
+
+def ci_commands(root: Path) -> list[str]:
+    """Shell commands the project's CI runs (GitHub Actions, GitLab CI, Travis), in file order."""
+    commands: list[str] = []
+    files = sorted((root / ".github" / "workflows").glob("*.y*ml")) if (root / ".github" / "workflows").is_dir() else []
+    files += [p for p in (root / ".gitlab-ci.yml", root / ".travis.yml") if p.is_file()]
+    for path in files:
+        try:
+            doc = yaml.safe_load(path.read_text(errors="replace"))
+        except yaml.YAMLError:
+            continue
+        _collect_commands(doc, commands)
+    return commands
+
+
+def _collect_commands(node: Any, out: list[str]) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "run" and isinstance(value, str):
+                out.extend(line.strip() for line in value.splitlines() if line.strip())
+            elif key in ("script", "before_script", "install") and isinstance(value, list | str):
+                out.extend(str(v).strip() for v in (value if isinstance(value, list) else [value]))
+            else:
+                _collect_commands(value, out)
+    elif isinstance(node, list):
+        for item in node:
+            _collect_commands(item, out)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def _python_supported(spec: str) -> tuple[bool, str]:
+    have = TOOLCHAIN["python"]
+    for clause in (c.strip() for c in spec.split(",") if c.strip()):
+        m = re.match(r"(>=|<=|==|~=|!=|>|<)\s*([\d.]+)", clause)
+        if not m:
+            continue
+        op, want = m.group(1), _version(m.group(2))[:2]
+        ok = {">=": have >= want, ">": have > want, "<=": have <= want, "<": have < want,
+              "==": have[:len(want)] == want, "~=": have >= want, "!=": have[:len(want)] != want}[op]
+        if not ok:
+            return False, clause
+    return True, ""
+
+
+def plan(root: Path) -> Plan:
+    found = detect(root)
+    ci = ci_commands(root)
+    decisions = [Decision(topic="detected", choice=s, reason=f"found {evidence}") for s, evidence in found]
+    has_dockerfile = (root / "Dockerfile").is_file()
+    if not found and not has_dockerfile:
+        raise PlanError("no rule matched: none of CMakeLists.txt, Cargo.toml, go.mod, pyproject.toml, setup.py, "
+                        "package.json, Makefile or Dockerfile at the repository root")
+    systems = [s for s, _ in found]
+    system, reason = (systems[0], "the only build system present") if len(systems) == 1 else ("", "")
+    if len(systems) > 1:
+        used = [s for s in systems if any(CI_TOOLS[s].search(c) for c in ci)]
+        if len(used) == 1:
+            system, reason = used[0], f"CI runs {next(c for c in ci if CI_TOOLS[used[0]].search(c))!r}"
+        elif "cmake" in systems and "make" in systems and set(systems) <= {"cmake", "make"}:
+            system, reason = "cmake", "CMakeLists.txt beats a Makefile next to it (usually generated or stale)"
+        else:
+            system, reason = systems[0], f"several systems ({', '.join(systems)}); first by rule priority"
+    if not system:
+        system, reason = "dockerfile", "only a Dockerfile"
+    p = Plan(system=system, recipe="rules", decisions=decisions, toolchain={}, manifests=[], deps_script="true",
+             build_script="true", test_script="false")
+    p.decide("build system", system, reason)
+    RULE_FUNCTIONS.get(system, _no_tests)(root, p, ci)
+    if has_dockerfile:
+        p.recipe = "dockerfile"
+        p.dockerfile = map_dockerfile((root / "Dockerfile").read_text(errors="replace"), p)
+    return p
+
+
+def _ci_test(ci: list[str], pattern: str) -> str | None:
+    return next((c for c in ci if re.search(pattern, c)), None)
+
+
+def _python(root: Path, p: Plan, ci: list[str]) -> None:
+    deps: list[str] = []
+    if (root / "pyproject.toml").is_file():
+        try:
+            meta = tomllib.loads((root / "pyproject.toml").read_text()).get("project", {})
+        except tomllib.TOMLDecodeError as e:
+            raise PlanError(f"pyproject.toml does not parse: {e}") from None
+        deps = [str(d) for d in meta.get("dependencies", [])]
+        for extra in ("test", "tests", "testing", "dev"):
+            deps += [str(d) for d in meta.get("optional-dependencies", {}).get(extra, [])]
+        if "requires-python" in meta:
+            ok, clause = _python_supported(str(meta["requires-python"]))
+            p.toolchain["python"] = f"requires {meta['requires-python']}; toolchain 3.11"
+            if not ok:
+                raise PlanError(f"requires-python {meta['requires-python']!r} excludes the toolchain's Python 3.11 "
+                                f"({clause})")
+    p.toolchain.setdefault("python", "3.11")
+    p.manifests = [m for m in ("pyproject.toml", "setup.py", "setup.cfg") if (root / m).is_file()]
+    p.manifests += sorted(str(r.relative_to(root)) for r in root.glob("requirements*.txt"))
+    reqs = " ".join(f"-r {shlex.quote(r)}" for r in p.manifests if r.startswith("requirements"))
+    pinned = " ".join(shlex.quote(d) for d in deps)
+    p.deps_script = (f"python3 -m venv /opt/venv && /opt/venv/bin/pip install -q pytest coverage {reqs} {pinned}"
+                     .strip())
+    p.build_script = "/opt/venv/bin/pip install -q --no-build-isolation -e . || /opt/venv/bin/pip install -q -e ."
+    args = ""
+    from_ci = _ci_test(ci, r"\bpytest\b")
+    if from_ci:
+        args = from_ci.split("pytest", 1)[1].strip()
+        p.decide("test command", f"pytest {args}".strip(), f"CI runs {from_ci!r}")
+    else:
+        p.decide("test command", "pytest", "pyproject/setup.py project; pytest also runs unittest suites")
+    py = "$(command -v /opt/venv/bin/python || command -v python3)"
+    p.test_script = (f"PY={py}; if $PY -c 'import coverage' 2>/dev/null; then "
+                     f"$PY -m coverage run --source=. --omit='tests/*,*/tests/*,test_*.py,*/test_*.py,*_test.py' "
+                     f"-m pytest -q -p no:cacheprovider --junitxml={REPORTS}/junit.xml {args}; rc=$?; "
+                     f"$PY -m coverage json -q -o {REPORTS}/coverage-py.json; exit $rc; "
+                     f"else $PY -m pytest -q -p no:cacheprovider --junitxml={REPORTS}/junit.xml {args}; fi")
+
+
+def _go(root: Path, p: Plan, ci: list[str]) -> None:
+    text = (root / "go.mod").read_text(errors="replace")
+    m = re.search(r"^go\s+([\d.]+)", text, re.MULTILINE)
+    if m:
+        p.toolchain["go"] = f"go.mod says {m.group(1)}; toolchain 1.26"
+        if _version(m.group(1))[:2] > TOOLCHAIN["go"]:
+            raise PlanError(f"go.mod needs Go {m.group(1)}, newer than the toolchain's 1.26")
+    p.manifests = [m for m in ("go.mod", "go.sum") if (root / m).is_file()]
+    p.env = {"GOPATH": "/opt/gopath", "GOFLAGS": "-mod=mod", "GOCACHE": "/tmp/go-cache"}
+    p.deps_script = "go mod download" if (root / "go.sum").is_file() else "true"
+    p.build_script = "go build ./..."
+    packages = "./..."
+    from_ci = _ci_test(ci, r"\bgo test\b")
+    if from_ci:
+        packages = " ".join(a for a in from_ci.split("go test", 1)[1].split() if not a.startswith("-")) or "./..."
+        p.decide("test command", f"go test {packages}", f"CI runs {from_ci!r}")
+    else:
+        p.decide("test command", "go test ./...", "go.mod project")
+    p.test_script = (f"GOPROXY=off go test -json -coverprofile={REPORTS}/cover.out {packages} "
+                     f"> {REPORTS}/go-test.json")
+
+
+def _cargo(root: Path, p: Plan, ci: list[str]) -> None:
+    for name in ("rust-toolchain.toml", "rust-toolchain"):
+        if (root / name).is_file():
+            channel = re.search(r"([\w.-]+)\s*\"?\s*$", (root / name).read_text().strip().splitlines()[-1])
+            p.toolchain["rust"] = f"{name} asks for {channel.group(1) if channel else '?'}; toolchain 1.95 stable"
+    p.toolchain.setdefault("rust", "1.95")
+    p.manifests = [m for m in ("Cargo.toml", "Cargo.lock") if (root / m).is_file()]
+    p.env = {"CARGO_TARGET_DIR": "/work/target"}
+    # Fetch dependencies against stub sources, so this layer depends on the manifests only.
+    p.deps_script = ("mkdir -p src && [ -e src/lib.rs ] || echo > src/lib.rs; [ -e src/main.rs ] || "
+                     "echo 'fn main(){}' > src/main.rs; cargo fetch; rm -rf src")
+    p.build_script = "cargo test --no-run --offline -q"
+    p.decide("test command", "cargo test", "Cargo project")
+    p.decide("coverage", "none", "no llvm-tools matching this rustc can be installed offline; tests still run")
+    p.test_script = f"cargo test --offline 2>&1 | tee {REPORTS}/cargo-test.txt; exit ${{PIPESTATUS[0]}}"
+
+
+def _npm(root: Path, p: Plan, ci: list[str]) -> None:
+    try:
+        pkg = json.loads((root / "package.json").read_text())
+    except ValueError as e:
+        raise PlanError(f"package.json does not parse: {e}") from None
+    if "node" in pkg.get("engines", {}):
+        p.toolchain["node"] = f"engines.node {pkg['engines']['node']}; toolchain 20"
+    p.toolchain.setdefault("node", "20")
+    if (root / "pnpm-lock.yaml").is_file():
+        manager, install = "pnpm", "corepack enable && pnpm install --frozen-lockfile"
+    elif (root / "yarn.lock").is_file():
+        manager, install = "yarn", "corepack enable && yarn install --frozen-lockfile"
+    elif (root / "package-lock.json").is_file():
+        manager, install = "npm", "npm ci --no-audit --no-fund"
+    else:
+        manager, install = "npm", "npm install --no-audit --no-fund"
+    p.decide("package manager", manager, "lockfile present" if manager != "npm" or "ci" in install else
+             "no lockfile: npm install")
+    p.manifests = [m for m in ("package.json", "package-lock.json", "yarn.lock", "pnpm-lock.yaml")
+                   if (root / m).is_file()]
+    p.deps_script = f"{install} && npm install -g --prefix /opt/c8 c8@10 --no-audit --no-fund"
+    build = pkg.get("scripts", {}).get("build")
+    p.build_script = f"{manager} run build" if build else "true"
+    if "test" not in pkg.get("scripts", {}):
+        raise PlanError("package.json has no test script")
+    p.decide("test command", f"{manager} test", "package.json scripts.test")
+    p.test_script = (f"/opt/c8/bin/c8 --reporter=json --report-dir={REPORTS} --exclude='test/**' "
+                     f"--exclude='**/*.test.*' {manager} test 2>&1 | tee {REPORTS}/test-output.txt; "
+                     f"exit ${{PIPESTATUS[0]}}")
+
+
+GCOV = (f"find . -name '*.gcda' | while read -r f; do (cd \"$(dirname \"$f\")\" && "
+        f"gcov --json-format --stdout \"$(basename \"$f\")\") >> {REPORTS}/gcov.jsonl 2>/dev/null; done")
+
+
+def _cmake(root: Path, p: Plan, ci: list[str]) -> None:
+    p.manifests = []
+    flags = "--coverage -O0 -g"
+    p.build_script = (f"cmake -S . -B build -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS='{flags}' "
+                      f"-DCMAKE_CXX_FLAGS='{flags}' && cmake --build build -j 4")
+    p.decide("test command", "ctest", "CMake project (CTest)")
+    p.test_script = (f"cd build && ctest --output-on-failure --output-junit {REPORTS}/ctest.xml; rc=$?; {GCOV}; "
+                     "exit $rc")
+
+
+def _make(root: Path, p: Plan, ci: list[str]) -> None:
+    text = next((root / m).read_text(errors="replace") for m in ("Makefile", "makefile", "GNUmakefile")
+                if (root / m).is_file())
+    target = next((t for t in ("test", "check") if re.search(rf"^{t}\s*:", text, re.MULTILINE)), None)
+    from_ci = _ci_test(ci, r"(^|\s)make\s+\w+")
+    if from_ci:
+        target = from_ci.split("make", 1)[1].split()[0]
+        p.decide("test command", f"make {target}", f"CI runs {from_ci!r}")
+    elif target:
+        p.decide("test command", f"make {target}", f"the Makefile has a '{target}' target")
+    else:
+        raise PlanError("the Makefile has no test or check target and CI names none")
+    p.env = {"CFLAGS": "--coverage -O0 -g", "CXXFLAGS": "--coverage -O0 -g", "LDFLAGS": "--coverage"}
+    p.build_script = "make"
+    p.test_script = f"make {target}; rc=$?; {GCOV}; exit $rc"
+
+
+def _no_tests(root: Path, p: Plan, ci: list[str]) -> None:
+    p.decide("test command", "none", "no build system besides the Dockerfile: nothing known to run tests")
+
+
+RULE_FUNCTIONS = {"python": _python, "go": _go, "cargo": _cargo, "npm": _npm, "cmake": _cmake, "make": _make}
+
+
+def map_dockerfile(text: str, p: Plan) -> str:
+    """The Dockerfile with every hub ``FROM`` replaced by the local image that can stand in for it."""
+    stages: set[str] = set()
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"^(\s*FROM\s+)(--platform=\S+\s+)?(\S+)(.*)$", line, re.IGNORECASE)
+        if not m:
+            out.append(line)
+            continue
+        image, rest = m.group(3), m.group(4)
+        alias = re.search(r"\bAS\s+(\S+)", rest, re.IGNORECASE)
+        if image in stages or image == "scratch":
+            out.append(line)
+        else:
+            first = image.split("/")[0]
+            if "/" in image and ("." in first or ":" in first or first == "localhost"):
+                raise PlanError(f"Dockerfile FROM {image}: images from other registries cannot be pulled here")
+            name = image.split(":")[0].split("@")[0].removeprefix("library/")
+            local = LOCAL_BASES.get(name)
+            if name == "debian" and not re.search(r":(bookworm|12)", image):
+                local = None
+            if local is None:
+                raise PlanError(f"Dockerfile FROM {image}: no local image can stand in for it (local bases: Debian "
+                                f"bookworm, and a toolchain with Go, Rust, Python 3.11, Node 20)")
+            p.decide("base image", f"{image} -> kiln/{local}", "hub images cannot be pulled; local stand-in")
+            out.append(f"{m.group(1)}{LOCAL_IMAGE_MARK}{local}{rest}")
+        if alias:
+            stages.add(alias.group(1))
+    return "\n".join(out) + "\n"

@@ -1,0 +1,182 @@
+"""One build end to end: resolve the revision in Saucer, check it out, plan, build the dependency and project
+images, run the tests without network, parse results and coverage, and classify any failure."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ingest.errors import SaucerError
+from ingest.store import SaucerStore
+from schemas.builder import BuildEvent, BuildRequest, FailureClass
+from schemas.reports import TestCaseResult, TestReport
+from streams.errors import BlobNotFound, InfraError
+from workers.builder import images
+from workers.builder.rules import REPORTS, RULES_VERSION, Plan, PlanError, plan
+from workers.common import reports
+from workers.common.containers import Limits, RunResult, run_sandboxed
+
+CACHE_NAMESPACE = "builds"
+
+
+def cache_name(repository: str, commit: str) -> str:
+    return f"{CACHE_NAMESPACE}/{repository}/{commit}-r{RULES_VERSION}"
+
+
+def image_tag(repository: str, commit: str) -> str:
+    slug = re.sub(r"[^a-z0-9._-]+", "-", repository.lower()).strip("-.")[:100] or "repo"
+    return f"kiln/build/{slug}:{commit[:12]}-r{RULES_VERSION}"
+
+
+def parse_results(plan_: Plan, run: RunResult, module: str) -> TestReport | None:
+    files = run.files
+    report: TestReport | None = None
+    if "junit.xml" in files:
+        report = reports.junit(files["junit.xml"].decode(errors="replace"), "pytest")
+    elif "ctest.xml" in files:
+        report = reports.junit(files["ctest.xml"].decode(errors="replace"), "ctest")
+    elif "go-test.json" in files:
+        report = reports.go_test_json(files["go-test.json"].decode(errors="replace"))
+    elif "cargo-test.txt" in files:
+        report = reports.cargo_test(files["cargo-test.txt"].decode(errors="replace"))
+    elif "test-output.txt" in files:
+        report = reports.tap(files["test-output.txt"].decode(errors="replace"), f"{plan_.system} test")
+    if report is not None and not report.cases and run.exit_code not in (0, None):
+        report = None
+    if report is None or not report.cases:
+        if run.exit_code is None or run.exit_code in (126, 127) or (run.exit_code != 0 and report is None):
+            return None
+        # The runner gives no per-test results: the suite is one case.
+        outcome = "passed" if run.exit_code == 0 else "failed"
+        report = reports.tally(plan_.system, [TestCaseResult(name=f"{plan_.system} test suite",
+                                                                     outcome=outcome)])
+    coverage = None
+    if "coverage-py.json" in files:
+        coverage = reports.coverage_py(files["coverage-py.json"].decode())
+    elif "cover.out" in files:
+        coverage = reports.go_cover_profile(files["cover.out"].decode(), module)
+    elif "gcov.jsonl" in files:
+        coverage = reports.gcov_json(files["gcov.jsonl"].decode(), ("/work/build", "/work"))
+    elif "coverage-final.json" in files:
+        coverage = reports.istanbul(files["coverage-final.json"].decode())
+    return report.model_copy(update={"coverage": coverage})
+
+
+async def build_revision(request: BuildRequest, store: SaucerStore, client: Any, bases: images.BaseImages,
+                         work_root: Path, limits: Limits,
+                         on_step: Callable[[str], None] = lambda _s: None) -> BuildEvent:
+    started = time.monotonic()
+    deadline = started + request.timeout_s
+    event = BuildEvent(repository=request.repository, revision=request.revision, rules_version=RULES_VERSION,
+                       status="failed")
+
+    def left() -> float:
+        return max(1.0, deadline - time.monotonic())
+
+    def failed(kind: FailureClass, detail: str, **update: Any) -> BuildEvent:
+        return event.model_copy(update={"failure": kind, "detail": detail[-4000:], **update})
+
+    try:
+        repo = store.repository(request.repository)
+        commit = repo.resolve(request.revision)
+    except SaucerError as e:
+        return failed("infrastructure", f"Saucer: {e}")
+    event = event.model_copy(update={"commit": commit})
+    if not request.force:
+        try:
+            cached = BuildEvent.model_validate_json(store.blobs.get_name(cache_name(request.repository, commit)))
+            if cached.status == "failed" or (cached.image and images.image_exists(client, cached.image)):
+                return cached.model_copy(update={"cached": True, "revision": request.revision})
+        except BlobNotFound:
+            pass
+    durations: dict[str, float] = {}
+    await asyncio.to_thread(work_root.mkdir, parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=work_root, prefix="build-") as tmp:
+        checkout = Path(tmp) / "src"
+        await asyncio.to_thread(checkout.mkdir)
+        await asyncio.to_thread(repo.checkout, commit, checkout)
+        try:
+            the_plan = plan(checkout)
+        except PlanError as e:
+            return _remember(store, failed("no_rule_matched", str(e)))
+        event = event.model_copy(update={"system": the_plan.system, "recipe": the_plan.recipe,
+                                         "decisions": the_plan.decisions, "toolchain": the_plan.toolchain})
+        tag = image_tag(request.repository, commit)
+        labels = {"kiln.repository": request.repository, "kiln.commit": commit, "kiln.rules": str(RULES_VERSION),
+                  "kiln.system": the_plan.system}
+        try:
+            if the_plan.recipe == "dockerfile":
+                on_step("build (Dockerfile)")
+                t = time.monotonic()
+                image_id = await asyncio.to_thread(images.dockerfile_image, client, the_plan, checkout, bases, tag,
+                                                   labels, left())
+                durations["build"] = time.monotonic() - t
+            else:
+                on_step("dependencies")
+                t = time.monotonic()
+                try:
+                    deps, deps_cached = await asyncio.to_thread(images.dependency_image, client, the_plan, checkout,
+                                                                bases, left())
+                except images.StepFailed as e:
+                    kind: FailureClass = "timeout" if e.timed_out else "dependency_install_failed"
+                    return _remember(store, failed(kind, e.log))
+                durations["dependencies"] = time.monotonic() - t
+                event = event.model_copy(update={"dependency_image": deps, "dependency_layer_cached": deps_cached})
+                on_step("build")
+                t = time.monotonic()
+                image_id = await asyncio.to_thread(images.project_image, client, the_plan, checkout, deps, tag,
+                                                   labels, left())
+                durations["build"] = time.monotonic() - t
+        except images.StepFailed as e:
+            return _remember(store, failed("timeout" if e.timed_out else "compile_failed", e.log,
+                                           durations_s=_rounded(durations)))
+        except InfraError as e:
+            return failed("infrastructure", str(e))
+        event = event.model_copy(update={"status": "built", "image": tag, "image_id": image_id})
+        if request.run_tests:
+            on_step("tests")
+            t = time.monotonic()
+            module = _go_module(checkout)
+            run = await asyncio.to_thread(
+                run_sandboxed, client, tag, images.test_command(the_plan), role="build-test", collect=REPORTS,
+                limits=Limits(limits.memory_bytes, limits.cpus, limits.pids, min(limits.timeout_s, left())),
+                env=the_plan.env)
+            durations["tests"] = time.monotonic() - t
+            if run.timed_out:
+                return _remember(store, failed("timeout", "the test suite ran past its time limit:\n" + run.output,
+                                               durations_s=_rounded(durations)))
+            try:
+                tests = parse_results(the_plan, run, module)
+            except reports.ReportError as e:
+                tests, run.output = None, f"{e}\n{run.output}"
+            if tests is None:
+                return _remember(store, failed("tests_did_not_run", f"exit {run.exit_code}:\n{run.output}",
+                                               durations_s=_rounded(durations)))
+            event = event.model_copy(update={"usable": True, "tests": tests})
+        durations["total"] = time.monotonic() - started
+        return _remember(store, event.model_copy(update={"durations_s": _rounded(durations)}))
+
+
+def _rounded(durations: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 3) for k, v in durations.items()}
+
+
+def _go_module(checkout: Path) -> str:
+    go_mod = checkout / "go.mod"
+    if go_mod.is_file():
+        m = re.search(r"^module\s+(\S+)", go_mod.read_text(errors="replace"), re.MULTILINE)
+        if m:
+            return m.group(1)
+    return ""
+
+
+def _remember(store: SaucerStore, event: BuildEvent) -> BuildEvent:
+    """Record the outcome under (repository, commit, rules version): it is not built again unless forced."""
+    if event.commit:
+        store.blobs.set_name(cache_name(event.repository, event.commit), event.model_dump_json().encode())
+    return event

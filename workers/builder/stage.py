@@ -1,0 +1,76 @@
+"""``build``: ``image.build`` -> ``image.events``. Repository revision (read through Saucer) -> image, tests,
+unified coverage, and a failure class when it does not work out.
+
+Configuration (``KILN_BUILDER_*``): ``BASE_IMAGE``/``TOOLCHAIN_IMAGE`` (the local images hub images map to, built
+by ``kiln setup docker``), ``TEST_MEMORY_MB``, ``TEST_CPUS``, ``TEST_PIDS``, ``TEST_TIMEOUT_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ingest.store import SaucerStore
+from schemas.builder import BuildEvent, BuildRequest
+from schemas.stages import STAGES
+from streams.settings import get_settings
+from streams.stage import JobContext, Stage
+from workers.builder.images import BaseImages
+from workers.builder.service import build_revision
+from workers.common.containers import Limits, docker_client
+
+
+class BuilderSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KILN_BUILDER_")
+
+    base_image: str = "kiln/base:latest"
+    toolchain_image: str = "kiln/toolchain:latest"
+    test_memory_mb: int = Field(2048, ge=64)
+    test_cpus: float = Field(2.0, gt=0)
+    test_pids: int = Field(1024, ge=16)
+    test_timeout_s: float = Field(900.0, gt=0)
+
+
+registry = CollectorRegistry()
+BUILDS = Counter("kiln_build_total", "Builds finished, by build system and status.", ["system", "status"],
+                 registry=registry)
+FAILURES = Counter("kiln_build_failures_total", "Failed builds, by build system and failure class.",
+                   ["system", "reason"], registry=registry)
+SECONDS = Histogram("kiln_build_seconds", "Build duration (dependencies, build, tests).", ["system"],
+                    registry=registry, buckets=(1, 5, 15, 60, 180, 600, 1800))
+CACHED = Counter("kiln_build_cache_total", "Requests answered from the build cache.", registry=registry)
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.client: Any = None
+        self.store: SaucerStore | None = None
+
+    async def handle(self, request: BuildRequest, ctx: JobContext) -> BuildEvent:
+        settings, cfg = get_settings(), BuilderSettings()
+        if self.client is None:
+            self.client = await asyncio.to_thread(docker_client)
+            self.store = SaucerStore.from_settings(settings)
+        assert self.store is not None
+        limits = Limits(memory_bytes=cfg.test_memory_mb << 20, cpus=cfg.test_cpus, pids=cfg.test_pids,
+                        timeout_s=cfg.test_timeout_s)
+        event = await build_revision(request, self.store, self.client, BaseImages(cfg.base_image, cfg.toolchain_image),
+                                     settings.cache / "build-work", limits)
+        system = event.system or "unknown"
+        if event.cached:
+            CACHED.inc()
+        else:
+            BUILDS.labels(system, event.status).inc()
+            if event.failure:
+                FAILURES.labels(system, event.failure).inc()
+            if "total" in event.durations_s:
+                SECONDS.labels(system).observe(event.durations_s["total"])
+        return event
+
+
+_builder = _Builder()
+stage = Stage(STAGES["build"], _builder.handle, job_timeout_s=6 * 3600, max_attempts=2, registry=registry)

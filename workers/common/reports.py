@@ -1,0 +1,183 @@
+"""Parsers from each ecosystem's test and coverage output to kiln's unified ``TestReport`` / ``CoverageReport``.
+
+Test results: JUnit XML (pytest, CTest), ``go test -json``, ``cargo test`` text, TAP (``node --test`` and
+others). Coverage: coverage.py JSON, Go cover profiles, gcov JSON (GCC), istanbul JSON (c8/nyc). Every parser
+raises ``ReportError`` on malformed input and nothing else; paths are made relative to the project root.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+from typing import Any
+
+from schemas.reports import CoverageReport, FileCoverage, TestCaseResult, TestReport
+from streams.errors import KilnError
+
+
+class ReportError(KilnError):
+    """A test or coverage report does not parse."""
+
+
+def _relative(path: str, roots: Iterable[str]) -> str:
+    for root in roots:
+        root = root.rstrip("/") + "/"
+        if path.startswith(root):
+            return path[len(root):]
+    return path[2:] if path.startswith("./") else path
+
+
+def tally(runner: str, cases: list[TestCaseResult]) -> TestReport:
+    count = {o: sum(1 for c in cases if c.outcome == o) for o in ("passed", "failed", "skipped", "error")}
+    return TestReport(runner=runner, passed=count["passed"], failed=count["failed"], skipped=count["skipped"],
+                      errors=count["error"], cases=cases)
+
+
+def coverage_report(tool: str, files: dict[str, tuple[set[int], set[int]]]) -> CoverageReport:
+    entries = [FileCoverage(path=path, executable_lines=sorted(exe), covered_lines=sorted(cov & exe))
+               for path, (exe, cov) in sorted(files.items()) if exe]
+    return CoverageReport(tool=tool, files=entries, lines_total=sum(len(f.executable_lines) for f in entries),
+                          lines_covered=sum(len(f.covered_lines) for f in entries))
+
+
+def junit(xml_text: str, runner: str) -> TestReport:
+    try:
+        root = ET.fromstring(xml_text)
+    except ET.ParseError as e:
+        raise ReportError(f"JUnit XML does not parse: {e}") from None
+    cases = []
+    for case in root.iter("testcase"):
+        name = ".".join(x for x in (case.get("classname"), case.get("name")) if x) or "unnamed"
+        outcome, message = "passed", ""
+        for tag, kind in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
+            node = case.find(tag)
+            if node is not None:
+                outcome, message = kind, (node.get("message") or node.text or "")[:2000]
+                break
+        try:
+            duration = float(case.get("time") or 0)
+        except ValueError:
+            duration = None
+        cases.append(TestCaseResult(name=name, outcome=outcome, duration_s=duration, message=message))
+    return tally(runner, cases)
+
+
+def go_test_json(text: str) -> TestReport:
+    cases: dict[str, TestCaseResult] = {}
+    for line in text.splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError as e:
+            raise ReportError(f"go test -json line does not parse: {e}") from None
+        test, action = event.get("Test"), event.get("Action")
+        if not isinstance(test, str) or action not in ("pass", "fail", "skip"):
+            continue
+        name = f"{event.get('Package', '')}.{test}"
+        outcome = {"pass": "passed", "fail": "failed", "skip": "skipped"}[action]
+        cases[name] = TestCaseResult(name=name, outcome=outcome, duration_s=event.get("Elapsed"))
+    return tally("go test", list(cases.values()))
+
+
+_CARGO = re.compile(r"^test (\S+) \.\.\. (ok|FAILED|ignored)", re.MULTILINE)
+
+
+def cargo_test(text: str) -> TestReport:
+    outcome = {"ok": "passed", "FAILED": "failed", "ignored": "skipped"}
+    return tally("cargo test", [TestCaseResult(name=m.group(1), outcome=outcome[m.group(2)])
+                                for m in _CARGO.finditer(text)])
+
+
+_TAP = re.compile(r"^\s*(not ok|ok) \d+ (?:- )?(.*?)(?:\s+#\s*(SKIP|TODO).*)?$", re.MULTILINE | re.IGNORECASE)
+
+
+def tap(text: str, runner: str) -> TestReport:
+    cases = []
+    for m in _TAP.finditer(text):
+        outcome = "skipped" if m.group(3) else ("passed" if m.group(1) == "ok" else "failed")
+        cases.append(TestCaseResult(name=m.group(2).strip() or "unnamed", outcome=outcome))
+    return tally(runner, cases)
+
+
+def _json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ReportError(f"{what} does not parse: {e}") from None
+
+
+def coverage_py(text: str, roots: Iterable[str] = ("/work",)) -> CoverageReport:
+    doc = _json(text, "coverage.py JSON")
+    files: dict[str, tuple[set[int], set[int]]] = {}
+    try:
+        for path, data in doc["files"].items():
+            executed, missing = set(data["executed_lines"]), set(data["missing_lines"])
+            files[_relative(path, roots)] = (executed | missing, executed)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ReportError(f"coverage.py JSON lacks {e}") from None
+    return coverage_report("coverage.py", files)
+
+
+_PROFILE = re.compile(r"^(.+):(\d+)\.\d+,(\d+)\.\d+ (\d+) (\d+)$")
+
+
+def go_cover_profile(text: str, module: str = "") -> CoverageReport:
+    """Lines of every block with statements are executable; covered when the block ran."""
+    files: dict[str, tuple[set[int], set[int]]] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("mode:"):
+            continue
+        m = _PROFILE.match(line)
+        if not m:
+            raise ReportError(f"not a cover profile line: {line[:200]!r}")
+        path, start, end, stmts, count = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))
+        if module and path.startswith(module + "/"):
+            path = path[len(module) + 1:]
+        exe, cov = files.setdefault(path, (set(), set()))
+        if stmts:
+            span = set(range(start, end + 1))
+            exe |= span
+            if count:
+                cov |= span
+    return coverage_report("go cover", files)
+
+
+def gcov_json(text: str, roots: Iterable[str] = ("/work",)) -> CoverageReport:
+    files: dict[str, tuple[set[int], set[int]]] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        doc = _json(line, "gcov JSON")
+        try:
+            for entry in doc["files"]:
+                path = _relative(entry["file"], roots)
+                if path.startswith("/usr/") or "CMakeFiles" in path:
+                    continue
+                exe, cov = files.setdefault(path, (set(), set()))
+                for ln in entry["lines"]:
+                    exe.add(int(ln["line_number"]))
+                    if int(ln["count"]) > 0:
+                        cov.add(int(ln["line_number"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReportError(f"gcov JSON lacks {e}") from None
+    return coverage_report("gcov", files)
+
+
+def istanbul(text: str, roots: Iterable[str] = ("/work",)) -> CoverageReport:
+    """c8/nyc ``coverage-final.json``: a line is executable when a statement starts on it, covered when one ran."""
+    doc = _json(text, "istanbul JSON")
+    files: dict[str, tuple[set[int], set[int]]] = {}
+    try:
+        for path, data in doc.items():
+            exe, cov = files.setdefault(_relative(path, roots), (set(), set()))
+            for sid, loc in data["statementMap"].items():
+                line = int(loc["start"]["line"])
+                exe.add(line)
+                if int(data["s"].get(sid, 0)) > 0:
+                    cov.add(line)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ReportError(f"istanbul JSON lacks {e}") from None
+    return coverage_report("c8", files)
