@@ -56,7 +56,7 @@ def build(client: Any, context: Path, dockerfile: str, tag: str, timeout_s: floa
           labels: dict[str, str] | None = None) -> str:
     """``docker build`` with host networking; returns the image id. Raises StepFailed with the build log."""
     (context / "Dockerfile.kiln").write_text(dockerfile)
-    api = docker.APIClient(base_url=client.api.base_url, timeout=max(1, int(timeout_s)))
+    api = docker.from_env(timeout=max(1, int(timeout_s))).api  # its own read timeout bounds the build
     log: list[str] = []
     try:
         for chunk in api.build(path=str(context), dockerfile="Dockerfile.kiln", tag=tag, network_mode="host",
