@@ -18,5 +18,7 @@ ENV PATH=/opt/node/bin:/usr/local/go/bin:/opt/rust/bin:/opt/python/bin:/usr/loca
     REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt \
     CARGO_HTTP_CAINFO=/etc/ssl/certs/ca-certificates.crt \
     CARGO_HOME=/opt/cargo-home
-RUN echo /opt/python/lib > /etc/ld.so.conf.d/kiln-python.conf && ldconfig \
+# Scripts copied from the host (pip, ...) carry the host's interpreter path in their shebang.
+RUN grep -lIr '^#!.*python' /opt/python/bin | xargs -r sed -i '1s|^#!.*python.*$|#!/opt/python/bin/python3|' \
+    && echo /opt/python/lib > /etc/ld.so.conf.d/kiln-python.conf && ldconfig \
     && mkdir -p /opt/cargo-home && chmod 1777 /opt/cargo-home && go version && rustc --version && cargo --version && python3 --version && node --version && npm --version

@@ -202,7 +202,7 @@ def _go(root: Path, p: Plan, ci: list[str]) -> None:
         if _version(m.group(1))[:2] > TOOLCHAIN["go"]:
             raise PlanError(f"go.mod needs Go {m.group(1)}, newer than the toolchain's 1.26")
     p.manifests = [m for m in ("go.mod", "go.sum") if (root / m).is_file()]
-    p.env = {"GOPATH": "/opt/gopath", "GOFLAGS": "-mod=mod", "GOCACHE": "/tmp/go-cache"}
+    p.env = {"GOPATH": "/opt/gopath", "GOFLAGS": "-mod=mod", "GOCACHE": "/work/.cache/go"}  # handed to the test user
     p.deps_script = "go mod download" if (root / "go.sum").is_file() else "true"
     p.build_script = "go build ./..."
     packages = "./..."
