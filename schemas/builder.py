@@ -22,7 +22,8 @@ class BuildRequest(BaseModel):
     revision: str = Field("HEAD", min_length=1, max_length=256)
     run_tests: bool = True
     timeout_s: float = Field(1800.0, gt=0, le=6 * 3600)
-    force: bool = Field(False, description="Build even when this (repository, commit, rules) was built before.")
+    force: bool = Field(False, description="Rebuild from scratch (no build cache, no dependency image, no Docker "
+                                           "layer cache), even when this (repository, commit, rules) was built.")
 
 
 class Decision(BaseModel):

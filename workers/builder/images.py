@@ -53,14 +53,14 @@ def _run(script: str) -> str:
 
 
 def build(client: Any, context: Path, dockerfile: str, tag: str, timeout_s: float,
-          labels: dict[str, str] | None = None) -> str:
+          labels: dict[str, str] | None = None, nocache: bool = False) -> str:
     """``docker build`` with host networking; returns the image id. Raises StepFailed with the build log."""
     (context / "Dockerfile.kiln").write_text(dockerfile)
     api = docker.from_env(timeout=max(1, int(timeout_s))).api  # its own read timeout bounds the build
     log: list[str] = []
     try:
         for chunk in api.build(path=str(context), dockerfile="Dockerfile.kiln", tag=tag, network_mode="host",
-                               rm=True, forcerm=True, decode=True, labels=labels or {}):
+                               rm=True, forcerm=True, decode=True, labels=labels or {}, nocache=nocache):
             if "stream" in chunk:
                 log.append(str(chunk["stream"]))
             if "error" in chunk:
@@ -79,13 +79,15 @@ def build(client: Any, context: Path, dockerfile: str, tag: str, timeout_s: floa
     return str(client.images.get(tag).id)
 
 
-def dependency_image(client: Any, plan: Plan, checkout: Path, bases: BaseImages, timeout_s: float) -> tuple[str, bool]:
-    """The dependency image for ``plan`` (built unless one with the same key exists); returns (tag, cached)."""
+def dependency_image(client: Any, plan: Plan, checkout: Path, bases: BaseImages, timeout_s: float,
+                     fresh: bool = False) -> tuple[str, bool]:
+    """The dependency image for ``plan`` (built unless one with the same key exists, or ``fresh``); returns
+    (tag, cached)."""
     key = hashlib.sha256(json.dumps([RULES_VERSION, plan.system, bases.toolchain, plan.deps_script, plan.env,
                                      [(m, hashlib.sha256((checkout / m).read_bytes()).hexdigest())
                                       for m in sorted(plan.manifests)]]).encode()).hexdigest()[:20]
     tag = f"kiln/deps-{plan.system}:{key}"
-    if image_exists(client, tag):
+    if not fresh and image_exists(client, tag):
         return tag, True
     with tempfile.TemporaryDirectory(prefix="kiln-deps-") as tmp:
         ctx = Path(tmp)
@@ -96,30 +98,31 @@ def dependency_image(client: Any, plan: Plan, checkout: Path, bases: BaseImages,
             shutil.copy2(checkout / m, target)
         dockerfile = (f"FROM {bases.toolchain}\n{_env_lines(plan.env)}WORKDIR /work\nCOPY manifests/ /work/\n"
                       f"{_run(plan.deps_script)}")
-        build(client, ctx, dockerfile, tag, timeout_s, {"kiln.role": "dependencies", "kiln.system": plan.system})
+        build(client, ctx, dockerfile, tag, timeout_s, {"kiln.role": "dependencies", "kiln.system": plan.system},
+              nocache=fresh)
     return tag, False
 
 
 def project_image(client: Any, plan: Plan, checkout: Path, base_tag: str, tag: str, labels: dict[str, str],
-                  timeout_s: float) -> str:
+                  timeout_s: float, fresh: bool = False) -> str:
     """Sources and the build on top of the dependency image; the work tree is handed to the test user."""
     with tempfile.TemporaryDirectory(prefix="kiln-src-") as tmp:
         ctx = Path(tmp)
         shutil.copytree(checkout, ctx / "src", symlinks=True)
         dockerfile = (f"FROM {base_tag}\n{_env_lines(plan.env)}WORKDIR /work\nCOPY src/ /work/\n"
                       f"{_run(plan.build_script + ' && chown -R 1000:1000 /work')}")
-        return build(client, ctx, dockerfile, tag, timeout_s, labels)
+        return build(client, ctx, dockerfile, tag, timeout_s, labels, nocache=fresh)
 
 
 def dockerfile_image(client: Any, plan: Plan, checkout: Path, bases: BaseImages, tag: str, labels: dict[str, str],
-                     timeout_s: float) -> str:
+                     timeout_s: float, fresh: bool = False) -> str:
     assert plan.dockerfile is not None
     text = plan.dockerfile.replace(LOCAL_IMAGE_MARK + "toolchain", bases.toolchain).replace(
         LOCAL_IMAGE_MARK + "base", bases.base)
     with tempfile.TemporaryDirectory(prefix="kiln-df-") as tmp:
         ctx = Path(tmp) / "ctx"
         shutil.copytree(checkout, ctx, symlinks=True)
-        return build(client, ctx, text, tag, timeout_s, labels)
+        return build(client, ctx, text, tag, timeout_s, labels, nocache=fresh)
 
 
 def test_command(plan: Plan) -> str:

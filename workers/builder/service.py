@@ -114,14 +114,14 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
                 on_step("build (Dockerfile)")
                 t = time.monotonic()
                 image_id = await asyncio.to_thread(images.dockerfile_image, client, the_plan, checkout, bases, tag,
-                                                   labels, left())
+                                                   labels, left(), request.force)
                 durations["build"] = time.monotonic() - t
             else:
                 on_step("dependencies")
                 t = time.monotonic()
                 try:
                     deps, deps_cached = await asyncio.to_thread(images.dependency_image, client, the_plan, checkout,
-                                                                bases, left())
+                                                                bases, left(), request.force)
                 except images.StepFailed as e:
                     kind: FailureClass = "timeout" if e.timed_out else "dependency_install_failed"
                     return _remember(store, failed(kind, e.log))
@@ -130,7 +130,7 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
                 on_step("build")
                 t = time.monotonic()
                 image_id = await asyncio.to_thread(images.project_image, client, the_plan, checkout, deps, tag,
-                                                   labels, left())
+                                                   labels, left(), request.force)
                 durations["build"] = time.monotonic() - t
         except images.StepFailed as e:
             return _remember(store, failed("timeout" if e.timed_out else "compile_failed", e.log,
