@@ -201,8 +201,10 @@ class KilnClient:
         deadline_s: float | None = None,
         topic: str | None = None,
         request_id: str | None = None,
+        partition: int | None = None,
     ) -> asyncio.Future[ResultEnvelope]:
-        """Send one request; the returned future resolves with its ``ResultEnvelope``."""
+        """Send one request; the returned future resolves with its ``ResultEnvelope``. ``partition`` pins the
+        request to one partition (e.g. the one whose worker holds an exec session)."""
         state = await self._ready()
         request_topic = topic or (STAGES[kind].request_topic if kind in STAGES else None)
         if request_topic is None:
@@ -224,7 +226,7 @@ class KilnClient:
         state.seq += 1
         msg_key = key if key is not None else f"{state.client_id}/{state.seq % self.key_spread}"
         value = codec.encode(envelope, self.blob_store, self.settings.claim_check_bytes)
-        await self._produce(state, self.settings.topic(request_topic), value, msg_key, envelope.request_id)
+        await self._produce(state, self.settings.topic(request_topic), value, msg_key, envelope.request_id, partition)
         if deadline_s is not None:
             state.loop.call_later(deadline_s + 1.0, self._expire, state, envelope.request_id)
         return fut
@@ -282,7 +284,8 @@ class KilnClient:
             self._finish(state, offset)
             yield envelope
 
-    async def _produce(self, state: _ProcessState, topic: str, value: bytes, key: str, request_id: str) -> None:
+    async def _produce(self, state: _ProcessState, topic: str, value: bytes, key: str, request_id: str,
+                       partition: int | None = None) -> None:
         """Queue the request without waiting for the broker: a failed delivery fails the request's future."""
         assert state.producer is not None and state.queue_producer is not None
         producer = state.queue_producer if topic in self._queue_topics else state.producer
@@ -294,7 +297,10 @@ class KilnClient:
 
         while True:
             try:
-                producer.produce(topic, value, key=key, on_delivery=on_delivery)
+                if partition is None:
+                    producer.produce(topic, value, key=key, on_delivery=on_delivery)
+                else:
+                    producer.produce(topic, value, key=key, partition=partition, on_delivery=on_delivery)
                 return
             except BufferError:  # local queue full: the I/O thread drains it
                 await asyncio.sleep(0.005)

@@ -55,6 +55,7 @@ class Plan:
     test_script: str
     env: dict[str, str] = field(default_factory=dict)
     dockerfile: str | None = None  # the repository's Dockerfile with FROM lines mapped to local images
+    lint_script: str = ""  # what the exec stage runs for "lint" on an image of this project
 
     def decide(self, topic: str, choice: str, reason: str) -> None:
         self.decisions.append(Decision(topic=topic, choice=choice, reason=reason))
@@ -176,8 +177,9 @@ def _python(root: Path, p: Plan, ci: list[str]) -> None:
     p.manifests += sorted(str(r.relative_to(root)) for r in root.glob("requirements*.txt"))
     reqs = " ".join(f"-r {shlex.quote(r)}" for r in p.manifests if r.startswith("requirements"))
     pinned = " ".join(shlex.quote(d) for d in deps)
-    p.deps_script = (f"python3 -m venv /opt/venv && /opt/venv/bin/pip install -q pytest coverage {reqs} {pinned}"
-                     .strip())
+    p.deps_script = (f"python3 -m venv /opt/venv && /opt/venv/bin/pip install -q pytest coverage ruff {reqs} "
+                     f"{pinned}".strip())
+    p.lint_script = "/opt/venv/bin/ruff check --output-format=json --exit-zero --no-cache ."
     p.build_script = "/opt/venv/bin/pip install -q --no-build-isolation -e . || /opt/venv/bin/pip install -q -e ."
     args = ""
     from_ci = _ci_test(ci, r"\bpytest\b")
@@ -205,6 +207,7 @@ def _go(root: Path, p: Plan, ci: list[str]) -> None:
     p.env = {"GOPATH": "/opt/gopath", "GOFLAGS": "-mod=mod", "GOCACHE": "/work/.cache/go"}  # handed to the test user
     p.deps_script = "go mod download" if (root / "go.sum").is_file() else "true"
     p.build_script = "go build ./..."
+    p.lint_script = "go vet ./... 2>&1; true"
     packages = "./..."
     from_ci = _ci_test(ci, r"\bgo test\b")
     if from_ci:
@@ -228,6 +231,7 @@ def _cargo(root: Path, p: Plan, ci: list[str]) -> None:
     p.deps_script = ("mkdir -p src && [ -e src/lib.rs ] || echo > src/lib.rs; [ -e src/main.rs ] || "
                      "echo 'fn main(){}' > src/main.rs; cargo fetch; rm -rf src")
     p.build_script = "cargo test --no-run --offline -q"
+    p.lint_script = "cargo check --offline --message-format=short 2>&1; true"
     p.decide("test command", "cargo test", "Cargo project")
     p.decide("coverage", "none", "no llvm-tools matching this rustc can be installed offline; tests still run")
     p.test_script = f"cargo test --offline 2>&1 | tee {REPORTS}/cargo-test.txt; exit ${{PIPESTATUS[0]}}"
@@ -268,8 +272,13 @@ GCOV = (f"find . -name '*.gcda' | while read -r f; do (cd \"$(dirname \"$f\")\" 
         f"gcov --json-format --stdout \"$(basename \"$f\")\") >> {REPORTS}/gcov.jsonl 2>/dev/null; done")
 
 
+C_LINT = ("for f in $(find . -name '*.c' -not -path './build/*'); do gcc -fsyntax-only -Wall -Wextra \"$f\"; "
+          "done 2>&1; true")
+
+
 def _cmake(root: Path, p: Plan, ci: list[str]) -> None:
     p.manifests = []
+    p.lint_script = C_LINT
     flags = "--coverage -O0 -g"
     p.build_script = (f"cmake -S . -B build -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS='{flags}' "
                       f"-DCMAKE_CXX_FLAGS='{flags}' && cmake --build build -j 4")
@@ -292,6 +301,7 @@ def _make(root: Path, p: Plan, ci: list[str]) -> None:
         raise PlanError("the Makefile has no test or check target and CI names none")
     p.env = {"CFLAGS": "--coverage -O0 -g", "CXXFLAGS": "--coverage -O0 -g", "LDFLAGS": "--coverage"}
     p.build_script = "make"
+    p.lint_script = C_LINT
     p.test_script = f"make {target}; rc=$?; {GCOV}; exit $rc"
 
 

@@ -4,6 +4,7 @@ images, run the tests without network, parse results and coverage, and classify 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import tempfile
 import time
@@ -14,12 +15,11 @@ from typing import Any
 from ingest.errors import SaucerError
 from ingest.store import SaucerStore
 from schemas.builder import BuildEvent, BuildRequest, FailureClass
-from schemas.reports import TestCaseResult, TestReport
 from streams.errors import BlobNotFound, InfraError
 from workers.builder import images
-from workers.builder.rules import REPORTS, RULES_VERSION, Plan, PlanError, plan
+from workers.builder.rules import REPORTS, RULES_VERSION, PlanError, plan
 from workers.common import reports
-from workers.common.containers import Limits, RunResult, run_sandboxed
+from workers.common.containers import Limits, run_sandboxed
 
 CACHE_NAMESPACE = "builds"
 
@@ -31,40 +31,6 @@ def cache_name(repository: str, commit: str) -> str:
 def image_tag(repository: str, commit: str) -> str:
     slug = re.sub(r"[^a-z0-9._-]+", "-", repository.lower()).strip("-.")[:100] or "repo"
     return f"kiln/build/{slug}:{commit[:12]}-r{RULES_VERSION}"
-
-
-def parse_results(plan_: Plan, run: RunResult, module: str) -> TestReport | None:
-    files = run.files
-    report: TestReport | None = None
-    if "junit.xml" in files:
-        report = reports.junit(files["junit.xml"].decode(errors="replace"), "pytest")
-    elif "ctest.xml" in files:
-        report = reports.junit(files["ctest.xml"].decode(errors="replace"), "ctest")
-    elif "go-test.json" in files:
-        report = reports.go_test_json(files["go-test.json"].decode(errors="replace"))
-    elif "cargo-test.txt" in files:
-        report = reports.cargo_test(files["cargo-test.txt"].decode(errors="replace"))
-    elif "test-output.txt" in files:
-        report = reports.tap(files["test-output.txt"].decode(errors="replace"), f"{plan_.system} test")
-    if report is not None and not report.cases and run.exit_code not in (0, None):
-        report = None
-    if report is None or not report.cases:
-        if run.exit_code is None or run.exit_code in (126, 127) or (run.exit_code != 0 and report is None):
-            return None
-        # The runner gives no per-test results: the suite is one case.
-        outcome = "passed" if run.exit_code == 0 else "failed"
-        report = reports.tally(plan_.system, [TestCaseResult(name=f"{plan_.system} test suite",
-                                                                     outcome=outcome)])
-    coverage = None
-    if "coverage-py.json" in files:
-        coverage = reports.coverage_py(files["coverage-py.json"].decode())
-    elif "cover.out" in files:
-        coverage = reports.go_cover_profile(files["cover.out"].decode(), module)
-    elif "gcov.jsonl" in files:
-        coverage = reports.gcov_json(files["gcov.jsonl"].decode(), ("/work/build", "/work"))
-    elif "coverage-final.json" in files:
-        coverage = reports.istanbul(files["coverage-final.json"].decode())
-    return report.model_copy(update={"coverage": coverage})
 
 
 async def build_revision(request: BuildRequest, store: SaucerStore, client: Any, bases: images.BaseImages,
@@ -107,8 +73,11 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
         event = event.model_copy(update={"system": the_plan.system, "recipe": the_plan.recipe,
                                          "decisions": the_plan.decisions, "toolchain": the_plan.toolchain})
         tag = image_tag(request.repository, commit)
+        # The exec stage reads how to test and lint a session on this image from these labels.
         labels = {"kiln.repository": request.repository, "kiln.commit": commit, "kiln.rules": str(RULES_VERSION),
-                  "kiln.system": the_plan.system}
+                  "kiln.system": the_plan.system, "kiln.test": images.test_command(the_plan),
+                  "kiln.lint": the_plan.lint_script, "kiln.env": json.dumps(the_plan.env),
+                  "kiln.module": _go_module(checkout)}
         try:
             if the_plan.recipe == "dockerfile":
                 on_step("build (Dockerfile)")
@@ -141,7 +110,7 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
         if request.run_tests:
             on_step("tests")
             t = time.monotonic()
-            module = _go_module(checkout)
+            module = labels["kiln.module"]
             run = await asyncio.to_thread(
                 run_sandboxed, client, tag, images.test_command(the_plan), role="build-test", collect=REPORTS,
                 limits=Limits(limits.memory_bytes, limits.cpus, limits.pids, min(limits.timeout_s, left())),
@@ -151,7 +120,7 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
                 return _remember(store, failed("timeout", "the test suite ran past its time limit:\n" + run.output,
                                                durations_s=_rounded(durations)))
             try:
-                tests = parse_results(the_plan, run, module)
+                tests = reports.parse_results(the_plan.system, run.exit_code, run.files, module)
             except reports.ReportError as e:
                 tests, run.output = None, f"{e}\n{run.output}"
             if tests is None:

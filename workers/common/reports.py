@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from typing import Any
 
+from schemas.exec import LintFinding
 from schemas.reports import CoverageReport, FileCoverage, TestCaseResult, TestReport
 from streams.errors import KilnError
 
@@ -181,3 +182,53 @@ def istanbul(text: str, roots: Iterable[str] = ("/work",)) -> CoverageReport:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ReportError(f"istanbul JSON lacks {e}") from None
     return coverage_report("c8", files)
+
+
+def parse_results(system: str, exit_code: int | None, files: dict[str, bytes], module: str = "") -> TestReport | None:
+    """The test report (with coverage) from the files a test run left in the reports directory; None when the
+    suite did not run (no per-test results and a failing exit, or a missing command)."""
+    text = {name: data.decode(errors="replace") for name, data in files.items()}
+    report: TestReport | None = None
+    if "junit.xml" in text:
+        report = junit(text["junit.xml"], "pytest")
+    elif "ctest.xml" in text:
+        report = junit(text["ctest.xml"], "ctest")
+    elif "go-test.json" in text:
+        report = go_test_json(text["go-test.json"])
+    elif "cargo-test.txt" in text:
+        report = cargo_test(text["cargo-test.txt"])
+    elif "test-output.txt" in text:
+        report = tap(text["test-output.txt"], f"{system} test")
+    if report is None or not report.cases:
+        if exit_code is None or exit_code in (126, 127) or exit_code != 0:
+            return None
+        # The runner gives no per-test results and succeeded: the suite is one case.
+        report = tally(system, [TestCaseResult(name=f"{system} test suite", outcome="passed")])
+    coverage = None
+    if "coverage-py.json" in text:
+        coverage = coverage_py(text["coverage-py.json"])
+    elif "cover.out" in text:
+        coverage = go_cover_profile(text["cover.out"], module)
+    elif "gcov.jsonl" in text:
+        coverage = gcov_json(text["gcov.jsonl"], ("/work/build", "/work"))
+    elif "coverage-final.json" in text:
+        coverage = istanbul(text["coverage-final.json"])
+    return report.model_copy(update={"coverage": coverage})
+
+
+_FINDING = re.compile(r"^(?:\./)?([^:\s][^:]*):(\d+):(?:(\d+):)?\s*(.+)$", re.MULTILINE)
+
+
+def lint_findings(output: str) -> list[LintFinding]:
+    """Findings from ruff's JSON, or from the ``path:line[:col]: message`` lines most linters print."""
+    stripped = output.strip()
+    if stripped.startswith("["):
+        try:
+            items = json.loads(stripped)
+            return [LintFinding(path=_relative(str(i["filename"]), ("/work",)), line=i["location"]["row"],
+                                column=i["location"]["column"], code=i.get("code"), message=str(i["message"]))
+                    for i in items]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ReportError(f"ruff JSON does not parse: {e}") from None
+    return [LintFinding(path=m.group(1), line=int(m.group(2)), column=int(m.group(3)) if m.group(3) else None,
+                        message=m.group(4).strip()) for m in _FINDING.finditer(output)]

@@ -1,0 +1,110 @@
+"""The exec stage's messages: sessions on built images, addressed by an unguessable token.
+
+Every request but ``open`` names a session and presents its token; requests of one session are keyed by the
+session id and sent to the partition the session lives on, so they run in the order sent.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from schemas.reports import TestReport
+
+ExecOp = Literal["open", "write_files", "read_files", "delete_files", "apply_patch", "run", "run_tests", "lint",
+                 "snapshot", "fork", "close"]
+
+
+class SessionLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    memory_mb: int = Field(1024, ge=32, le=65536)
+    cpus: float = Field(1.0, gt=0, le=64)
+    pids: int = Field(256, ge=16, le=32768)
+    disk_mb: int = Field(512, ge=8, le=65536, description="Size of the writable work area (/work and /tmp).")
+    idle_timeout_s: float = Field(600.0, gt=0, le=24 * 3600)
+
+
+class FileContent(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1, max_length=4096, description="Relative to /work.")
+    content_b64: str | None = None
+    text: str | None = None
+    mode: int = Field(0o644, ge=0, le=0o777)
+
+    @model_validator(mode="after")
+    def _one_body(self) -> FileContent:
+        if (self.text is None) == (self.content_b64 is None):
+            raise ValueError("give exactly one of text and content_b64")
+        return self
+
+
+class ExecRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    op: ExecOp
+    session_id: str | None = Field(None, max_length=64)
+    token: str | None = Field(None, max_length=128)
+    image: str | None = Field(None, max_length=300, description="open: the image (a kiln build, or allowed prefix)")
+    repository: str | None = Field(None, max_length=200)
+    limits: SessionLimits = Field(default_factory=SessionLimits)
+    snapshot: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$", description="fork/open from a snapshot")
+    files: list[FileContent] = Field(default_factory=list, max_length=10_000)
+    paths: list[str] = Field(default_factory=list, max_length=10_000)
+    patch: str | None = Field(None, max_length=16 << 20)
+    command: str | None = Field(None, max_length=100_000)
+    timeout_s: float = Field(60.0, gt=0, le=24 * 3600)
+    max_output_bytes: int = Field(64 * 1024, ge=0, le=16 << 20)
+
+    @model_validator(mode="after")
+    def _operands(self) -> ExecRequest:
+        if self.op == "open" and not (self.image or self.snapshot):
+            raise ValueError("open needs an image")
+        if self.op not in ("open",) and (not self.session_id or not self.token):
+            raise ValueError(f"{self.op} needs session_id and token")
+        if self.op == "run" and not self.command:
+            raise ValueError("run needs a command")
+        if self.op == "apply_patch" and not self.patch:
+            raise ValueError("apply_patch needs a patch")
+        return self
+
+
+class CommandOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    exit_code: int | None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+
+class LintFinding(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    line: int | None = None
+    column: int | None = None
+    code: str | None = None
+    message: str
+
+
+class ExecResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    op: ExecOp
+    session_id: str
+    token: str | None = Field(None, description="Only in the reply to open/fork: keep it secret.")
+    partition: int | None = Field(None, description="Where this session's requests must be sent.")
+    image: str | None = None
+    warm: bool = Field(False, description="open: a ready container was taken from the warm pool")
+    output: CommandOutput | None = None
+    files: list[FileContent] = Field(default_factory=list)
+    tests: TestReport | None = None
+    findings: list[LintFinding] = Field(default_factory=list)
+    snapshot: str | None = None
+    snapshot_bytes: int | None = None
