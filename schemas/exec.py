@@ -6,6 +6,7 @@ session id and sent to the partition the session lives on, so they run in the or
 
 from __future__ import annotations
 
+import base64
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -39,6 +40,12 @@ class FileContent(BaseModel):
         if (self.text is None) == (self.content_b64 is None):
             raise ValueError("give exactly one of text and content_b64")
         return self
+
+
+def file_content(path: str, content: str | bytes, mode: int = 0o644) -> FileContent:
+    if isinstance(content, str):
+        return FileContent(path=path, text=content, mode=mode)
+    return FileContent(path=path, content_b64=base64.b64encode(content).decode(), mode=mode)
 
 
 class ExecRequest(BaseModel):

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from schemas.builder import BuildEvent, BuildRequest
 from schemas.builtin import EchoRequest, EchoResult, SleepRequest, SleepResult
 from schemas.envelope import SCHEMA_VERSION, RequestEnvelope, ResultEnvelope
+from schemas.exec import ExecRequest, ExecResult
 from schemas.ingest import IngestEvent, IngestRequest
 from schemas.lean import LeanRequest, LeanResult
 from schemas.reports import CoverageReport, TestReport
@@ -25,6 +26,7 @@ SCHEMA_DIR = Path(__file__).parent / "jsonschema"
 MODELS: list[type[BaseModel]] = [
     RequestEnvelope, ResultEnvelope, EchoRequest, EchoResult, SleepRequest, SleepResult, TestReport, CoverageReport,
     IngestRequest, IngestEvent, LeanRequest, LeanResult, BuildRequest, BuildEvent,
+    ExecRequest, ExecResult,
 ]
 
 

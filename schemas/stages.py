@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from schemas.builder import BuildEvent, BuildRequest
 from schemas.builtin import EchoRequest, EchoResult, SleepRequest, SleepResult
+from schemas.exec import ExecRequest, ExecResult
 from schemas.ingest import IngestEvent, IngestRequest
 from schemas.lean import LeanRequest, LeanResult
 
@@ -29,6 +30,8 @@ STAGES: dict[str, StageSpec] = {
     "echo": StageSpec("echo", "echo.requests", EchoRequest, EchoResult),
     "sleep": StageSpec("sleep", "sleep.requests", SleepRequest, SleepResult),
     "build": StageSpec("build", "image.build", BuildRequest, BuildEvent, events_topic="image.events"),
+    # Keyed by session: one session's requests run in order, different sessions concurrently.
+    "exec": StageSpec("exec", "exec.requests", ExecRequest, ExecResult, ordering="keyed"),
     "lean": StageSpec("lean", "lean.requests", LeanRequest, LeanResult),
     # Keyed by the root repository, so a rewrite runs after the ingestion of its source, also in a replay.
     "ingest": StageSpec("ingest", "repo.ingest", IngestRequest, IngestEvent, ordering="keyed",

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import os
@@ -29,12 +30,14 @@ from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException
 from pydantic import BaseModel
 
 from schemas.envelope import ReplyTo, RequestEnvelope, ResultEnvelope
+from schemas.exec import CommandOutput, ExecOp, ExecRequest, ExecResult, SessionLimits, file_content
 from schemas.ingest import IngestEvent, IngestRequest
 from schemas.lean import LeanRequest, LeanResult, ProofStateRef
 from schemas.stages import DEFAULT_RESULTS_TOPIC, STAGES
 from streams import codec
 from streams.blobstore import BlobStore
 from streams.errors import ClientError, ConfigError, RequestExpired, RequestFailed
+from streams.execsessions import ExecSession, SpillOver
 from streams.executor import producer_config
 from streams.offsets import PartitionOffsets, commit_position, coordinates, decode_done, poll_batch
 from streams.proofsearch import SearchOutcome, breadth_first
@@ -101,6 +104,7 @@ class KilnClient:
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.results_topic = self.settings.topic(results_topic)
         self.max_in_flight = max_in_flight
+        self._spill = SpillOver()
         self.key_spread = max(1, key_spread)
         self.blob_store = blob_store
         self._child_client_id = child_client_id or (lambda cid, pid: f"{cid}.{pid}")
@@ -260,6 +264,58 @@ class KilnClient:
         completed proof."""
         pick = candidates if callable(candidates) else (lambda _state: candidates)
         return await breadth_first(self.run_tactic, root, pick, max_depth=max_depth, max_nodes=max_nodes)
+
+    # ---- exec sessions (the "task engine" layer of seed 002) --------------------------------------------------
+
+    async def open_session(self, image: str, *, repository: str = "", limits: SessionLimits | None = None,
+                           snapshot: str | None = None) -> ExecSession:
+        """A fresh isolated session on ``image`` (a kiln build); keep the returned handle (its token is the
+        capability every later request presents)."""
+        key = self._spill.key_for(repository or image)
+        request = ExecRequest(op="open", image=image, repository=repository or None, snapshot=snapshot,
+                              limits=limits or SessionLimits())
+        result: ExecResult = await self.call("exec", request, key=key)
+        self._spill.opened(repository or image)
+        assert result.token is not None and result.partition is not None
+        return ExecSession(result.session_id, result.token, result.partition, image, repository or image)
+
+    async def exec_submit(self, session: ExecSession, op: ExecOp, **fields: Any) -> asyncio.Future[ResultEnvelope]:
+        """Send one session request without waiting (pipelining): results of a session come back in order."""
+        request = ExecRequest(op=op, session_id=session.session_id, token=session.token, **fields)
+        return await self.submit("exec", request, key=session.session_id, partition=session.partition)
+
+    async def _exec(self, session: ExecSession, op: ExecOp, **fields: Any) -> ExecResult:
+        result: ExecResult = self.result_of(await (await self.exec_submit(session, op, **fields)))
+        return result
+
+    async def run(self, session: ExecSession, command: str, *, timeout_s: float = 60.0) -> CommandOutput:
+        result = await self._exec(session, "run", command=command, timeout_s=timeout_s)
+        assert result.output is not None
+        return result.output
+
+    async def write_files(self, session: ExecSession, files: dict[str, str | bytes]) -> None:
+        await self._exec(session, "write_files", files=[file_content(p, c) for p, c in files.items()])
+
+    async def read_files(self, session: ExecSession, paths: list[str]) -> dict[str, bytes]:
+        result = await self._exec(session, "read_files", paths=paths)
+        return {f.path: f.text.encode() if f.text is not None else base64.b64decode(f.content_b64 or "")
+                for f in result.files}
+
+    async def run_tests(self, session: ExecSession, *, timeout_s: float = 600.0) -> ExecResult:
+        return await self._exec(session, "run_tests", timeout_s=timeout_s)
+
+    async def lint(self, session: ExecSession, *, timeout_s: float = 300.0) -> ExecResult:
+        return await self._exec(session, "lint", timeout_s=timeout_s)
+
+    async def fork(self, session: ExecSession) -> ExecSession:
+        result = await self._exec(session, "fork")
+        assert result.token is not None and result.partition is not None
+        self._spill.opened(session.repository)
+        return ExecSession(result.session_id, result.token, result.partition, session.image, session.repository)
+
+    async def close_session(self, session: ExecSession) -> None:
+        await self._exec(session, "close")
+        self._spill.closed(session.repository)
 
     def result_of(self, envelope: ResultEnvelope) -> Any:
         if envelope.status == "expired":

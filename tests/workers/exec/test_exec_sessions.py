@@ -1,0 +1,184 @@
+"""The exec stage on the real broker and real Docker: pipelined sessions, tests with coverage, lint, forks,
+isolation against adversarial commands, tokens, and a worker killed mid-session."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ingest.service import ingest
+from ingest.store import SaucerStore
+from schemas.builder import BuildRequest
+from schemas.exec import ExecResult, SessionLimits
+from schemas.ingest import IngestRequest
+from streams.blobstore import FileBlobStore
+from streams.client import KilnClient
+from streams.errors import RequestFailed
+from streams.execsessions import ExecSession, SpillOver
+from streams.settings import KilnSettings
+from tests.streams.harness import WorkerProcess
+from tests.workers.builder.projects import python_project
+from tests.workers.conftest import free_port, worker_env
+from workers.builder.images import BaseImages
+from workers.builder.service import build_revision
+from workers.common.containers import Limits
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def project_image(docker_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("exec-image")
+    store = SaucerStore(FileBlobStore(root / "blobs"), root / "cache")
+    python_project(root / "src")
+    assert asyncio.run(ingest(IngestRequest(name="demo/exec", location=str(root / "src")), "r", store,
+                              root / "w")).status == "ingested"
+    event = asyncio.run(build_revision(BuildRequest(repository="demo/exec"), store, docker_engine,
+                                       BaseImages("kiln/base:latest", "kiln/toolchain:latest"), root / "w",
+                                       Limits(timeout_s=300)))
+    assert event.usable and event.image, event.detail
+    return event.image
+
+
+@pytest.fixture
+def exec_settings(stage_topics: Callable[..., KilnSettings]) -> KilnSettings:
+    return stage_topics(("exec.requests", 4))
+
+
+def exec_worker(settings: KilnSettings, lock_dir: Path, **env: str) -> WorkerProcess:
+    return WorkerProcess("exec", settings, "exec.requests", slots=4, env=worker_env(
+        settings, KILN_EXEC_LOCK_DIR=str(lock_dir), KILN_EXEC_REAP_INTERVAL_S="1", KILN_EXEC_WARM="1",
+        KILN_METRICS_PORT=str(free_port()), **env))
+
+
+@pytest.fixture
+def worker(exec_settings: KilnSettings, tmp_path: Path) -> Iterator[WorkerProcess]:
+    with exec_worker(exec_settings, tmp_path / "locks") as w:
+        w.wait_assigned()
+        yield w
+
+
+def session_containers(docker: Any) -> list[Any]:
+    return list(docker.containers.list(all=True, filters={"label": "kiln.role=exec-session"}))
+
+
+async def test_pipelined_session_lint_tests_and_coverage(project_image: str, exec_settings: KilnSettings,
+                                                         worker: WorkerProcess) -> None:
+    async with KilnClient(exec_settings, "agent") as client:
+        session = await client.open_session(project_image, repository="demo/exec")
+        extra = "import os\n\n\ndef neg(a):\n    return -a\n"
+        # Pipelined: all three sent before the first result arrives; they must run in this order.
+        futures = [await client.exec_submit(session, "write_files", files=[{"path": "calc/extra.py", "text": extra}]),
+                   await client.exec_submit(session, "lint"),
+                   await client.exec_submit(session, "run_tests", timeout_s=300)]
+        results: list[ExecResult] = [client.result_of(await f) for f in futures]
+        lint, tests = results[1], results[2]
+        assert any(f.path == "calc/extra.py" and f.code == "F401" for f in lint.findings), lint.findings
+        report = tests.tests
+        assert report is not None and report.passed == 2 and report.failed == 0
+        assert report.coverage is not None
+        counts = {f.path: (len(f.executable_lines), len(f.covered_lines)) for f in report.coverage.files}
+        # calc/__init__.py as built (8 statements, 6 run) + the written module: 3 statements (import, def,
+        # return), of which the import and def run when... nothing imports it: 0 run.
+        assert counts["calc/__init__.py"] == (8, 6)
+        assert counts.get("calc/extra.py", (3, 0)) == (3, 0)
+        out = await client.run(session, "cat calc/extra.py && id -u && pwd")
+        assert out.stdout == extra + "1000\n/work\n"
+        files = await client.read_files(session, ["calc/extra.py"])
+        assert files == {"calc/extra.py": extra.encode()}
+        await client.close_session(session)
+
+
+async def test_sessions_run_concurrently_and_forks_carry_tmpfs_state(project_image: str,
+                                                                    exec_settings: KilnSettings,
+                                                                    worker: WorkerProcess) -> None:
+    async with KilnClient(exec_settings, "agent") as client:
+        a, b = await asyncio.gather(client.open_session(project_image), client.open_session(project_image))
+        started = time.monotonic()
+        outs = await asyncio.gather(client.run(a, "sleep 2; echo a"), client.run(b, "sleep 2; echo b"))
+        assert [o.stdout for o in outs] == ["a\n", "b\n"]
+        assert time.monotonic() - started < 3.8  # not one after the other
+        await client.run(a, "echo work > /work/state.txt; echo scratch > /tmp/scratch.txt")
+        fork = await client.fork(a)
+        seen = await client.run(fork, "cat /work/state.txt /tmp/scratch.txt")
+        assert seen.stdout == "work\nscratch\n"
+        await client.run(fork, "echo changed > /work/state.txt")
+        assert (await client.run(a, "cat /work/state.txt")).stdout == "work\n"
+        for s in (a, b, fork):
+            await client.close_session(s)
+
+
+async def test_isolation_against_adversarial_commands(project_image: str, exec_settings: KilnSettings,
+                                                      worker: WorkerProcess, tmp_path: Path) -> None:
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("do not read")
+    limits = SessionLimits(memory_mb=256, pids=128, disk_mb=64, cpus=1)
+    async with KilnClient(exec_settings, "agent") as client:
+        s = await client.open_session(project_image, limits=limits)
+        net = await client.run(s, "python3 -c \"import socket; socket.create_connection(('10.0.0.1', 80), 3)\"; "
+                                  "getent hosts pypi.org || echo no-dns", timeout_s=20)
+        assert net.exit_code == 0 and "no-dns" in net.stdout and "Network is unreachable" in net.stderr
+        bomb = await client.run(s, "bomb() { bomb | bomb & }; bomb; sleep 5", timeout_s=8)
+        assert bomb.timed_out or bomb.exit_code != 0
+        memory = await client.run(s, "python3 -c \"x = bytearray(1 << 30); print(len(x))\"", timeout_s=30)
+        assert memory.exit_code != 0 and "1073741824" not in memory.stdout
+        disk = await client.run(s, "dd if=/dev/zero of=/work/fill bs=1M count=200 2>&1; rm -f /work/fill",
+                                timeout_s=30)
+        assert "No space left on device" in disk.stdout
+        started = time.monotonic()
+        slow = await client.run(s, "sleep 30", timeout_s=2)
+        assert slow.timed_out and time.monotonic() - started < 10
+        stubborn = await client.run(s, "trap '' TERM; setsid bash -c \"trap '' TERM; sleep 300\" & sleep 300",
+                                    timeout_s=2)
+        assert stubborn.timed_out
+        left = await client.run(s, "ps -eo args | grep -c '[s]leep 300' || true")
+        assert left.stdout.strip() == "0"  # the escaped, SIGTERM-ignoring child was killed too
+        privileged = await client.run(s, f"id -u; cat {secret} 2>&1; touch /usr/x 2>&1; ls /root 2>&1 | head -1")
+        assert privileged.stdout.startswith("1000\n") and "do not read" not in privileged.stdout
+        assert "Read-only file system" in privileged.stdout
+        assert (await client.run(s, "echo still alive")).stdout == "still alive\n"
+        forged = ExecSession(s.session_id, "guessed-token", s.partition, s.image)
+        with pytest.raises(RequestFailed, match="SessionDenied"):
+            await client.run(forged, "id")
+        with pytest.raises(RequestFailed, match="SessionDenied"):
+            await client.run(ExecSession("0" * 32, s.token, s.partition, s.image), "id")
+        with pytest.raises(RequestFailed, match="not allowed"):
+            await client.open_session("kiln-evil/image:latest")
+        await client.close_session(s)
+
+
+async def test_worker_killed_mid_session_loses_it_cleanly(project_image: str, exec_settings: KilnSettings,
+                                                          docker_engine: Any, tmp_path: Path) -> None:
+    locks = tmp_path / "locks"
+    with exec_worker(exec_settings, locks) as doomed:
+        doomed.wait_assigned()
+        async with KilnClient(exec_settings, "agent") as client:
+            session = await client.open_session(project_image)
+            pending = await client.exec_submit(session, "run", command="sleep 20; echo done", timeout_s=60)
+            await asyncio.sleep(2)
+            doomed.kill()
+            owner = {c.labels["kiln.worker"] for c in session_containers(docker_engine)}
+            with exec_worker(exec_settings, locks) as survivor:
+                survivor.wait_assigned()
+                with pytest.raises(RequestFailed, match="SessionDenied|SessionLost"):
+                    client.result_of(await asyncio.wait_for(pending, 120))
+                deadline = time.monotonic() + 30
+                while any(c.labels["kiln.worker"] in owner for c in session_containers(docker_engine)):
+                    assert time.monotonic() < deadline, "the dead worker's containers were not reaped"
+                    await asyncio.sleep(0.5)
+
+
+def test_hot_repositories_spill_over_to_more_keys() -> None:
+    spill = SpillOver(sessions_per_key=2)
+    keys = []
+    for _ in range(5):
+        keys.append(spill.key_for("hot/repo"))
+        spill.opened("hot/repo")
+    assert keys == ["hot/repo#0", "hot/repo#0", "hot/repo#1", "hot/repo#1", "hot/repo#2"]
+    spill.closed("hot/repo")
+    assert spill.key_for("hot/repo") == "hot/repo#2" and spill.key_for("cold/repo") == "cold/repo#0"

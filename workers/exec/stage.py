@@ -1,0 +1,299 @@
+"""``exec``: ``exec.requests`` -> results. Isolated sessions on built images: files, commands, tests with unified
+coverage, linters, snapshots and forks.
+
+Requests are keyed by session (ordered per session, sessions concurrent) and sent to the partition the session
+lives on; ``open`` is keyed by repository. A warm pool keeps ready containers for recently opened images. Every
+worker holds a lock file while alive; its reaper removes session containers whose worker is gone (after a crash)
+and sessions idle past their limit. Configuration: ``KILN_EXEC_*`` (see ``ExecSettings``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import shlex
+import time
+from collections import OrderedDict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from docker.errors import APIError, DockerException
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.exec import ExecRequest, ExecResult, SessionLimits
+from schemas.stages import STAGES
+from streams.blobstore import open_blob_store
+from streams.settings import get_settings
+from streams.stage import JobContext, Stage
+from workers.common import reports
+from workers.common.containers import docker_client
+from workers.exec.sessions import ROLE, Session, SessionError, SessionManager, safe_path
+
+
+class ExecSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KILN_EXEC_")
+
+    image_prefixes: list[str] = Field(default_factory=lambda: ["kiln/"], description="Images sessions may use.")
+    warm: int = Field(2, ge=0, le=64, description="Ready containers kept per hot image.")
+    warm_images: int = Field(4, ge=0, description="How many recently opened images get a warm pool.")
+    reap_interval_s: float = Field(30.0, gt=0)
+    lock_dir: Path = Field(Path("/run/kiln/exec"), description="Liveness lock files of the exec workers of a host.")
+
+
+registry = CollectorRegistry()
+SESSIONS = Gauge("kiln_exec_sessions", "Open sessions on this worker.", registry=registry)
+OPENED = Counter("kiln_exec_sessions_opened_total", "Sessions opened, by whether the warm pool served them.",
+                 ["warm"], registry=registry)
+LATENCY = Histogram("kiln_exec_command_seconds", "Time to run one request, by operation.", ["op"], registry=registry,
+                    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60, 600))
+TIMEOUTS = Counter("kiln_exec_timeouts_total", "Commands killed at their time limit.", registry=registry)
+KILLS = Counter("kiln_exec_killed_processes_total", "Processes killed by host pid after a timeout.",
+                registry=registry)
+REAPED = Counter("kiln_exec_reaped_containers_total", "Session containers removed by the reaper, by why.",
+                 ["reason"], registry=registry)
+
+WarmEntry = tuple[Any, list[str], int, int]
+
+
+class ExecService:
+    def __init__(self) -> None:
+        self.settings = ExecSettings()
+        self.manager: SessionManager | None = None
+        self.warm: OrderedDict[str, list[WarmEntry]] = OrderedDict()
+        self._lock_file: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.worker_id = ""
+
+    async def setup(self, slots: int) -> None:
+        del slots
+        client = await asyncio.to_thread(docker_client)
+        # One id per process: the lock file proves this process is alive to the reapers of other workers.
+        self.worker_id = f"exec-{int(time.time() * 1000):x}-{id(self) & 0xFFFF:x}"
+        await asyncio.to_thread(self._hold_liveness_lock)
+        self.manager = SessionManager(client, self.worker_id, open_blob_store(get_settings()),
+                                      self.settings.image_prefixes)
+        await asyncio.to_thread(self.reap)
+        self._tasks = [asyncio.create_task(self._housekeeping())]
+
+    def _hold_liveness_lock(self) -> None:
+        self.settings.lock_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_file = (self.settings.lock_dir / f"{self.worker_id}.lock").open("w")
+        fcntl.flock(self._lock_file, fcntl.LOCK_EX)
+
+    async def teardown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self.manager is not None:
+            for session in list(self.manager.sessions.values()):
+                await asyncio.to_thread(self.manager.close, session)
+            for entries in self.warm.values():
+                for container, volumes, _, _ in entries:
+                    await asyncio.to_thread(self.manager.remove, container, volumes)
+        if self._lock_file is not None:
+            path = Path(self._lock_file.name)
+            self._lock_file.close()
+            await asyncio.to_thread(path.unlink, True)
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reap_interval_s)
+            try:
+                await asyncio.to_thread(self.reap)
+            except Exception:  # the next round tries again; housekeeping must never die
+                continue
+
+    def reap(self) -> None:
+        """Remove session containers of dead workers, our own strays, and idle sessions."""
+        assert self.manager is not None
+        manager = self.manager
+        idle = manager.expire_idle()
+        if idle:
+            REAPED.labels("idle").inc(idle)
+        ours = {s.container.id for s in manager.sessions.values()} | {
+            e[0].id for entries in self.warm.values() for e in entries}
+        try:
+            containers = manager.client.containers.list(all=True, filters={"label": f"kiln.role={ROLE}"})
+        except (APIError, DockerException):
+            return
+        for container in containers:
+            owner = container.labels.get("kiln.worker", "")
+            if owner == self.worker_id:
+                if container.id not in ours and time.time() - _created(container) > 60:
+                    self._reap(container, "stray")
+            elif not _owner_alive(self.settings.lock_dir / f"{owner}.lock"):
+                self._reap(container, "worker_gone")
+        SESSIONS.set(len(manager.sessions))
+
+    def _reap(self, container: Any, reason: str) -> None:
+        assert self.manager is not None
+        name = container.name
+        self.manager.remove(container, [f"{name}-work", f"{name}-tmp"])
+        REAPED.labels(reason).inc()
+
+    # --- warm pool -------------------------------------------------------------------------------------------
+
+    def _take_warm(self, image: str) -> WarmEntry | None:
+        entries = self.warm.get(image)
+        if entries:
+            self.warm.move_to_end(image)
+            return entries.pop()
+        return None
+
+    def _refill(self, image: str) -> None:
+        assert self.manager is not None
+        if self.settings.warm == 0 or self.settings.warm_images == 0:
+            return
+        self.warm.setdefault(image, [])
+        self.warm.move_to_end(image)
+        while len(self.warm) > self.settings.warm_images:
+            _, dropped = self.warm.popitem(last=False)
+            for container, volumes, _, _ in dropped:
+                self.manager.remove(container, volumes)
+        while image in self.warm and len(self.warm[image]) < self.settings.warm:
+            container, volumes, keeper, init_pid = self.manager.create_container(image, SessionLimits())
+            self.manager.populate(container, image, None)
+            self.warm[image].append((container, volumes, keeper, init_pid))
+
+    async def prewarm(self, image: str) -> None:
+        await asyncio.to_thread(self._refill, image)
+
+    # --- requests --------------------------------------------------------------------------------------------
+
+    async def handle(self, request: ExecRequest, ctx: JobContext) -> ExecResult:
+        if self.manager is None:
+            await self.setup(1)
+        assert self.manager is not None
+        started = time.monotonic()
+        try:
+            return await self._dispatch(request, ctx)
+        finally:
+            LATENCY.labels(request.op).observe(time.monotonic() - started)
+            SESSIONS.set(len(self.manager.sessions))
+
+    async def _open(self, request: ExecRequest, ctx: JobContext, image: str) -> ExecResult:
+        assert self.manager is not None
+        manager = self.manager
+        manager.check_image(image)
+        entry = self._take_warm(image) if request.limits == SessionLimits() and request.snapshot is None else None
+        warm = entry is not None
+        if entry is None:
+            entry = await asyncio.to_thread(manager.create_container, image, request.limits)
+            try:
+                await asyncio.to_thread(manager.populate, entry[0], image, request.snapshot)
+            except BaseException:
+                await asyncio.to_thread(manager.remove, entry[0], entry[1])
+                raise
+        session, token = manager.adopt(*entry, image=image, limits=request.limits, client_id=ctx.envelope.client_id)
+        OPENED.labels(str(warm).lower()).inc()
+        refill = asyncio.create_task(asyncio.to_thread(self._refill, image))
+        refill.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+        return ExecResult(op=request.op, session_id=session.id, token=token, partition=ctx.partition, image=image,
+                          warm=warm)
+
+    async def _dispatch(self, request: ExecRequest, ctx: JobContext) -> ExecResult:
+        assert self.manager is not None
+        manager = self.manager
+        if request.op == "open":
+            return await self._open(request, ctx, request.image or "")
+        session = await asyncio.to_thread(manager.get, request.session_id, request.token)
+        result = ExecResult(op=request.op, session_id=session.id, partition=ctx.partition, image=session.image)
+        if request.op == "close":
+            await asyncio.to_thread(manager.close, session)
+            return result
+        if request.op == "fork":
+            digest, size = await asyncio.to_thread(manager.snapshot, session)
+            fork = request.model_copy(update={"snapshot": digest, "limits": session.limits})
+            forked = await self._open(fork, ctx, session.image)
+            return forked.model_copy(update={"op": "fork", "snapshot": digest, "snapshot_bytes": size})
+        if request.op == "snapshot":
+            digest, size = await asyncio.to_thread(manager.snapshot, session)
+            return result.model_copy(update={"snapshot": digest, "snapshot_bytes": size})
+        if request.op == "write_files":
+            await asyncio.to_thread(manager.write_files, session, request.files)
+            return result
+        if request.op == "read_files":
+            return result.model_copy(update={"files": await asyncio.to_thread(manager.read_files, session,
+                                                                               request.paths)})
+        if request.op == "delete_files":
+            paths = " ".join(_quote(p) for p in request.paths)
+            output = await self._run(session, f"rm -rf -- {paths}", request)
+            return result.model_copy(update={"output": output})
+        if request.op == "apply_patch":
+            patch = (request.patch or "").encode()
+            where = await asyncio.to_thread(manager.put_tmp, session, ".kiln-patch.diff", patch)
+            output = await self._run(session, f"git apply --whitespace=nowarn {where}", request)
+            return result.model_copy(update={"output": output})
+        if request.op == "run":
+            return result.model_copy(update={"output": await self._run(session, request.command or "", request)})
+        labels = await asyncio.to_thread(_labels, session)
+        if request.op == "run_tests":
+            command = request.command or labels.get("kiln.test")
+            if not command:
+                raise SessionError(f"image {session.image} records no test command: pass one")
+            output = await self._run(session, f"rm -rf /tmp/kiln-reports; {command}", request,
+                                     env=json.loads(labels.get("kiln.env") or "{}"))
+            files = await asyncio.to_thread(manager.collect, session, "/tmp/kiln-reports")
+            tests = reports.parse_results(labels.get("kiln.system", "custom"), output.exit_code, files,
+                                          labels.get("kiln.module", ""))
+            return result.model_copy(update={"output": output, "tests": tests})
+        command = request.command or labels.get("kiln.lint")
+        if not command:
+            raise SessionError(f"image {session.image} records no lint command: pass one")
+        output = await self._run(session, command, request, env=json.loads(labels.get("kiln.env") or "{}"))
+        findings = reports.lint_findings(output.stdout)
+        return result.model_copy(update={"output": output, "findings": findings})
+
+    async def _run(self, session: Session, command: str, request: ExecRequest,
+                   env: dict[str, str] | None = None) -> Any:
+        assert self.manager is not None
+        output = await asyncio.to_thread(self.manager.run, session, command, request.timeout_s,
+                                         request.max_output_bytes, env)
+        if output.timed_out:
+            TIMEOUTS.inc()
+        return output
+
+
+def _quote(path: str) -> str:
+    return shlex.quote(safe_path(path))
+
+
+def _labels(session: Session) -> dict[str, str]:
+    try:
+        return dict(session.container.image.labels or {})
+    except (APIError, DockerException):
+        return {}
+
+
+def _created(container: Any) -> float:
+    raw = str(container.attrs.get("Created", ""))[:19]
+    try:
+        return datetime.strptime(raw, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _owner_alive(lock_path: Path) -> bool:
+    """A worker is alive while it holds the exclusive lock on its lock file."""
+    try:
+        handle = lock_path.open("a")
+    except OSError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    with contextlib.suppress(OSError):
+        lock_path.unlink()
+    return False
+
+
+service = ExecService()
+stage = Stage(STAGES["exec"], service.handle, max_attempts=1, registry=registry, setup=service.setup,
+              teardown=service.teardown)
