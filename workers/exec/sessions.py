@@ -1,10 +1,13 @@
 """Exec sessions: one isolated container per session, on this worker's Docker engine.
 
-A session container runs the image read-only, as uid 1000, without network, capabilities or new privileges, with
-CPU/memory/pids limits and an init; its only writable places are two size-limited tmpfs volumes, ``/work``
-(populated with the image's ``/work`` or a snapshot) and ``/tmp``, so snapshots capture all state. Commands run
-through ``docker exec`` under ``timeout -s KILL``; on a timeout every process the command left behind (also ones
-that escaped with setsid or ignore SIGTERM) is killed by host pid, since the Docker API cannot kill an exec.
+A session container runs the image read-only, without network, capabilities or new privileges, with CPU/memory/
+pids limits and an init; its only writable places are two size-limited tmpfs volumes, ``/work`` (populated with
+the image's ``/work`` or a snapshot) and ``/tmp``, so snapshots capture all state. Every command runs as uid 1000
+through ``docker exec`` under ``timeout -s KILL``, and when it returns, ``kill -9 -1`` *as uid 1000* ends whatever
+it left behind (background jobs, setsid escapees, fork bombs, SIGTERM-ignorers): processes never outlive their
+command. That is the in-container way to kill an exec's tree (the Docker API cannot); the container's init and
+its idle keeper run as a capability-less root that uid 1000 cannot signal. A host-side watchdog kills by host pid
+if a command still runs well past its limit.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import hmac
 import io
 import os
 import secrets
+import shlex
 import signal
 import tarfile
 import threading
@@ -40,7 +44,7 @@ class SessionError(PermanentJobError):
 
 
 class SessionDenied(SessionError):
-    """Unknown session or wrong token: the two are indistinguishable on purpose."""
+    """The token does not match the session."""
 
 
 class SessionLost(SessionError):
@@ -133,7 +137,7 @@ class SessionManager:
                                                         "o": f"size={half}m,uid=1000,gid=1000,mode=0755"})
                 volumes.append(volume)
             container = self.client.containers.run(
-                image, ["sleep", "infinity"], name=name, detach=True, network_mode="none", user="1000:1000",
+                image, ["sleep", "infinity"], name=name, detach=True, network_mode="none", user="0:0",
                 read_only=True, volumes={volumes[0]: {"bind": "/work", "mode": "rw"},
                                          volumes[1]: {"bind": "/tmp", "mode": "rw"}},
                 working_dir="/work", mem_limit=limits.memory_mb << 20, memswap_limit=limits.memory_mb << 20,
@@ -182,8 +186,10 @@ class SessionManager:
     def get(self, session_id: str | None, token: str | None) -> Session:
         with self._lock:
             session = self.sessions.get(session_id or "")
-        if session is None or not hmac.compare_digest(session.token_hash, hash_token(token or "")):
-            raise SessionDenied("unknown session or wrong token")
+        if session is None:
+            raise SessionLost("unknown session: lost with the worker that held it, expired, or never opened")
+        if not hmac.compare_digest(session.token_hash, hash_token(token or "")):
+            raise SessionDenied("wrong token for this session")
         if not self._alive(session):
             self.close(session)
             raise SessionLost(f"session {session.id} lost its container")
@@ -224,13 +230,14 @@ class SessionManager:
             env: dict[str, str] | None = None) -> CommandOutput:
         started = time.monotonic()
         try:
-            exec_id = self.client.api.exec_create(
-                session.container.id, ["timeout", "-s", "KILL", f"{timeout_s:g}", "bash", "-c", command],
-                user="1000:1000", workdir="/work", environment=env or {})["Id"]
+            wrapper = (f"timeout -s KILL {timeout_s:g} bash -c {shlex.quote(command)}; rc=$?; "
+                       "for _ in 1 2 3; do kill -9 -1 2>/dev/null; done; exit $rc")
+            exec_id = self.client.api.exec_create(session.container.id, ["bash", "-c", wrapper], user="1000:1000",
+                                                  workdir="/work", environment={"HOME": "/tmp", **(env or {})})["Id"]
             stream = self.client.api.exec_start(exec_id, stream=True, demux=True)
         except (APIError, DockerException) as e:
             raise InfraError(f"exec in session {session.id}: {e}") from e
-        watchdog = threading.Timer(timeout_s + 2.0, self.kill_strays, args=(session,))
+        watchdog = threading.Timer(timeout_s + 5.0, self.kill_strays, args=(session,))
         watchdog.daemon = True
         watchdog.start()
         try:
@@ -240,8 +247,6 @@ class SessionManager:
         code = self.client.api.exec_inspect(exec_id).get("ExitCode")
         elapsed = time.monotonic() - started
         timed_out = code == 137 and elapsed >= timeout_s * 0.95
-        if timed_out:
-            self.kill_strays(session)
         return CommandOutput(exit_code=code, stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"),
                              stdout_truncated=out_cut, stderr_truncated=err_cut, timed_out=timed_out,
                              duration_s=round(elapsed, 4))

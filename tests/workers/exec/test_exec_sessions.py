@@ -84,9 +84,9 @@ async def test_pipelined_session_lint_tests_and_coverage(project_image: str, exe
         assert report.coverage is not None
         counts = {f.path: (len(f.executable_lines), len(f.covered_lines)) for f in report.coverage.files}
         # calc/__init__.py as built (8 statements, 6 run) + the written module: 3 statements (import, def,
-        # return), of which the import and def run when... nothing imports it: 0 run.
+        # return), none run since nothing imports it.
         assert counts["calc/__init__.py"] == (8, 6)
-        assert counts.get("calc/extra.py", (3, 0)) == (3, 0)
+        assert counts["calc/extra.py"] == (3, 0)
         out = await client.run(session, "cat calc/extra.py && id -u && pwd")
         assert out.stdout == extra + "1000\n/work\n"
         files = await client.read_files(session, ["calc/extra.py"])
@@ -124,7 +124,9 @@ async def test_isolation_against_adversarial_commands(project_image: str, exec_s
                                   "getent hosts pypi.org || echo no-dns", timeout_s=20)
         assert net.exit_code == 0 and "no-dns" in net.stdout and "Network is unreachable" in net.stderr
         bomb = await client.run(s, "bomb() { bomb | bomb & }; bomb; sleep 5", timeout_s=8)
-        assert bomb.timed_out or bomb.exit_code != 0
+        assert "Resource temporarily unavailable" in bomb.stderr  # the pids limit held
+        after = await client.run(s, "ps -eo args | grep -c '[b]omb' || true")
+        assert after.stdout.strip() == "0"  # nothing of the bomb outlived its command
         memory = await client.run(s, "python3 -c \"x = bytearray(1 << 30); print(len(x))\"", timeout_s=30)
         assert memory.exit_code != 0 and "1073741824" not in memory.stdout
         disk = await client.run(s, "dd if=/dev/zero of=/work/fill bs=1M count=200 2>&1; rm -f /work/fill",
@@ -145,7 +147,7 @@ async def test_isolation_against_adversarial_commands(project_image: str, exec_s
         forged = ExecSession(s.session_id, "guessed-token", s.partition, s.image)
         with pytest.raises(RequestFailed, match="SessionDenied"):
             await client.run(forged, "id")
-        with pytest.raises(RequestFailed, match="SessionDenied"):
+        with pytest.raises(RequestFailed, match="SessionLost"):
             await client.run(ExecSession("0" * 32, s.token, s.partition, s.image), "id")
         with pytest.raises(RequestFailed, match="not allowed"):
             await client.open_session("kiln-evil/image:latest")
@@ -165,7 +167,7 @@ async def test_worker_killed_mid_session_loses_it_cleanly(project_image: str, ex
             owner = {c.labels["kiln.worker"] for c in session_containers(docker_engine)}
             with exec_worker(exec_settings, locks) as survivor:
                 survivor.wait_assigned()
-                with pytest.raises(RequestFailed, match="SessionDenied|SessionLost"):
+                with pytest.raises(RequestFailed, match="SessionLost"):
                     client.result_of(await asyncio.wait_for(pending, 120))
                 deadline = time.monotonic() + 30
                 while any(c.labels["kiln.worker"] in owner for c in session_containers(docker_engine)):
