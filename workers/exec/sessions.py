@@ -116,6 +116,7 @@ class SessionManager:
         self.blobs = blobs
         self.image_prefixes = image_prefixes
         self.sessions: dict[str, Session] = {}
+        self._work_tars: dict[str, bytes] = {}
         self._lock = threading.Lock()
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
@@ -165,14 +166,30 @@ class SessionManager:
                     if member is not None:
                         container.put_archive(f"/{where}", member.read())
             return
+        content = self._image_work(image)
+        if content:
+            container.put_archive("/work", content)
+
+    def _image_work(self, image: str) -> bytes:
+        """The image's /work as a tar, read once per image id (an image without /work gives an empty area)."""
+        image_id = str(self.client.images.get(image).id)
+        with self._lock:
+            cached = self._work_tars.get(image_id)
+        if cached is not None:
+            return cached
         source = self.client.containers.create(image, ["true"], network_mode="none")
         try:
             stream, _ = source.get_archive("/work/.")
-            container.put_archive("/work", b"".join(stream))
+            content = b"".join(stream)
         except NotFound:
-            pass  # an image without /work starts with an empty work area
+            content = b""
         finally:
             source.remove(force=True)
+        with self._lock:
+            self._work_tars[image_id] = content
+            while len(self._work_tars) > 8:
+                self._work_tars.pop(next(iter(self._work_tars)))
+        return content
 
     def adopt(self, container: Any, volumes: list[str], keeper: int, init_pid: int, image: str,
               limits: SessionLimits, client_id: str) -> tuple[Session, str]:

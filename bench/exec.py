@@ -1,0 +1,155 @@
+"""Exec stage latency and throughput on real Docker through the broker, next to bare Docker.
+
+- ``exec_warm_overhead_ms``: p50 of ``true`` in a warm session through kiln (client -> broker -> worker ->
+  docker exec -> result) minus p50 of a bare ``docker exec`` of ``true`` (SDK) on a container of the same image.
+- ``exec_cold_ratio``: p50 session open with an empty warm pool ÷ p50 bare ``docker run --rm IMAGE true``.
+- ``exec_cmds_per_s``: --sessions sessions each running ``true`` back to back for --seconds.
+- ``exec_leaked_containers``: session containers left after closing every session and stopping the worker.
+Usage: python -m bench.exec [--samples 40] [--sessions 8] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.common import WorkerProc, broker, report
+from ingest.service import ingest
+from ingest.store import SaucerStore
+from schemas.builder import BuildRequest
+from schemas.ingest import IngestRequest
+from streams import admin
+from streams.blobstore import FileBlobStore
+from streams.client import KilnClient
+from streams.infra import COMPONENT_STEPS, run_steps
+from streams.settings import KilnSettings
+from tests.workers.builder.projects import python_project
+from tests.workers.conftest import free_port
+from workers.builder.images import BaseImages
+from workers.builder.service import build_revision
+from workers.common.containers import Limits, docker_client
+
+
+def p50(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+async def build_image(root: Path, client: Any) -> str:
+    store = SaucerStore(FileBlobStore(root / "blobs"), root / "cache")
+    python_project(root / "src")
+    await ingest(IngestRequest(name="bench/exec", location=str(root / "src")), "r", store, root / "w")
+    event = await build_revision(BuildRequest(repository="bench/exec"), store, client,
+                                 BaseImages("kiln/base:latest", "kiln/toolchain:latest"), root / "w",
+                                 Limits(timeout_s=600))
+    assert event.image, event.detail
+    return event.image
+
+
+def bare_docker(client: Any, image: str, samples: int) -> tuple[float, float]:
+    runs = []
+    for _ in range(max(5, samples // 4)):
+        t = time.perf_counter()
+        client.containers.run(image, ["true"], remove=True, network_mode="none")
+        runs.append(time.perf_counter() - t)
+    container = client.containers.run(image, ["sleep", "infinity"], detach=True, network_mode="none")
+    try:
+        execs = []
+        for _ in range(samples):
+            t = time.perf_counter()
+            container.exec_run(["true"], user="1000:1000")
+            execs.append(time.perf_counter() - t)
+    finally:
+        container.remove(force=True)
+    return p50(runs), p50(execs)
+
+
+async def through_kiln(settings: KilnSettings, image: str, args: argparse.Namespace, warm: int,
+                       lock_dir: Path) -> dict[str, float]:
+    worker = WorkerProc(settings, "exec", "exec.requests", 8, env={
+        "KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_EXEC_WARM": str(warm), "KILN_EXEC_LOCK_DIR": str(lock_dir),
+        "KILN_METRICS_PORT": str(free_port())})
+    out: dict[str, float] = {}
+    try:
+        worker.wait_assigned()
+        async with KilnClient(settings, f"bench-{uuid.uuid4().hex[:6]}") as client:
+            opens, sessions = [], []
+            for _ in range(max(5, args.samples // 4)):
+                t = time.perf_counter()
+                sessions.append(await client.open_session(image, repository="bench/exec"))
+                opens.append(time.perf_counter() - t)
+                if warm:
+                    await asyncio.sleep(1.5)  # let the pool refill, as between real opens
+            out["open_s"] = p50(opens)
+            session = sessions[0]
+            for _ in range(5):
+                await client.run(session, "true")
+            lat = []
+            for _ in range(args.samples):
+                t = time.perf_counter()
+                await client.run(session, "true")
+                lat.append(time.perf_counter() - t)
+            out["cmd_s"] = p50(lat)
+            done = 0
+            deadline = time.monotonic() + args.seconds
+
+            async def loop(s: Any) -> None:
+                nonlocal done
+                while time.monotonic() < deadline:
+                    await client.run(s, "true")
+                    done += 1
+
+            pool = sessions[: args.sessions]
+            while len(pool) < args.sessions:
+                pool.append(await client.open_session(image, repository="bench/exec"))
+            started = time.monotonic()
+            await asyncio.gather(*(loop(s) for s in pool))
+            out["cmds_per_s"] = done / (time.monotonic() - started)
+            for s in {s.session_id: s for s in sessions + pool}.values():
+                await client.close_session(s)
+    finally:
+        worker.stop()
+    return out
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--samples", type=int, default=40)
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=10)
+    args = parser.parse_args()
+    run_steps(COMPONENT_STEPS["docker"])
+    client = docker_client()
+    settings = broker().model_copy(update={"topic_prefix": f"bench-{uuid.uuid4().hex[:8]}."})
+    topics = [admin.TopicSpec("exec.requests", 8), admin.TopicSpec("exec.requests.dlq", 1),
+              admin.TopicSpec("kiln.results", 4)]
+    admin.create_topics(settings, topics)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            image = await build_image(Path(tmp), client)
+            docker_run_s, docker_exec_s = await asyncio.to_thread(bare_docker, client, image, args.samples)
+            warm = await through_kiln(settings, image, args, 2, Path(tmp) / "locks")
+            cold = await through_kiln(settings, image, args, 0, Path(tmp) / "locks")
+    finally:
+        admin.delete_topics(settings, [settings.topic(t.name) for t in topics])
+    leaked = len(client.containers.list(all=True, filters={"label": "kiln.role=exec-session"}))
+    report("exec: sessions through kiln vs bare Docker", {
+        "exec_warm_overhead_ms": round((warm["cmd_s"] - docker_exec_s) * 1000, 1),
+        "exec_warm_cmd_ms": round(warm["cmd_s"] * 1000, 1),
+        "docker_exec_ms": round(docker_exec_s * 1000, 1),
+        "exec_cold_ratio": round(cold["open_s"] / docker_run_s, 2),
+        "exec_cold_open_ms": round(cold["open_s"] * 1000, 1),
+        "exec_warm_open_ms": round(warm["open_s"] * 1000, 1),
+        "docker_run_ms": round(docker_run_s * 1000, 1),
+        "exec_cmds_per_s": round(warm["cmds_per_s"], 1),
+        "exec_leaked_containers": leaked,
+    })
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
