@@ -76,7 +76,9 @@ async def test_pipelined_session_lint_tests_and_coverage(project_image: str, exe
         futures = [await client.exec_submit(session, "write_files", files=[{"path": "calc/extra.py", "text": extra}]),
                    await client.exec_submit(session, "lint"),
                    await client.exec_submit(session, "run_tests", timeout_s=300)]
-        results: list[ExecResult] = [client.result_of(await f) for f in futures]
+        envelopes = [await f for f in futures]
+        assert [e.finished_at for e in envelopes] == sorted(e.finished_at for e in envelopes)  # in order sent
+        results: list[ExecResult] = [client.result_of(e) for e in envelopes]
         lint, tests = results[1], results[2]
         assert any(f.path == "calc/extra.py" and f.code == "F401" for f in lint.findings), lint.findings
         report = tests.tests
@@ -91,6 +93,14 @@ async def test_pipelined_session_lint_tests_and_coverage(project_image: str, exe
         assert out.stdout == extra + "1000\n/work\n"
         files = await client.read_files(session, ["calc/extra.py"])
         assert files == {"calc/extra.py": extra.encode()}
+        patch = ("--- a/calc/extra.py\n+++ b/calc/extra.py\n@@ -1,5 +1,5 @@\n-import os\n+import sys\n \n \n"
+                 " def neg(a):\n     return -a\n")
+        patched = client.result_of(await (await client.exec_submit(session, "apply_patch", patch=patch)))
+        assert patched.output is not None and patched.output.exit_code == 0, patched.output
+        assert (await client.read_files(session, ["calc/extra.py"]))["calc/extra.py"].startswith(b"import sys\n")
+        deleted = client.result_of(await (await client.exec_submit(session, "delete_files", paths=["calc/extra.py"])))
+        assert deleted.output is not None and deleted.output.exit_code == 0
+        assert (await client.run(session, "ls calc")).stdout.split() == ["__init__.py"]
         await client.close_session(session)
 
 
@@ -109,7 +119,14 @@ async def test_sessions_run_concurrently_and_forks_carry_tmpfs_state(project_ima
         assert seen.stdout == "work\nscratch\n"
         await client.run(fork, "echo changed > /work/state.txt")
         assert (await client.run(a, "cat /work/state.txt")).stdout == "work\n"
-        for s in (a, b, fork):
+        await asyncio.sleep(2)  # the warm pool refills after an open
+        warm = client.result_of(await (await client.submit("exec", {"op": "open", "image": project_image}, key="w")))
+        assert warm.warm
+        brief = await client.open_session(project_image, limits=SessionLimits(idle_timeout_s=1))
+        await asyncio.sleep(3.5)  # the reaper runs every second here
+        with pytest.raises(RequestFailed, match="SessionLost"):
+            await client.run(brief, "true")
+        for s in (a, b, fork, ExecSession(warm.session_id, warm.token or "", warm.partition or 0, project_image)):
             await client.close_session(s)
 
 
