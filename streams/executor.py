@@ -53,14 +53,19 @@ class JobExecutor:
         self._closing = threading.Event()
         self._delivery_thread: threading.Thread | None = None
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def start(self, loop: asyncio.AbstractEventLoop, slots: int) -> None:
+        """Start the producer, then the stage's own setup (sized to the worker's ``slots``)."""
         self._loop = loop
         self._producer = Producer(producer_config(self.settings, **{"client.id": self.worker_id}))
         self._delivery_thread = threading.Thread(target=self._delivery_main, name="kiln-delivery", daemon=True)
         self._delivery_thread.start()
+        if self.stage.setup is not None:
+            await self.stage.setup(slots)
 
     async def close(self) -> None:
-        """Flush outstanding results and dead letters, then stop the delivery thread."""
+        """The stage's teardown, then flush outstanding results and dead letters and stop the delivery thread."""
+        if self.stage.teardown is not None:
+            await self.stage.teardown()
         if self._producer is not None:
             await asyncio.to_thread(self._producer.flush, 10)
         self._closing.set()

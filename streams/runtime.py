@@ -122,9 +122,7 @@ class Worker:
                                         self.metrics, self.health, install_signal_handlers=install_signal_handlers,
                                         serve_metrics=serve_metrics)
         self.metrics_port = server.server_address[1] if server else 0
-        self.executor.start(self._loop)
-        if self.stage.setup is not None:
-            await self.stage.setup(self.slots)
+        await self.executor.start(self._loop, self.slots)
         consumer_thread = threading.Thread(target=self._consumer_main, name="kiln-consumer", daemon=True)
         consumer_thread.start()
         log.info("worker %s: stage %s on %s (%d slots, group %s)", self.worker_id, self.stage.name, self.topic,
@@ -135,8 +133,6 @@ class Worker:
         finally:
             self._stopping.set()
             await asyncio.to_thread(self._consumer_done.wait)
-            if self.stage.teardown is not None:
-                await self.stage.teardown()
             await self.executor.close()
             if server:
                 server.shutdown()

@@ -157,9 +157,7 @@ class ShareWorker:
                                         self.metrics, self.health, install_signal_handlers=install_signal_handlers,
                                         serve_metrics=serve_metrics)
         self.metrics_port = server.server_address[1] if server else 0
-        self.executor.start(self._loop)
-        if self.stage.setup is not None:
-            await self.stage.setup(self.slots)
+        await self.executor.start(self._loop, self.slots)
         threads = [threading.Thread(target=self._consumer_main, args=(i,), name=f"kiln-share-{i}", daemon=True)
                    for i in range(2 * self.slots)]
         for t in threads:
@@ -176,8 +174,6 @@ class ShareWorker:
             self._stopping.set()
             for t in threads:
                 await asyncio.to_thread(t.join, self.grace_s + 15)
-            if self.stage.teardown is not None:
-                await self.stage.teardown()
             await self.executor.close()
             if server:
                 server.shutdown()
