@@ -5,14 +5,16 @@
 # trusts the host's local CAs there).
 ARG BASE_IMAGE=kiln/base:latest
 FROM ${BASE_IMAGE}
-RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-      build-essential cmake pkg-config make curl xz-utils \
+# llvm-22 (bookworm-security) matches the LLVM of the host's rustc: llvm-profdata/llvm-cov for Rust coverage.
+RUN echo 'deb http://deb.debian.org/debian-security bookworm-security main' > /etc/apt/sources.list.d/security.list \
+    && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      build-essential cmake pkg-config make curl xz-utils llvm-22 \
     && rm -rf /var/lib/apt/lists/*
 COPY go /usr/local/go
 COPY rust /opt/rust
 COPY python /opt/python
 COPY node /opt/node
-ENV PATH=/opt/node/bin:/usr/local/go/bin:/opt/rust/bin:/opt/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+ENV PATH=/opt/node/bin:/usr/local/go/bin:/opt/rust/bin:/opt/python/bin:/usr/lib/llvm-22/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     GOTOOLCHAIN=local \
     SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
     REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt \

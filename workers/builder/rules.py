@@ -226,15 +226,24 @@ def _cargo(root: Path, p: Plan, ci: list[str]) -> None:
             p.toolchain["rust"] = f"{name} asks for {channel.group(1) if channel else '?'}; toolchain 1.95 stable"
     p.toolchain.setdefault("rust", "1.95")
     p.manifests = [m for m in ("Cargo.toml", "Cargo.lock") if (root / m).is_file()]
-    p.env = {"CARGO_TARGET_DIR": "/work/target"}
+    # Instrumented once at build time; the test run reuses the same flags, so nothing is rebuilt.
+    p.env = {"CARGO_TARGET_DIR": "/work/target", "RUSTFLAGS": "-C instrument-coverage",
+             "LLVM_PROFILE_FILE": f"{REPORTS}/prof/%p-%m.profraw"}
     # Fetch dependencies against stub sources, so this layer depends on the manifests only.
     p.deps_script = ("mkdir -p src && [ -e src/lib.rs ] || echo > src/lib.rs; [ -e src/main.rs ] || "
                      "echo 'fn main(){}' > src/main.rs; cargo fetch; rm -rf src")
     p.build_script = "cargo test --no-run --offline -q"
     p.lint_script = "cargo check --offline --message-format=short 2>&1; true"
     p.decide("test command", "cargo test", "Cargo project")
-    p.decide("coverage", "none", "no llvm-tools matching this rustc can be installed offline; tests still run")
-    p.test_script = f"cargo test --offline 2>&1 | tee {REPORTS}/cargo-test.txt; exit ${{PIPESTATUS[0]}}"
+    p.decide("coverage", "llvm source-based", "-C instrument-coverage, llvm-profdata/llvm-cov 22 (rustc's LLVM)")
+    objects = ("$(cargo test --no-run --offline --message-format=json 2>/dev/null | python3 -c \"import json,sys; "
+               "print(' '.join('-object ' + m['executable'] for m in map(json.loads, sys.stdin) "
+               "if m.get('executable') and m.get('profile', {}).get('test')))\")")
+    p.test_script = (f"cargo test --offline 2>&1 | tee {REPORTS}/cargo-test.txt; rc=${{PIPESTATUS[0]}}; "
+                     f"llvm-profdata merge -sparse {REPORTS}/prof/*.profraw -o /tmp/kiln-cov.profdata && "
+                     f"llvm-cov export -format=lcov -instr-profile=/tmp/kiln-cov.profdata "
+                     f"-ignore-filename-regex='/(\\.cargo|rustc|cargo-home)/' {objects} > {REPORTS}/lcov.info; "
+                     "exit $rc")
 
 
 def _npm(root: Path, p: Plan, ci: list[str]) -> None:

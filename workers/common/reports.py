@@ -1,8 +1,9 @@
 """Parsers from each ecosystem's test and coverage output to kiln's unified ``TestReport`` / ``CoverageReport``.
 
 Test results: JUnit XML (pytest, CTest), ``go test -json``, ``cargo test`` text, TAP (``node --test`` and
-others). Coverage: coverage.py JSON, Go cover profiles, gcov JSON (GCC), istanbul JSON (c8/nyc). Every parser
-raises ``ReportError`` on malformed input and nothing else; paths are made relative to the project root.
+others). Coverage: coverage.py JSON, Go cover profiles, gcov JSON (GCC), istanbul JSON (c8/nyc), lcov (llvm-cov,
+for Rust). Every parser raises ``ReportError`` on malformed input and nothing else; paths are made relative to
+the project root.
 """
 
 from __future__ import annotations
@@ -167,6 +168,26 @@ def gcov_json(text: str, roots: Iterable[str] = ("/work",)) -> CoverageReport:
     return coverage_report("gcov", files)
 
 
+def lcov(text: str, tool: str, roots: Iterable[str] = ("/work",)) -> CoverageReport:
+    """An lcov tracefile: ``SF:`` opens a file, ``DA:line,count`` marks an executable line."""
+    files: dict[str, tuple[set[int], set[int]]] = {}
+    current: tuple[set[int], set[int]] | None = None
+    for line in text.splitlines():
+        if line.startswith("SF:"):
+            current = files.setdefault(_relative(line[3:].strip(), roots), (set(), set()))
+        elif line.startswith("DA:") and current is not None:
+            try:
+                number, count = line[3:].split(",")[:2]
+                current[0].add(int(number))
+                if int(float(count)) > 0:
+                    current[1].add(int(number))
+            except ValueError:
+                raise ReportError(f"bad lcov line {line[:100]!r}") from None
+        elif line == "end_of_record":
+            current = None
+    return coverage_report(tool, files)
+
+
 def istanbul(text: str, roots: Iterable[str] = ("/work",)) -> CoverageReport:
     """c8/nyc ``coverage-final.json``: a line is executable when a statement starts on it, covered when one ran."""
     doc = _json(text, "istanbul JSON")
@@ -213,6 +234,8 @@ def parse_results(system: str, exit_code: int | None, files: dict[str, bytes], m
         coverage = gcov_json(text["gcov.jsonl"], ("/work/build", "/work"))
     elif "coverage-final.json" in text:
         coverage = istanbul(text["coverage-final.json"])
+    elif "lcov.info" in text:
+        coverage = lcov(text["lcov.info"], "llvm-cov")
     return report.model_copy(update={"coverage": coverage})
 
 

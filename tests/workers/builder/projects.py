@@ -96,9 +96,33 @@ TEST_C = """int add(int a, int b);
 int main(void) { return add(2, 3) == 5 ? 0 : 1; }
 """
 
+# llvm-cov counts function and body lines: add (1-3), sub (5-7, never called), the two tests (12-14, 17-19).
+LIB_RS = """pub fn add(a: i32, b: i32) -> i32 {
+    a + b
+}
+
+pub fn sub(a: i32, b: i32) -> i32 {
+    a - b
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn adds() {
+        assert_eq!(super::add(2, 3), 5);
+    }
+
+    #[test]
+    fn adds_zero() {
+        assert_eq!(super::add(0, 3), 3);
+    }
+}
+"""
+
 EXPECTED = {
     "python": {"tests": 2, "file": "calc/__init__.py", "executable": 8, "covered": 6},
     "go": {"tests": 2, "file": "calc.go", "executable": 8, "covered": 6},
+    "cargo": {"tests": 2, "file": "src/lib.rs", "executable": 12, "covered": 9},
 }
 
 
@@ -123,9 +147,7 @@ def go_project(path: Path) -> Builder:
 def cargo_project(path: Path) -> Builder:
     b = Builder(path)
     write(path, "Cargo.toml", '[package]\nname = "calc"\nversion = "0.1.0"\nedition = "2021"\n')
-    write(path, "src/lib.rs", "pub fn add(a: i32, b: i32) -> i32 {\n    a + b\n}\n\n#[cfg(test)]\nmod tests {\n"
-                              "    #[test]\n    fn adds() {\n        assert_eq!(super::add(2, 3), 5);\n    }\n\n"
-                              "    #[test]\n    fn adds_zero() {\n        assert_eq!(super::add(0, 3), 3);\n    }\n}\n")
+    write(path, "src/lib.rs", LIB_RS)
     b.commit("cargo project")
     return b
 
