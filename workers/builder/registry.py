@@ -1,0 +1,87 @@
+"""A small client of the Docker Registry HTTP API v2 (CNCF distribution): what kiln needs to assemble images
+itself — read a manifest and config, upload a blob, put a manifest — plus reading layer blobs straight from the
+registry's S3 bucket (the seed's optimisation: workers fetch layers from S3, not through the registry)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from streams.errors import InfraError
+
+MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
+CONFIG_V1 = "application/vnd.docker.container.image.v1+json"
+LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class Registry:
+    """``host:port`` of a registry reachable over plain HTTP on loopback (what Docker treats as insecure-allowed)."""
+
+    address: str
+    timeout_s: float = 300.0
+
+    def _url(self, path: str) -> str:
+        return f"http://{self.address}/v2/{path}"
+
+    def _check(self, response: httpx.Response, what: str) -> httpx.Response:
+        if response.status_code >= 400:
+            raise InfraError(f"registry {what}: HTTP {response.status_code} {response.text[:300]}")
+        return response
+
+    def manifest(self, name: str, reference: str) -> tuple[dict[str, Any], str]:
+        """The schema-2 manifest and its digest."""
+        r = self._check(httpx.get(self._url(f"{name}/manifests/{reference}"), headers={"Accept": MANIFEST_V2},
+                                  timeout=self.timeout_s), f"manifest {name}:{reference}")
+        return r.json(), r.headers.get("Docker-Content-Digest") or sha256_digest(r.content)
+
+    def blob(self, name: str, digest: str) -> bytes:
+        data = self._check(httpx.get(self._url(f"{name}/blobs/{digest}"), timeout=self.timeout_s,
+                                     follow_redirects=True), f"blob {digest}").content
+        if sha256_digest(data) != digest:
+            raise InfraError(f"registry blob {digest} does not match its digest")
+        return data
+
+    def has_blob(self, name: str, digest: str) -> bool:
+        return httpx.head(self._url(f"{name}/blobs/{digest}"), timeout=self.timeout_s).status_code == 200
+
+    def put_blob(self, name: str, data: bytes) -> str:
+        digest = sha256_digest(data)
+        if self.has_blob(name, digest):
+            return digest
+        start = self._check(httpx.post(self._url(f"{name}/blobs/uploads/"), timeout=self.timeout_s), "upload start")
+        location = start.headers["Location"]
+        if location.startswith("/"):
+            location = f"http://{self.address}{location}"
+        joiner = "&" if "?" in location else "?"
+        self._check(httpx.put(f"{location}{joiner}digest={digest}", content=data, timeout=self.timeout_s,
+                              headers={"Content-Type": "application/octet-stream"}), f"upload {digest}")
+        return digest
+
+    def put_manifest(self, name: str, reference: str, manifest: dict[str, Any]) -> str:
+        body = json.dumps(manifest, indent=3).encode()
+        r = self._check(httpx.put(self._url(f"{name}/manifests/{reference}"), content=body, timeout=self.timeout_s,
+                                  headers={"Content-Type": MANIFEST_V2}), f"put manifest {name}:{reference}")
+        return r.headers.get("Docker-Content-Digest") or sha256_digest(body)
+
+
+def s3_layer_key(digest: str, root: str = "") -> str:
+    """Where CNCF distribution's S3 driver keeps a blob (``rootdirectory`` = ``root``)."""
+    hexd = digest.removeprefix("sha256:")
+    return f"{root.strip('/') + '/' if root.strip('/') else ''}docker/registry/v2/blobs/sha256/{hexd[:2]}/{hexd}/data"
+
+
+def read_layer_from_s3(s3: Any, bucket: str, digest: str) -> bytes:
+    """A layer blob read straight from the registry's bucket, verified against its digest."""
+    data: bytes = s3.get_object(Bucket=bucket, Key=s3_layer_key(digest))["Body"].read()
+    if sha256_digest(data) != digest:
+        raise InfraError(f"S3 object for {digest} does not match its digest")
+    return data

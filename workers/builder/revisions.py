@@ -1,0 +1,71 @@
+"""Build a repository's revisions as a chain of images in the registry: base image, then one layer per revision."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ingest.store import SaucerStore
+from schemas.builder import BuildRequest
+from streams.errors import InfraError
+from workers.builder import layers
+from workers.builder.images import BaseImages
+from workers.builder.registry import Registry
+from workers.builder.rules import plan
+from workers.builder.service import build_revision
+from workers.common.containers import Limits
+
+
+async def push(client: Any, registry: Registry, local: str, name: str, tag: str) -> str:
+    """Push a local image; returns its pullable ``registry/name@digest`` reference."""
+    target = f"{registry.address}/{name}"
+    await asyncio.to_thread(client.images.get(local).tag, target, tag)
+    for line in await asyncio.to_thread(lambda: list(client.images.push(target, tag=tag, stream=True, decode=True))):
+        if "error" in line:
+            raise InfraError(f"push {target}:{tag}: {line['error']}")
+    _, digest = await asyncio.to_thread(registry.manifest, name, tag)
+    return f"{target}@{digest}"
+
+
+async def image_for(repository: str, commit: str, store: SaucerStore, client: Any, registry: Registry,
+                    bases: BaseImages, work_root: Path, limits: Limits, max_depth: int = 10,
+                    inert: tuple[str, ...] = layers.INERT) -> layers.RevisionImage:
+    """The image of (repository, commit): recorded, same as its parent's, one layer on it, or a new base."""
+    known = layers.lookup(store.blobs, repository, commit)
+    if known is not None:
+        return known
+    repo = store.repository(repository)
+    parents = repo.commit(commit).parents
+    parent = layers.lookup(store.blobs, repository, parents[0]) if parents else None
+    name = layers.registry_name(repository)
+    if parent is None or parent.depth >= max_depth:
+        event = await build_revision(BuildRequest(repository=repository, revision=commit), store, client, bases,
+                                     work_root, limits)
+        if not event.usable or event.image is None:
+            raise InfraError(f"base build of {repository}@{commit[:12]} failed: {event.failure}: {event.detail}")
+        ref = await push(client, registry, event.image, name, commit[:12])
+        image = layers.RevisionImage(commit, ref, parent.commit if parent else None, 0, "base")
+    else:
+        d = await asyncio.to_thread(layers.diff, repo, parent.commit, commit)
+        if not d.paths() or layers.inert(d, inert):
+            image = layers.RevisionImage(commit, parent.reference, parent.commit, parent.depth, "same")
+        else:
+            with tempfile.TemporaryDirectory(dir=work_root) as tmp:
+                await asyncio.to_thread(repo.checkout, commit, Path(tmp))
+                the_plan = plan(Path(tmp))
+            deps_changed = any(p in the_plan.manifests for p in d.paths())
+            if deps_changed or the_plan.system != "python":
+                script = " && ".join(s for s in (the_plan.deps_script if deps_changed else "",
+                                                 the_plan.build_script) if s)
+                await asyncio.to_thread(client.images.pull, parent.reference)
+                layer = await asyncio.to_thread(layers.rebuild_layer, client, parent.reference, repo, d, script,
+                                                the_plan.env)
+            else:
+                layer = await asyncio.to_thread(layers.source_layer, repo, d)
+            ref, size = await asyncio.to_thread(layers.stack_layer, registry, name, parent.reference, layer,
+                                                commit[:12], {"kiln.commit": commit})
+            image = layers.RevisionImage(commit, ref, parent.commit, parent.depth + 1, "layer", size)
+    layers.remember(store.blobs, repository, image)
+    return image
