@@ -18,6 +18,9 @@ from docker.errors import APIError, DockerException, ImageNotFound
 from streams.errors import InfraError
 from workers.builder.rules import LOCAL_IMAGE_MARK, RULES_VERSION, Plan
 
+# Give what the build created to the test user without touching (and so copying into the layer) the rest.
+HAND_OVER = "find /work ! -user 1000 -exec chown -h 1000:1000 {} +"
+
 
 class StepFailed(Exception):
     """A docker build step failed; ``log`` is the tail of its output."""
@@ -83,7 +86,8 @@ def dependency_image(client: Any, plan: Plan, checkout: Path, bases: BaseImages,
                      fresh: bool = False) -> tuple[str, bool]:
     """The dependency image for ``plan`` (built unless one with the same key exists, or ``fresh``); returns
     (tag, cached)."""
-    key = hashlib.sha256(json.dumps([RULES_VERSION, plan.system, bases.toolchain, plan.deps_script, plan.env,
+    toolchain_id = client.images.get(bases.toolchain).id  # the tag moves when the toolchain image is rebuilt
+    key = hashlib.sha256(json.dumps([RULES_VERSION, plan.system, toolchain_id, plan.deps_script, plan.env,
                                      [(m, hashlib.sha256((checkout / m).read_bytes()).hexdigest())
                                       for m in sorted(plan.manifests)]]).encode()).hexdigest()[:20]
     tag = f"kiln/deps-{plan.system}:{key}"
@@ -109,8 +113,8 @@ def project_image(client: Any, plan: Plan, checkout: Path, base_tag: str, tag: s
     with tempfile.TemporaryDirectory(prefix="kiln-src-") as tmp:
         ctx = Path(tmp)
         shutil.copytree(checkout, ctx / "src", symlinks=True)
-        dockerfile = (f"FROM {base_tag}\n{_env_lines(plan.env)}WORKDIR /work\nCOPY src/ /work/\n"
-                      f"{_run(plan.build_script + ' && chown -R 1000:1000 /work')}")
+        dockerfile = (f"FROM {base_tag}\n{_env_lines(plan.env)}WORKDIR /work\nCOPY --chown=1000:1000 src/ /work/\n"
+                      f"{_run(plan.build_script + ' && ' + HAND_OVER)}")
         return build(client, ctx, dockerfile, tag, timeout_s, labels, nocache=fresh)
 
 

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from ingest.reader import Repository, TreeEntry
 from streams.blobstore import BlobStore
 from streams.errors import BlobNotFound
+from workers.builder.images import HAND_OVER
 from workers.builder.registry import CONFIG_V1, LAYER_GZIP, Registry, sha256_digest
 
 # Files that cannot change a build or its tests (overridable per call).
@@ -176,7 +177,7 @@ def rebuild_layer(client: Any, parent_image: str, repo: Repository, d: Diff, scr
         container.start()
         container.put_archive("/", source_layer(repo, Diff(d.changed, []), "work"))
         removals = " ".join(f"'/work/{p.decode(errors='replace')}'" for p in d.deleted)
-        steps = [f"rm -rf {removals}" if removals else "true", script, "chown -R 1000:1000 /work"]
+        steps = [f"rm -rf {removals}" if removals else "true", script, HAND_OVER]
         result = container.exec_run(["bash", "-c", " && ".join(steps)], user="0:0", workdir="/work")
         if result.exit_code != 0:
             raise RuntimeError(f"revision rebuild failed: {result.output.decode(errors='replace')[-2000:]}")

@@ -177,8 +177,9 @@ def _python(root: Path, p: Plan, ci: list[str]) -> None:
     p.manifests += sorted(str(r.relative_to(root)) for r in root.glob("requirements*.txt"))
     reqs = " ".join(f"-r {shlex.quote(r)}" for r in p.manifests if r.startswith("requirements"))
     pinned = " ".join(shlex.quote(d) for d in deps)
-    p.deps_script = (f"python3 -m venv /opt/venv && /opt/venv/bin/pip install -q pytest coverage ruff {reqs} "
-                     f"{pinned}".strip())
+    # Idempotent, so a revision that changes dependencies adds only their delta on top of an existing venv.
+    p.deps_script = (f"{{ [ -x /opt/venv/bin/python ] || python3 -m venv /opt/venv; }} && /opt/venv/bin/pip "
+                     f"install -q pytest coverage ruff {reqs} {pinned}".strip())
     p.lint_script = "/opt/venv/bin/ruff check --output-format=json --exit-zero --no-cache ."
     p.build_script = "/opt/venv/bin/pip install -q --no-build-isolation -e . || /opt/venv/bin/pip install -q -e ."
     args = ""

@@ -1,0 +1,133 @@
+"""Storage and build time of 20 revisions: kiln's one-layer-per-revision chain vs conventional builds.
+
+The repository: the Python calc project plus --files generated source modules (sources dominate what a revision
+changes), then 19 revisions editing one or two modules each, one adding a dependency and one touching only
+documentation. Both ways push every revision to the registry (on S3):
+- ours: ``workers.builder.revisions.image_for`` (base image, then one thin layer per revision, docs-only: none);
+- conventional: ``build_revision`` of every commit (dependency image cached, full source copy + build per
+  revision), pushed under another name.
+Bytes are the registry's after its own de-duplication: the sum of the distinct blobs (layers + configs) the
+revisions' manifests reference, without the blobs both ways reference (toolchain and dependency layers).
+Prints ``layer_bytes``, ``conventional_bytes``, ``layer_storage_ratio`` (aim <= 0.3) and
+``revision_build_s_p50`` for both.
+Usage: python -m bench.layers [--files 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import report
+from ingest.service import ingest
+from ingest.store import SaucerStore
+from schemas.builder import BuildRequest
+from schemas.ingest import IngestRequest
+from streams.blobstore import FileBlobStore
+from streams.infra import COMPONENT_STEPS, run_steps
+from tests.ingest.gitrepos import write
+from tests.workers.builder.projects import python_project
+from workers.builder import layers
+from workers.builder.images import BaseImages
+from workers.builder.registry import Registry
+from workers.builder.revisions import image_for, push
+from workers.builder.service import build_revision
+from workers.common.containers import Limits, docker_client
+
+REGISTRY = "127.0.0.1:5000"
+
+
+def module(i: int, version: int, rng: random.Random) -> str:
+    body = "".join(f"def f{i}_{k}(x):\n    return x * {k} + {version}  # {rng.random():.12f}\n\n\n"
+                   for k in range(40))
+    return f'"""Module {i}, version {version}."""\n\n\n{body}'
+
+
+def make_repository(root: Path, files: int) -> list[str]:
+    rng = random.Random(3)
+    b = python_project(root)
+    for i in range(files):
+        write(root, f"calc/gen/m{i}.py", module(i, 0, rng))
+    write(root, "calc/gen/__init__.py", "")
+    commits = [b.commit("generated sources")]
+    for r in range(1, 20):
+        if r == 7:
+            write(root, "README.md", f"# calc\nrevision {r}\n")
+        elif r == 12:
+            text = (root / "pyproject.toml").read_text()
+            write(root, "pyproject.toml", text.replace('requires-python = ">=3.9"',
+                                                       'requires-python = ">=3.9"\ndependencies = ["six"]'))
+        else:
+            for i in rng.sample(range(files), 2):
+                write(root, f"calc/gen/m{i}.py", module(i, r, rng))
+        commits.append(b.commit(f"revision {r}"))
+    return commits
+
+
+def distinct_bytes(registry: Registry, name: str, references: list[str], shared: set[str]) -> int:
+    blobs: dict[str, int] = {}
+    for ref in references:
+        manifest, _ = registry.manifest(name, ref.rsplit("@", 1)[-1] if "@" in ref else ref)
+        blobs[manifest["config"]["digest"]] = manifest["config"]["size"]
+        for layer in manifest["layers"]:
+            if layer["digest"] not in shared:
+                blobs[layer["digest"]] = layer["size"]
+    return sum(blobs.values())
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--files", type=int, default=300)
+    args = parser.parse_args()
+    for component in ("docker", "s3", "registry"):
+        run_steps(COMPONENT_STEPS[component])
+    client: Any = docker_client()
+    registry = Registry(REGISTRY)
+    bases = BaseImages("kiln/base:latest", "kiln/toolchain:latest")
+    limits = Limits(memory_bytes=1 << 30, timeout_s=600)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        repository = f"bench/layers-{int(time.time())}"
+        commits = make_repository(root / "src", args.files)
+        store = SaucerStore(FileBlobStore(root / "blobs"), root / "cache")
+        await ingest(IngestRequest(name=repository, location=str(root / "src")), "r", store, root / "w")
+        ours, ours_s = [], []
+        for commit in commits:
+            started = time.monotonic()
+            image = await image_for(repository, commit, store, client, registry, bases, root / "w", limits)
+            ours_s.append(time.monotonic() - started)
+            ours.append(image.reference)
+        conventional, conventional_s = [], []
+        conv_name = "kiln/conv/" + layers.registry_name(repository).rsplit("/", 1)[-1]
+        for commit in commits:
+            started = time.monotonic()
+            event = await build_revision(BuildRequest(repository=repository, revision=commit, run_tests=False),
+                                         store, client, bases, root / "w", limits)
+            assert event.image, event.detail
+            conventional.append(await push(client, registry, event.image, conv_name, commit[:12]))
+            conventional_s.append(time.monotonic() - started)
+    # Blobs both reference (toolchain, dependency images before and after the dependency change) are stored once
+    # in the registry either way: compare what the revisions add on top of them.
+    def referenced(name: str, refs: list[str]) -> set[str]:
+        return {x["digest"] for ref in refs for x in registry.manifest(name, ref.rsplit("@", 1)[-1])[0]["layers"]}
+
+    shared = referenced(layers.registry_name(repository), ours) & referenced(conv_name, conventional)
+    ours_bytes = distinct_bytes(registry, layers.registry_name(repository), ours, shared)
+    conventional_bytes = distinct_bytes(registry, conv_name, conventional, shared)
+    report("revisions as layers vs conventional builds (20 revisions)", {
+        "layer_bytes": ours_bytes,
+        "conventional_bytes": conventional_bytes,
+        "layer_storage_ratio": round(ours_bytes / conventional_bytes, 4),
+        "revision_build_s_p50": round(statistics.median(ours_s[1:]), 3),
+        "revision_build_s_p50_conventional": round(statistics.median(conventional_s[1:]), 3),
+    }, {"repository": f"calc + {args.files} generated modules; 19 revisions (1 dependency, 1 docs-only)"})
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
