@@ -46,7 +46,9 @@ class BuildEvent(BaseModel):
     status: Literal["built", "failed"]
     usable: bool = Field(False, description="It built and its test suite ran (whatever the tests' verdicts).")
     system: str | None = Field(None, description="Build system chosen: python, cargo, go, npm, cmake, make.")
-    recipe: Literal["rules", "dockerfile"] | None = None
+    recipe: Literal["rules", "dockerfile", "agent"] | None = Field(
+        None, description="What produced the image: the build-system rules, the repository's Dockerfile, or the "
+                          "fallback agent (README/CI commands, or a model).")
     decisions: list[Decision] = Field(default_factory=list)
     toolchain: dict[str, str] = Field(default_factory=dict)
     image: str | None = None

@@ -17,6 +17,7 @@ from ingest.store import SaucerStore
 from schemas.builder import BuildEvent, BuildRequest, FailureClass
 from streams.errors import BlobNotFound, InfraError
 from workers.builder import images
+from workers.builder.agent import AgentConfig, agent_image
 from workers.builder.rules import REPORTS, RULES_VERSION, PlanError, plan
 from workers.common import reports
 from workers.common.containers import Limits, run_sandboxed
@@ -35,7 +36,8 @@ def image_tag(repository: str, commit: str) -> str:
 
 async def build_revision(request: BuildRequest, store: SaucerStore, client: Any, bases: images.BaseImages,
                          work_root: Path, limits: Limits,
-                         on_step: Callable[[str], None] = lambda _s: None) -> BuildEvent:
+                         on_step: Callable[[str], None] = lambda _s: None,
+                         agent: AgentConfig | None = None) -> BuildEvent:
     started = time.monotonic()
     deadline = started + request.timeout_s
     event = BuildEvent(repository=request.repository, revision=request.revision, rules_version=RULES_VERSION,
@@ -69,7 +71,12 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
         try:
             the_plan = plan(checkout)
         except PlanError as e:
-            return _remember(store, failed("no_rule_matched", str(e)))
+            rules_failed = failed("no_rule_matched", str(e))
+            if agent is None:
+                return _remember(store, rules_failed)
+            on_step("agent")
+            return _remember(store, await _with_agent(rules_failed, request, client, bases, checkout, agent, limits,
+                                                      left()))
         event = event.model_copy(update={"system": the_plan.system, "recipe": the_plan.recipe,
                                          "decisions": the_plan.decisions, "toolchain": the_plan.toolchain})
         tag = image_tag(request.repository, commit)
@@ -93,7 +100,10 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
                                                                 bases, left(), request.force)
                 except images.StepFailed as e:
                     kind: FailureClass = "timeout" if e.timed_out else "dependency_install_failed"
-                    return _remember(store, failed(kind, e.log))
+                    if agent is None or e.timed_out:
+                        return _remember(store, failed(kind, e.log))
+                    return _remember(store, await _with_agent(failed(kind, e.log), request, client, bases, checkout,
+                                                              agent, limits, left()))
                 durations["dependencies"] = time.monotonic() - t
                 event = event.model_copy(update={"dependency_image": deps, "dependency_layer_cached": deps_cached})
                 on_step("build")
@@ -102,8 +112,12 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
                                                    labels, left(), request.force)
                 durations["build"] = time.monotonic() - t
         except images.StepFailed as e:
-            return _remember(store, failed("timeout" if e.timed_out else "compile_failed", e.log,
-                                           durations_s=_rounded(durations)))
+            rules_failed = failed("timeout" if e.timed_out else "compile_failed", e.log,
+                                  durations_s=_rounded(durations))
+            if agent is None or e.timed_out:
+                return _remember(store, rules_failed)
+            return _remember(store, await _with_agent(rules_failed, request, client, bases, checkout, agent, limits,
+                                                      left()))
         except InfraError as e:
             return failed("infrastructure", str(e))
         event = event.model_copy(update={"status": "built", "image": tag, "image_id": image_id})
@@ -129,6 +143,34 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
             event = event.model_copy(update={"usable": True, "tests": tests})
         durations["total"] = time.monotonic() - started
         return _remember(store, event.model_copy(update={"durations_s": _rounded(durations)}))
+
+
+async def _with_agent(rules_failed: BuildEvent, request: BuildRequest, client: Any, bases: images.BaseImages,
+                      checkout: Path, agent: AgentConfig, limits: Limits, budget_s: float) -> BuildEvent:
+    """The fallback: README/CI commands (or a model) in a container; the rules' failure stands if it fails too."""
+    assert rules_failed.commit is not None
+    tag = image_tag(request.repository, rules_failed.commit)
+    labels = {"kiln.repository": request.repository, "kiln.commit": rules_failed.commit,
+              "kiln.rules": str(RULES_VERSION), "kiln.system": "agent"}
+    started = time.monotonic()
+    built, test, decisions, output = await asyncio.to_thread(
+        agent_image, client, bases.toolchain, checkout, tag, labels, agent.budget, agent.model, min(600.0, budget_s))
+    decisions = [*rules_failed.decisions, *decisions]
+    if not built or test is None:
+        return rules_failed.model_copy(update={"decisions": decisions, "detail": (
+            f"{rules_failed.detail}\n--- agent fallback failed too:\n{output[-2000:]}")[-4000:]})
+    event = rules_failed.model_copy(update={
+        "status": "built", "failure": None, "detail": None, "system": "agent", "recipe": "agent",
+        "decisions": decisions, "image": tag, "image_id": str(client.images.get(tag).id)})
+    if request.run_tests:
+        run = await asyncio.to_thread(run_sandboxed, client, tag, f"mkdir -p {REPORTS} && cd /work && {test}",
+                                      role="build-test", collect=REPORTS, limits=limits)
+        tests = reports.parse_results("agent", run.exit_code, run.files)
+        if tests is None:
+            return event.model_copy(update={"usable": False, "failure": "tests_did_not_run",
+                                            "detail": run.output[-4000:]})
+        event = event.model_copy(update={"usable": True, "tests": tests})
+    return event.model_copy(update={"durations_s": {"agent": round(time.monotonic() - started, 3)}})
 
 
 def _rounded(durations: dict[str, float]) -> dict[str, float]:

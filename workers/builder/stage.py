@@ -2,7 +2,9 @@
 unified coverage, and a failure class when it does not work out.
 
 Configuration (``KILN_BUILDER_*``): ``BASE_IMAGE``/``TOOLCHAIN_IMAGE`` (the local images hub images map to, built
-by ``kiln setup docker``), ``TEST_MEMORY_MB``, ``TEST_CPUS``, ``TEST_PIDS``, ``TEST_TIMEOUT_S``.
+by ``kiln setup docker``), ``TEST_MEMORY_MB``, ``TEST_CPUS``, ``TEST_PIDS``, ``TEST_TIMEOUT_S``, and the fallback
+agent: ``AGENT`` (on), ``AGENT_BUDGET``, ``AGENT_URL``/``AGENT_MODEL``/``AGENT_API_KEY`` (an OpenAI-compatible
+endpoint; without one the agent reads README and CI commands deterministically).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from schemas.builder import BuildEvent, BuildRequest
 from schemas.stages import STAGES
 from streams.settings import get_settings
 from streams.stage import JobContext, Stage
+from workers.builder.agent import AgentConfig, ModelClient
 from workers.builder.images import BaseImages
 from workers.builder.service import build_revision
 from workers.common.containers import Limits, docker_client
@@ -33,6 +36,11 @@ class BuilderSettings(BaseSettings):
     test_cpus: float = Field(2.0, gt=0)
     test_pids: int = Field(1024, ge=16)
     test_timeout_s: float = Field(900.0, gt=0)
+    agent: bool = Field(True, description="Fall back to the README/CI agent when the rules fail.")
+    agent_budget: int = Field(8, ge=1, le=100, description="Commands the agent may run per build.")
+    agent_url: str | None = Field(None, description="OpenAI-compatible endpoint (…/v1/chat/completions) for the agent.")
+    agent_model: str = "gpt-4o-mini"
+    agent_api_key: str = ""
 
 
 registry = CollectorRegistry()
@@ -58,8 +66,10 @@ class _Builder:
         assert self.store is not None
         limits = Limits(memory_bytes=cfg.test_memory_mb << 20, cpus=cfg.test_cpus, pids=cfg.test_pids,
                         timeout_s=cfg.test_timeout_s)
+        model = ModelClient(cfg.agent_url, cfg.agent_model, cfg.agent_api_key) if cfg.agent_url else None
+        agent = AgentConfig(cfg.agent_budget, model) if cfg.agent else None
         event = await build_revision(request, self.store, self.client, BaseImages(cfg.base_image, cfg.toolchain_image),
-                                     settings.cache / "build-work", limits)
+                                     settings.cache / "build-work", limits, agent=agent)
         system = event.system or "unknown"
         if event.cached:
             CACHED.inc()
