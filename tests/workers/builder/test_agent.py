@@ -6,6 +6,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,12 @@ and run the tests:
 sh run-tests.sh
 ```
 """
+
+
+def _wait_started(server: uvicorn.Server) -> None:
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def readme_project(path: Path) -> None:
@@ -91,9 +98,9 @@ async def test_an_openai_compatible_model_drives_the_agent(docker_engine: Any, t
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        await asyncio.sleep(0.05)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    await asyncio.to_thread(_wait_started, server)
     try:
         model = ModelClient(f"http://127.0.0.1:{port}", "test-model")
         event = await build(tmp_path, docker_engine, AgentConfig(budget=4, model=model))
