@@ -22,6 +22,8 @@ class BuildRequest(BaseModel):
     revision: str = Field("HEAD", min_length=1, max_length=256)
     run_tests: bool = True
     timeout_s: float = Field(1800.0, gt=0, le=6 * 3600)
+    layered: bool = Field(False, description="Build as one layer on the image of the revision's parent (its base "
+                                             "image when none), pushed to the registry; see workers/builder/layers.py")
     force: bool = Field(False, description="Rebuild from scratch (no build cache, no dependency image, no Docker "
                                            "layer cache), even when this (repository, commit, rules) was built.")
 
@@ -56,6 +58,9 @@ class BuildEvent(BaseModel):
     dependency_image: str | None = None
     dependency_layer_cached: bool = False
     cached: bool = Field(False, description="This build was found in the build cache, not rebuilt.")
+    revision_image: Literal["base", "layer", "same"] | None = Field(
+        None, description="Layered builds: a new base image, one layer on the parent's image, or the parent's image.")
+    parent_commit: str | None = None
     failure: FailureClass | None = None
     detail: str | None = None
     tests: TestReport | None = None

@@ -18,6 +18,7 @@ from schemas.builder import BuildEvent, BuildRequest, FailureClass
 from streams.errors import BlobNotFound, InfraError
 from workers.builder import images
 from workers.builder.agent import AgentConfig, agent_image
+from workers.builder.registry import Registry
 from workers.builder.rules import REPORTS, RULES_VERSION, PlanError, plan
 from workers.common import reports
 from workers.common.containers import Limits, run_sandboxed
@@ -143,6 +144,38 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
             event = event.model_copy(update={"usable": True, "tests": tests})
         durations["total"] = time.monotonic() - started
         return _remember(store, event.model_copy(update={"durations_s": _rounded(durations)}))
+
+
+async def build_layered(request: BuildRequest, store: SaucerStore, client: Any, bases: images.BaseImages,
+                        registry: Registry, work_root: Path, limits: Limits) -> BuildEvent:
+    """A layered build (see ``revisions.image_for``), then the revision's tests in its image."""
+    from workers.builder.revisions import image_for  # revisions builds on this module: import at call time
+
+    started = time.monotonic()
+    event = BuildEvent(repository=request.repository, revision=request.revision, rules_version=RULES_VERSION,
+                       status="failed")
+    try:
+        repo = store.repository(request.repository)
+        commit = repo.resolve(request.revision)
+        image = await image_for(request.repository, commit, store, client, registry, bases, work_root, limits)
+    except (SaucerError, InfraError) as e:
+        return event.model_copy(update={"failure": "infrastructure", "detail": str(e)[-4000:]})
+    except PlanError as e:
+        return event.model_copy(update={"failure": "no_rule_matched", "detail": str(e)})
+    await asyncio.to_thread(client.images.pull, image.reference)
+    labels = dict(client.images.get(image.reference).labels or {})
+    event = event.model_copy(update={
+        "commit": commit, "status": "built", "recipe": "rules", "system": labels.get("kiln.system"),
+        "image": image.reference, "revision_image": image.kind, "parent_commit": image.parent})
+    if request.run_tests and labels.get("kiln.test"):
+        run = await asyncio.to_thread(run_sandboxed, client, image.reference, labels["kiln.test"], role="build-test",
+                                      collect=REPORTS, limits=limits, env=json.loads(labels.get("kiln.env") or "{}"))
+        tests = reports.parse_results(labels.get("kiln.system", ""), run.exit_code, run.files,
+                                      labels.get("kiln.module", ""))
+        if tests is None:
+            return event.model_copy(update={"failure": "tests_did_not_run", "detail": run.output[-4000:]})
+        event = event.model_copy(update={"usable": True, "tests": tests})
+    return event.model_copy(update={"durations_s": {"total": round(time.monotonic() - started, 3)}})
 
 
 async def _with_agent(rules_failed: BuildEvent, request: BuildRequest, client: Any, bases: images.BaseImages,

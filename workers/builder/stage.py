@@ -23,7 +23,8 @@ from streams.settings import get_settings
 from streams.stage import JobContext, Stage
 from workers.builder.agent import AgentConfig, ModelClient
 from workers.builder.images import BaseImages
-from workers.builder.service import build_revision
+from workers.builder.registry import Registry
+from workers.builder.service import build_layered, build_revision
 from workers.common.containers import Limits, docker_client
 
 
@@ -36,6 +37,7 @@ class BuilderSettings(BaseSettings):
     test_cpus: float = Field(2.0, gt=0)
     test_pids: int = Field(1024, ge=16)
     test_timeout_s: float = Field(900.0, gt=0)
+    registry: str = Field("127.0.0.1:5000", description="Registry (host:port, plain HTTP) layered builds push to.")
     agent: bool = Field(True, description="Fall back to the README/CI agent when the rules fail.")
     agent_budget: int = Field(8, ge=1, le=100, description="Commands the agent may run per build.")
     agent_url: str | None = Field(None, description="OpenAI-compatible endpoint (…/v1/chat/completions) for the agent.")
@@ -68,8 +70,13 @@ class _Builder:
                         timeout_s=cfg.test_timeout_s)
         model = ModelClient(cfg.agent_url, cfg.agent_model, cfg.agent_api_key) if cfg.agent_url else None
         agent = AgentConfig(cfg.agent_budget, model) if cfg.agent else None
-        event = await build_revision(request, self.store, self.client, BaseImages(cfg.base_image, cfg.toolchain_image),
-                                     settings.cache / "build-work", limits, agent=agent)
+        bases = BaseImages(cfg.base_image, cfg.toolchain_image)
+        if request.layered:
+            event = await build_layered(request, self.store, self.client, bases, Registry(cfg.registry),
+                                        settings.cache / "build-work", limits)
+        else:
+            event = await build_revision(request, self.store, self.client, bases, settings.cache / "build-work",
+                                         limits, agent=agent)
         system = event.system or "unknown"
         if event.cached:
             CACHED.inc()

@@ -20,6 +20,7 @@ from schemas.ingest import IngestRequest
 from streams.blobstore import FileBlobStore
 from streams.client import KilnClient
 from streams.settings import KilnSettings
+from tests.ingest.gitrepos import git, write
 from tests.streams.harness import WorkerProcess, read_all
 from tests.workers.builder.projects import PROJECTS
 from tests.workers.conftest import free_port, worker_env
@@ -56,3 +57,27 @@ async def test_build_stage_publishes_events_and_the_failure_table(stage_topics: 
         capture_output=True, text=True, timeout=120)
     assert table.returncode == 0, table.stderr
     assert "compile_failed" in table.stdout and "no_rule_matched" in table.stdout and "go" in table.stdout
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+async def test_layered_builds_through_the_stage(stage_topics: Callable[..., KilnSettings], docker_engine: Any,
+                                                registry: str, tmp_path: Path) -> None:
+    settings = stage_topics(("image.build", 1), ("image.events", 1))
+    store = SaucerStore(FileBlobStore(settings.cache / "blobs"), tmp_path / "reader")
+    b = PROJECTS["python"](tmp_path / "src")
+    first = git(tmp_path / "src", "rev-parse", "HEAD").decode().strip()
+    write(tmp_path / "src", "calc/more.py", "def more(x):\n    return x + 1\n")
+    second = b.commit("one more module")
+    assert (await ingest(IngestRequest(name="demo/layered-stage", location=str(tmp_path / "src")), "r", store,
+                         tmp_path / "work")).status == "ingested"
+    env = worker_env(settings, KILN_METRICS_PORT=str(free_port()), KILN_BUILDER_REGISTRY=registry)
+    with WorkerProcess("build", settings, "image.build", slots=1, env=env) as worker:
+        worker.wait_assigned()
+        async with KilnClient(settings, "builder-client") as client:
+            events = [await client.call("build", BuildRequest(repository="demo/layered-stage", revision=c,
+                                                              layered=True), key="demo/layered-stage")
+                      for c in (first, second)]
+    assert [(e.revision_image, e.usable) for e in events] == [("base", True), ("layer", True)]
+    assert events[1].parent_commit == first and events[1].image and "@sha256:" in events[1].image
+    assert events[1].tests is not None and events[1].tests.passed == 2
