@@ -61,6 +61,7 @@ async def test_build_stage_publishes_events_and_the_failure_table(stage_topics: 
 
 @pytest.mark.docker
 @pytest.mark.registry
+@pytest.mark.timeout(900)  # on a fresh machine the first base push uploads the toolchain layers to S3
 async def test_layered_builds_through_the_stage(stage_topics: Callable[..., KilnSettings], docker_engine: Any,
                                                 registry: str, tmp_path: Path) -> None:
     settings = stage_topics(("image.build", 1), ("image.events", 1))
