@@ -379,7 +379,10 @@ class KilnClient:
                 self._send_commit(state, asynchronous=True)
                 msgs = poll_batch(state.consumer, 0.02)
                 if msgs:
-                    state.loop.call_soon_threadsafe(self._on_results, state, msgs)
+                    try:
+                        state.loop.call_soon_threadsafe(self._on_results, state, msgs)
+                    except RuntimeError:  # the owning loop closed without closing the client (e.g. a forked test)
+                        break
             state.producer.flush(10)
             state.queue_producer.flush(10)
             self._send_commit(state, asynchronous=False)
