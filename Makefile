@@ -1,6 +1,9 @@
 # The two commands of the README. Both are idempotent and fast on a warm machine.
 .PHONY: demo test lint
 
+# The shared dependency environment behind this checkout's .venv (infra/bootstrap.sh); read after bootstrap ran.
+DEPS = $(shell cat .venv/.kiln-deps)
+
 demo:
 	bash infra/bootstrap.sh
 	.venv/bin/kiln setup kafka
@@ -13,5 +16,5 @@ test:
 	.venv/bin/python -m pytest -q -ra
 
 lint:
-	.venv/bin/ruff check .
-	.venv/bin/mypy
+	$(DEPS)/bin/ruff check .
+	.venv/bin/python -m mypy

@@ -15,16 +15,16 @@ import time
 from pathlib import Path
 
 from bench.common import report
-from ingest.service import ingest
-from ingest.store import SaucerStore
-from schemas.builder import BuildRequest
-from schemas.ingest import IngestRequest
-from streams.blobstore import FileBlobStore
-from streams.infra import COMPONENT_STEPS, run_steps
+from kiln.ingest.service import ingest
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.builder import BuildRequest
+from kiln.schemas.ingest import IngestRequest
+from kiln.streams.blobstore import FileBlobStore
+from kiln.streams.infra import COMPONENT_STEPS, run_steps
+from kiln.workers.builder.images import BaseImages
+from kiln.workers.builder.service import build_revision
+from kiln.workers.common.containers import Limits, docker_client
 from tests.workers.builder.projects import PROJECTS
-from workers.builder.images import BaseImages
-from workers.builder.service import build_revision
-from workers.common.containers import Limits, docker_client
 
 SHOULD_FAIL = {"broken-compile", "broken-deps", "no-rule"}
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from streams import admin
-from streams.infra import COMPONENT_STEPS, run_steps
-from streams.settings import KilnSettings
+from kiln.streams import admin
+from kiln.streams.infra import COMPONENT_STEPS, run_steps
+from kiln.streams.settings import KilnSettings
 
 console = Console(stderr=True)
 
@@ -46,7 +46,7 @@ class WorkerProc:
         if journal:
             proc_env["KILN_SLEEP_JOURNAL"] = str(journal)
         self.log = Path(f"/tmp/kiln-bench-{topic}-{time.monotonic_ns()}.log")
-        self.proc = subprocess.Popen([sys.executable, "-m", "streams.cli", "worker", stage, "--slots", str(slots),
+        self.proc = subprocess.Popen([sys.executable, "-m", "kiln.streams.cli", "worker", stage, "--slots", str(slots),
                                       "--topic", topic, "--group", f"g-{topic}", *(extra or [])],
                                      env=proc_env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
 

@@ -15,8 +15,8 @@ import os
 import time
 
 from bench.common import WorkerProc, broker, fresh_topics, offer_at_rate, percentile, report
-from schemas.builtin import EchoRequest
-from streams.client import KilnClient
+from kiln.schemas.builtin import EchoRequest
+from kiln.streams.client import KilnClient
 
 
 async def peak(client: KilnClient, topic: str, jobs: int) -> float:

@@ -20,20 +20,20 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import WorkerProc, broker, report
-from ingest.service import ingest
-from ingest.store import SaucerStore
-from schemas.builder import BuildRequest
-from schemas.ingest import IngestRequest
-from streams import admin
-from streams.blobstore import FileBlobStore
-from streams.client import KilnClient
-from streams.infra import COMPONENT_STEPS, run_steps
-from streams.settings import KilnSettings
+from kiln.ingest.service import ingest
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.builder import BuildRequest
+from kiln.schemas.ingest import IngestRequest
+from kiln.streams import admin
+from kiln.streams.blobstore import FileBlobStore
+from kiln.streams.client import KilnClient
+from kiln.streams.infra import COMPONENT_STEPS, run_steps
+from kiln.streams.settings import KilnSettings
+from kiln.workers.builder.images import BaseImages
+from kiln.workers.builder.service import build_revision
+from kiln.workers.common.containers import Limits, docker_client
 from tests.workers.builder.projects import python_project
 from tests.workers.conftest import free_port
-from workers.builder.images import BaseImages
-from workers.builder.service import build_revision
-from workers.common.containers import Limits, docker_client
 
 
 def p50(values: list[float]) -> float:

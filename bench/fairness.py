@@ -17,8 +17,8 @@ import uuid
 import zlib
 
 from bench.common import WorkerProc, broker, fresh_topics, median, percentile, report
-from schemas.builtin import SleepRequest
-from streams.client import KilnClient
+from kiln.schemas.builtin import SleepRequest
+from kiln.streams.client import KilnClient
 
 PARTITIONS, SPREAD = 16, 4
 

@@ -15,8 +15,8 @@ import random
 import time
 
 from bench.common import WorkerProc, broker, fresh_topics, offer_at_rate, percentile, report
-from schemas.builtin import SleepRequest
-from streams.client import KilnClient
+from kiln.schemas.builtin import SleepRequest
+from kiln.streams.client import KilnClient
 
 SLOTS, FAST_S, SLOW_S, SLOW_SHARE = 8, 0.005, 10.0, 0.01
 

@@ -25,20 +25,20 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import report
-from ingest.service import ingest
-from ingest.store import SaucerStore
-from schemas.builder import BuildRequest
-from schemas.ingest import IngestRequest
-from streams.blobstore import FileBlobStore
-from streams.infra import COMPONENT_STEPS, run_steps
+from kiln.ingest.service import ingest
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.builder import BuildRequest
+from kiln.schemas.ingest import IngestRequest
+from kiln.streams.blobstore import FileBlobStore
+from kiln.streams.infra import COMPONENT_STEPS, run_steps
+from kiln.workers.builder import layers
+from kiln.workers.builder.images import BaseImages
+from kiln.workers.builder.registry import Registry
+from kiln.workers.builder.revisions import image_for, push
+from kiln.workers.builder.service import build_revision
+from kiln.workers.common.containers import Limits, docker_client
 from tests.ingest.gitrepos import write
 from tests.workers.builder.projects import python_project
-from workers.builder import layers
-from workers.builder.images import BaseImages
-from workers.builder.registry import Registry
-from workers.builder.revisions import image_for, push
-from workers.builder.service import build_revision
-from workers.common.containers import Limits, docker_client
 
 REGISTRY = "127.0.0.1:5000"
 

@@ -21,10 +21,10 @@ import uuid
 import httpx
 
 from bench.common import WorkerProc, broker, report
-from schemas.lean import ProofStateRef
-from streams import admin
-from streams.client import KilnClient
-from streams.settings import KilnSettings
+from kiln.schemas.lean import ProofStateRef
+from kiln.streams import admin
+from kiln.streams.client import KilnClient
+from kiln.streams.settings import KilnSettings
 from tests.workers.conftest import free_port
 from tests.workers.lean.fake import FAKE_COMMAND, THEOREMS
 

@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 from bench.common import WorkerProc, broker, fresh_topics, report
-from schemas.builtin import SleepRequest
-from streams.client import KilnClient
+from kiln.schemas.builtin import SleepRequest
+from kiln.streams.client import KilnClient
 
 JOBS, SLOTS = 400, 8
 

@@ -24,10 +24,10 @@ from pathlib import Path
 import httpx
 
 from bench.common import report
-from ingest.service import ingest
-from ingest.store import SaucerStore
-from schemas.ingest import IngestRequest
-from streams.blobstore import FileBlobStore
+from kiln.ingest.service import ingest
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.ingest import IngestRequest
+from kiln.streams.blobstore import FileBlobStore
 from tests.ingest.gitrepos import Builder, all_commits, files_at, write
 
 
@@ -105,7 +105,7 @@ def main() -> None:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         # The server is its own process, as deployed (in this process it would share the client's GIL).
-        server = subprocess.Popen([sys.executable, "-m", "streams.cli", "saucer", "serve", "--port", str(port)],
+        server = subprocess.Popen([sys.executable, "-m", "kiln.streams.cli", "saucer", "serve", "--port", str(port)],
                                   env={**os.environ, "KILN_BLOB_STORE": f"file://{root / 'blobs'}",
                                        "KILN_CACHE": str(root / "server-cache")})
         try:

@@ -19,9 +19,9 @@ import time
 from datetime import UTC, datetime
 
 from bench.common import WorkerProc, broker, fresh_topics, report
-from schemas.builtin import SleepRequest
-from schemas.envelope import ResultEnvelope
-from streams.client import KilnClient
+from kiln.schemas.builtin import SleepRequest
+from kiln.schemas.envelope import ResultEnvelope
+from kiln.streams.client import KilnClient
 
 SLOTS = (2, 6)
 MEDIAN_S, SIGMA = 0.020, 1.0

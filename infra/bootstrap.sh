@@ -1,22 +1,62 @@
 #!/usr/bin/env bash
-# Creates the project's virtualenv, cached outside the repo and keyed by a hash of pyproject.toml and the
-# Python version, links it as .venv, and installs this checkout into it (editable, without re-resolving deps).
+# The checkout's own Python environment, fast on a warm machine and never shared between checkouts:
+# - the dependencies live in one virtualenv in the cache ($KILN_CACHE/deps-<key>), keyed by the dependency lists
+#   of pyproject.toml (+ extras) and the Python version, built once and shared read-only;
+# - each checkout gets its own small .venv (no pip, no copies) whose site-packages adds the shared one through a
+#   .pth file, and into which this checkout alone is installed editable. Two clones side by side each run their
+#   own code; a second clone costs seconds, not a re-download.
+# KILN_EXTRAS (default "test") picks the optional dependency groups the shared environment carries.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ROOT="$(cd "$INFRA_DIR/.." && pwd)"
 PYTHON="${KILN_PYTHON:-python3}"
+EXTRAS="${KILN_EXTRAS:-test}"
 started=$SECONDS
 
-key=$( (cat "$ROOT/pyproject.toml"; "$PYTHON" --version) | sha256sum | cut -c1-12)
-VENV="$KILN_CACHE/venv-$key"
-if [[ ! -f $VENV/.complete ]]; then
-  log "creating virtualenv $VENV (dependencies from PyPI, once per pyproject.toml)"
-  rm -rf "$VENV"
-  "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --upgrade pip "setuptools>=68" wheel >&2
-  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[test]" >&2
-  touch "$VENV/.complete"
+# The requirement list: dependencies + the chosen extras, from pyproject.toml (entry points and tool settings do not
+# change it, so editing them never rebuilds the environment).
+requirements=$("$PYTHON" - "$ROOT/pyproject.toml" "$EXTRAS" <<'EOF'
+import sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+optional = project.get("optional-dependencies", {})
+wanted = [e for e in sys.argv[2].split(",") if e]
+missing = [e for e in wanted if e not in optional]
+if missing:
+    sys.exit(f"unknown extras {missing}; pyproject.toml has {sorted(optional)}")
+print("\n".join(sorted(set(project["dependencies"]).union(*(optional[e] for e in wanted)))))
+EOF
+)
+key=$( (printf '%s\n' "$requirements"; "$PYTHON" --version) | sha256sum | cut -c1-12)
+DEPS="$KILN_CACHE/deps-$key"
+if [[ ! -f $DEPS/.complete ]]; then
+  log "creating the shared dependency environment $DEPS (from PyPI, once per dependency list)"
+  rm -rf "$DEPS"
+  "$PYTHON" -m venv "$DEPS"
+  "$DEPS/bin/pip" install -q --disable-pip-version-check --upgrade pip "setuptools>=68" wheel >&2
+  printf '%s\n' "$requirements" >"$DEPS/requirements.txt"
+  "$DEPS/bin/pip" install -q --disable-pip-version-check -r "$DEPS/requirements.txt" >&2
+  touch "$DEPS/.complete"
 fi
-# Re-point the editable install at this checkout (a fresh clone may live elsewhere); cheap, no resolution.
-"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e "$ROOT" >&2
-ln -sfn "$VENV" "$ROOT/.venv"
+touch "$DEPS/.complete"  # last use, for pruning
+# Keep the three most recently used dependency environments; drop those of the former shared-venv layout.
+ls -1dt "$KILN_CACHE"/deps-* 2>/dev/null | tail -n +4 | xargs -r rm -rf
+rm -rf "$KILN_CACHE"/venv-*
+
+VENV="$ROOT/.venv"
+[[ -L $VENV ]] && rm -f "$VENV"  # a link into a shared environment (the former layout)
+if [[ ! -f $VENV/.kiln-deps || $(cat "$VENV/.kiln-deps") != "$DEPS" ]]; then
+  rm -rf "$VENV"
+  "$PYTHON" -m venv --without-pip "$VENV"
+  site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+  # addsitedir (not a bare path) so the shared environment's own .pth files are processed too.
+  printf "import site; site.addsitedir(%s)\n" "'$(site_of "$DEPS/bin/python")'" \
+    >"$(site_of "$VENV/bin/python")/_kiln_shared_deps.pth"
+  echo "$DEPS" >"$VENV/.kiln-deps"
+fi
+# Install this checkout editable (only `kiln` is mapped); again only when its metadata changed. Sources added
+# later are found without a reinstall.
+meta=$(sha256sum "$ROOT/pyproject.toml" | cut -c1-12)
+if [[ ! -f $VENV/.kiln-installed || $(cat "$VENV/.kiln-installed") != "$meta" ]]; then
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT" >&2
+  echo "$meta" >"$VENV/.kiln-installed"
+fi
 printf '[timing] bootstrap: python env: %ss\n' "$((SECONDS - started))" >&2

@@ -9,8 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from schemas.ingest import DEFAULT_REFS, HistoryRewrite, IngestEvent, IngestRequest
-from streams.settings import get_settings
+from kiln.schemas.ingest import DEFAULT_REFS, HistoryRewrite, IngestEvent, IngestRequest
+from kiln.streams.settings import get_settings
 
 app = typer.Typer(help="Saucer: repository ingestion and serving.", no_args_is_help=True)
 out = Console()
@@ -21,15 +21,15 @@ def serve(host: str = "127.0.0.1", port: int = 8700, workers: int = 1) -> None:
     """Serve every stored repository over HTTP (FastAPI; /healthz, /metrics, /docs)."""
     import uvicorn
 
-    from ingest.http import create_app
-    from ingest.store import SaucerStore
+    from kiln.ingest.http import create_app
+    from kiln.ingest.store import SaucerStore
 
     uvicorn.run(create_app(SaucerStore.from_settings(get_settings())), host=host, port=port, workers=workers,
                 log_level="warning")
 
 
 def _submit(request: IngestRequest) -> None:
-    from streams.client import KilnClient
+    from kiln.streams.client import KilnClient
 
     async def go() -> IngestEvent:
         async with KilnClient(get_settings()) as client:
@@ -67,7 +67,7 @@ def rewrite(name: str, source: str,
 @app.command("ls")
 def list_repos() -> None:
     """Repositories in the configured store."""
-    from ingest.store import SaucerStore
+    from kiln.ingest.store import SaucerStore
 
     store = SaucerStore.from_settings(get_settings())
     table = Table("repository", "manifest", "ingested at", "location")

@@ -14,8 +14,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingest.errors import DownloadFailed, InvalidLocation
-from schemas.ingest import FailureReason
+from kiln.ingest.errors import DownloadFailed, InvalidLocation
+from kiln.schemas.ingest import FailureReason
 
 _SCP_LIKE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^:]")
 _URL = re.compile(r"^(https?|git|ssh|file)://", re.IGNORECASE)

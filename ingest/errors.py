@@ -15,8 +15,8 @@ SaucerError
 
 from __future__ import annotations
 
-from schemas.ingest import FailureReason
-from streams.errors import KilnError
+from kiln.schemas.ingest import FailureReason
+from kiln.streams.errors import KilnError
 
 
 class SaucerError(KilnError):

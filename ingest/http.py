@@ -19,9 +19,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ingest.errors import InvalidReference, NotAFile, NotFound, SaucerError
-from ingest.reader import MAX_PATH_BYTES, Repository, TreeEntry
-from ingest.store import SaucerStore
+from kiln.ingest.errors import InvalidReference, NotAFile, NotFound, SaucerError
+from kiln.ingest.reader import MAX_PATH_BYTES, Repository, TreeEntry
+from kiln.ingest.store import SaucerStore
 
 IMMUTABLE = "public, max-age=31536000, immutable"
 _SEP = b"/-/"

@@ -14,8 +14,8 @@ from typing import Any
 
 import zstandard
 
-from ingest.errors import CorruptPack
-from ingest.objects import Commit, TreeItem
+from kiln.ingest.errors import CorruptPack
+from kiln.ingest.objects import Commit, TreeItem
 
 FORMAT = 1
 ZSTD_LEVEL = 10

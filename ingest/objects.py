@@ -8,7 +8,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingest.errors import CorruptPack
+from kiln.ingest.errors import CorruptPack
 
 TREE_MODE = b"40000"
 SUBMODULE_MODE = b"160000"

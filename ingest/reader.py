@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ingest.errors import InvalidReference, NotAFile, PathNotFound, RevisionNotFound
-from ingest.gitpack import PackFile
-from ingest.manifest import Manifest
-from ingest.objects import SUBMODULE_MODE, SYMLINK_MODE, TREE_MODE, Commit, TreeItem
+from kiln.ingest.errors import InvalidReference, NotAFile, PathNotFound, RevisionNotFound
+from kiln.ingest.gitpack import PackFile
+from kiln.ingest.manifest import Manifest
+from kiln.ingest.objects import SUBMODULE_MODE, SYMLINK_MODE, TREE_MODE, Commit, TreeItem
 
 MAX_PATH_BYTES = 4096
 MAX_REV_CHARS = 256

@@ -12,11 +12,11 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingest.download import Git, local_refs
-from ingest.errors import CorruptPack
-from ingest.gitpack import PackFile
-from ingest.manifest import Manifest
-from ingest.objects import Commit, TreeItem, parse_commit, parse_tag_target, parse_tree
+from kiln.ingest.download import Git, local_refs
+from kiln.ingest.errors import CorruptPack
+from kiln.ingest.gitpack import PackFile
+from kiln.ingest.manifest import Manifest
+from kiln.ingest.objects import Commit, TreeItem, parse_commit, parse_tag_target, parse_tree
 
 PACK_CONFIG = ["-c", "pack.useBitmaps=false", "-c", "pack.writeBitmapIndex=false", "-c", "core.compression=6",
                "-c", "pack.compression=6", "-c", "pack.useSparse=false"]

@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 from urllib.parse import unquote_to_bytes
 
-from ingest.download import Git, init_bare
-from ingest.errors import SaucerError
-from ingest.objects import TREE_MODE, TreeItem, rewrite_commit, serialize_tree, write_loose
-from ingest.reader import Repository, split_path
-from schemas.ingest import HistoryRewrite
+from kiln.ingest.download import Git, init_bare
+from kiln.ingest.errors import SaucerError
+from kiln.ingest.objects import TREE_MODE, TreeItem, rewrite_commit, serialize_tree, write_loose
+from kiln.ingest.reader import Repository, split_path
+from kiln.schemas.ingest import HistoryRewrite
 
 MAIN = "refs/heads/main"
 

@@ -12,12 +12,12 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ingest.download import Git, check_location, download
-from ingest.errors import DownloadFailed, InvalidLocation, InvalidReference, NotFound
-from ingest.repack import repack
-from ingest.rewrite import RewriteFailed, rewrite_into
-from ingest.store import SaucerStore
-from schemas.ingest import FailureReason, IngestEvent, IngestRequest
+from kiln.ingest.download import Git, check_location, download
+from kiln.ingest.errors import DownloadFailed, InvalidLocation, InvalidReference, NotFound
+from kiln.ingest.repack import repack
+from kiln.ingest.rewrite import RewriteFailed, rewrite_into
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.ingest import FailureReason, IngestEvent, IngestRequest
 
 
 async def ingest(request: IngestRequest, request_id: str, store: SaucerStore, work_root: Path, *,

@@ -11,15 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ingest.errors import RepositoryNotFound
-from ingest.gitpack import PackFile
-from ingest.manifest import Manifest
-from ingest.reader import Repository
-from ingest.repack import Repacked
-from schemas.ingest import REPO_NAME
-from streams.blobstore import BlobStore, open_blob_store
-from streams.errors import BlobNotFound
-from streams.settings import KilnSettings
+from kiln.ingest.errors import RepositoryNotFound
+from kiln.ingest.gitpack import PackFile
+from kiln.ingest.manifest import Manifest
+from kiln.ingest.reader import Repository
+from kiln.ingest.repack import Repacked
+from kiln.schemas.ingest import REPO_NAME
+from kiln.streams.blobstore import BlobStore, open_blob_store
+from kiln.streams.errors import BlobNotFound
+from kiln.streams.settings import KilnSettings
 
 NAMESPACE = "saucer/repos"
 POINTER_TTL_S = 2.0

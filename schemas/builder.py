@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.ingest import REPO_NAME
-from schemas.reports import TestReport
+from kiln.schemas.ingest import REPO_NAME
+from kiln.schemas.reports import TestReport
 
 FailureClass = Literal["no_rule_matched", "dependency_install_failed", "compile_failed", "tests_did_not_run",
                        "timeout", "infrastructure"]

@@ -1,6 +1,6 @@
 """The message envelope every kiln request and result travels in.
 
-Pydantic models are the source of truth; ``python -m schemas.export`` writes their JSON Schema under
+Pydantic models are the source of truth; ``python -m kiln.schemas.export`` writes their JSON Schema under
 ``schemas/jsonschema/`` and a test fails when a change would break readers of an earlier version.
 """
 

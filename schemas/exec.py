@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.reports import TestReport
+from kiln.schemas.reports import TestReport
 
 ExecOp = Literal["open", "write_files", "read_files", "delete_files", "apply_patch", "run", "run_tests", "lint",
                  "snapshot", "fork", "close"]

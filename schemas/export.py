@@ -1,6 +1,6 @@
 """Export the JSON Schema of every boundary model, and judge whether a change stays compatible.
 
-``python -m schemas.export`` rewrites ``schemas/jsonschema/<Model>.v<N>.json``; ``--check`` exits 1 when a model
+``python -m kiln.schemas.export`` rewrites ``schemas/jsonschema/<Model>.v<N>.json``; ``--check`` exits 1 when a model
 changed incompatibly against its committed schema (a field removed, retyped or made required, an enum
 narrowed). Compatible additions only need a re-export; an incompatible change needs a new schema_version.
 """
@@ -14,13 +14,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from schemas.builder import BuildEvent, BuildRequest
-from schemas.builtin import EchoRequest, EchoResult, SleepRequest, SleepResult
-from schemas.envelope import SCHEMA_VERSION, RequestEnvelope, ResultEnvelope
-from schemas.exec import ExecRequest, ExecResult
-from schemas.ingest import IngestEvent, IngestRequest
-from schemas.lean import LeanRequest, LeanResult
-from schemas.reports import CoverageReport, TestReport
+from kiln.schemas.builder import BuildEvent, BuildRequest
+from kiln.schemas.builtin import EchoRequest, EchoResult, SleepRequest, SleepResult
+from kiln.schemas.envelope import SCHEMA_VERSION, RequestEnvelope, ResultEnvelope
+from kiln.schemas.exec import ExecRequest, ExecResult
+from kiln.schemas.ingest import IngestEvent, IngestRequest
+from kiln.schemas.lean import LeanRequest, LeanResult
+from kiln.schemas.reports import CoverageReport, TestReport
 
 SCHEMA_DIR = Path(__file__).parent / "jsonschema"
 MODELS: list[type[BaseModel]] = [
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
         path, schema = schema_path(model), current_schema(model)
         if check:
             if not path.exists():
-                print(f"{path.name}: missing, run python -m schemas.export")
+                print(f"{path.name}: missing, run python -m kiln.schemas.export")
                 failed = True
                 continue
             problems = incompatible_changes(json.loads(path.read_text()), schema)

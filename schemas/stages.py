@@ -7,11 +7,11 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from schemas.builder import BuildEvent, BuildRequest
-from schemas.builtin import EchoRequest, EchoResult, SleepRequest, SleepResult
-from schemas.exec import ExecRequest, ExecResult
-from schemas.ingest import IngestEvent, IngestRequest
-from schemas.lean import LeanRequest, LeanResult
+from kiln.schemas.builder import BuildEvent, BuildRequest
+from kiln.schemas.builtin import EchoRequest, EchoResult, SleepRequest, SleepResult
+from kiln.schemas.exec import ExecRequest, ExecResult
+from kiln.schemas.ingest import IngestEvent, IngestRequest
+from kiln.schemas.lean import LeanRequest, LeanResult
 
 
 @dataclass(frozen=True)

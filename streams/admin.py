@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from streams.errors import InfraError
-from streams.settings import KilnSettings
+from kiln.streams.errors import InfraError
+from kiln.streams.settings import KilnSettings
 
 
 @dataclass(frozen=True)

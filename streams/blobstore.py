@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlparse
 
-from streams.errors import BlobCorrupt, BlobError, BlobNotFound, ConfigError
-from streams.settings import KilnSettings
+from kiln.streams.errors import BlobCorrupt, BlobError, BlobNotFound, ConfigError
+from kiln.streams.settings import KilnSettings
 
 CHUNK = 1 << 20
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")

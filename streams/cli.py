@@ -8,10 +8,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from streams import admin
-from streams.errors import KilnError
-from streams.infra import COMPONENT_STEPS, run_script, run_steps
-from streams.settings import get_settings
+from kiln.streams import admin
+from kiln.streams.errors import KilnError
+from kiln.streams.infra import COMPONENT_STEPS, run_script, run_steps
+from kiln.streams.settings import get_settings
 
 app = typer.Typer(no_args_is_help=True, help="kiln: execution feedback for RL training, on Kafka.")
 out = Console()
@@ -82,7 +82,7 @@ def init(
     bucket: Annotated[list[str] | None, typer.Option(help="Extra S3 buckets to create (e.g. the registry's).")] = None,
 ) -> None:
     """Create the stage topics, the blob store (bucket) and extra buckets: a deployment's one-shot setup."""
-    from streams.blobstore import S3BlobStore, open_blob_store
+    from kiln.streams.blobstore import S3BlobStore, open_blob_store
 
     _create_topics()
     settings = get_settings()
@@ -135,10 +135,10 @@ def worker(
     """Run a stage worker until SIGTERM: metrics and /healthz on KILN_METRICS_PORT."""
     import asyncio
 
-    from streams.blobstore import open_blob_store
-    from streams.runtime import Worker
-    from streams.share import ShareWorker
-    from streams.stage import load_stage
+    from kiln.streams.blobstore import open_blob_store
+    from kiln.streams.runtime import Worker
+    from kiln.streams.share import ShareWorker
+    from kiln.streams.stage import load_stage
 
     _logging(verbose)
     settings = get_settings()
@@ -168,10 +168,10 @@ def replay(
     """Feed a topic from offset 0 through a stage's handler, with progress, re-emitting no results."""
     import asyncio
 
-    from schemas.stages import STAGES
-    from streams.blobstore import open_blob_store
-    from streams.replay import replay as run_replay
-    from streams.stage import load_stage
+    from kiln.schemas.stages import STAGES
+    from kiln.streams.blobstore import open_blob_store
+    from kiln.streams.replay import replay as run_replay
+    from kiln.streams.stage import load_stage
 
     if not from_beginning:
         raise typer.BadParameter("only --from-beginning replays are supported")
@@ -190,7 +190,7 @@ def demo() -> None:
     """Run echo and sleep workers, submit a mix of jobs through the broker, print results as they arrive."""
     import asyncio
 
-    from streams.demo import run_demo
+    from kiln.streams.demo import run_demo
 
     settings = get_settings()
     _create_topics()

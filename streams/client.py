@@ -29,19 +29,19 @@ from typing import Any
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from pydantic import BaseModel
 
-from schemas.envelope import ReplyTo, RequestEnvelope, ResultEnvelope
-from schemas.exec import CommandOutput, ExecOp, ExecRequest, ExecResult, SessionLimits, file_content
-from schemas.ingest import IngestEvent, IngestRequest
-from schemas.lean import LeanRequest, LeanResult, ProofStateRef
-from schemas.stages import DEFAULT_RESULTS_TOPIC, STAGES
-from streams import codec
-from streams.blobstore import BlobStore
-from streams.errors import ClientError, ConfigError, RequestExpired, RequestFailed
-from streams.execsessions import ExecSession, SpillOver
-from streams.executor import producer_config
-from streams.offsets import PartitionOffsets, commit_position, coordinates, decode_done, poll_batch
-from streams.proofsearch import SearchOutcome, breadth_first
-from streams.settings import KilnSettings, get_settings
+from kiln.schemas.envelope import ReplyTo, RequestEnvelope, ResultEnvelope
+from kiln.schemas.exec import CommandOutput, ExecOp, ExecRequest, ExecResult, SessionLimits, file_content
+from kiln.schemas.ingest import IngestEvent, IngestRequest
+from kiln.schemas.lean import LeanRequest, LeanResult, ProofStateRef
+from kiln.schemas.stages import DEFAULT_RESULTS_TOPIC, STAGES
+from kiln.streams import codec
+from kiln.streams.blobstore import BlobStore
+from kiln.streams.errors import ClientError, ConfigError, RequestExpired, RequestFailed
+from kiln.streams.execsessions import ExecSession, SpillOver
+from kiln.streams.executor import producer_config
+from kiln.streams.offsets import PartitionOffsets, commit_position, coordinates, decode_done, poll_batch
+from kiln.streams.proofsearch import SearchOutcome, breadth_first
+from kiln.streams.settings import KilnSettings, get_settings
 
 log = logging.getLogger("kiln.client")
 

@@ -8,9 +8,9 @@ from typing import Any
 import zstandard
 from pydantic import BaseModel, ValidationError
 
-from schemas.envelope import ClaimCheck, RequestEnvelope, ResultEnvelope
-from streams.blobstore import BlobStore
-from streams.errors import MalformedRequest
+from kiln.schemas.envelope import ClaimCheck, RequestEnvelope, ResultEnvelope
+from kiln.streams.blobstore import BlobStore
+from kiln.streams.errors import MalformedRequest
 
 _ZSTD_LEVEL = 3
 

@@ -10,13 +10,13 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from schemas.builtin import EchoRequest, SleepRequest
-from schemas.envelope import ResultEnvelope
-from streams.blobstore import open_blob_store
-from streams.client import KilnClient
-from streams.runtime import Worker
-from streams.settings import KilnSettings
-from streams.stage import load_stage
+from kiln.schemas.builtin import EchoRequest, SleepRequest
+from kiln.schemas.envelope import ResultEnvelope
+from kiln.streams.blobstore import open_blob_store
+from kiln.streams.client import KilnClient
+from kiln.streams.runtime import Worker
+from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import load_stage
 
 
 async def run_demo(settings: KilnSettings, console: Console) -> int:

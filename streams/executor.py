@@ -17,15 +17,15 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from schemas.envelope import ErrorInfo, RequestEnvelope, ResultEnvelope
-from streams import codec
-from streams.blobstore import BlobStore
-from streams.errors import KilnError, MalformedRequest
-from streams.metrics import WorkerMetrics
-from streams.middleware import Job, Middleware, Outcome, compose, default_middleware, error_info
-from streams.offsets import coordinates
-from streams.settings import KilnSettings
-from streams.stage import JobContext, Stage
+from kiln.schemas.envelope import ErrorInfo, RequestEnvelope, ResultEnvelope
+from kiln.streams import codec
+from kiln.streams.blobstore import BlobStore
+from kiln.streams.errors import KilnError, MalformedRequest
+from kiln.streams.metrics import WorkerMetrics
+from kiln.streams.middleware import Job, Middleware, Outcome, compose, default_middleware, error_info
+from kiln.streams.offsets import coordinates
+from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import JobContext, Stage
 
 
 def producer_config(settings: KilnSettings, **extra: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from streams.errors import InfraError
+from kiln.streams.errors import InfraError
 
 console = Console(stderr=True)
 

@@ -16,10 +16,10 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from schemas.envelope import ErrorInfo, ResultStatus
-from streams.errors import PermanentJobError, TransientJobError
-from streams.metrics import WorkerMetrics
-from streams.stage import JobContext, Stage
+from kiln.schemas.envelope import ErrorInfo, ResultStatus
+from kiln.streams.errors import PermanentJobError, TransientJobError
+from kiln.streams.metrics import WorkerMetrics
+from kiln.streams.stage import JobContext, Stage
 
 
 @dataclass

@@ -16,7 +16,7 @@ import zlib
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
-from streams.errors import KilnError
+from kiln.streams.errors import KilnError
 
 METADATA_PREFIX = "k1:"
 MAX_METADATA_CHARS = 3000

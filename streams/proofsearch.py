@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from schemas.lean import LeanResult, ProofStateRef
+from kiln.schemas.lean import LeanResult, ProofStateRef
 
 RunTactic = Callable[[ProofStateRef, str], Awaitable[LeanResult]]
 Candidates = Callable[[ProofStateRef], Sequence[str]]

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from streams import codec
-from streams.blobstore import BlobStore
-from streams.errors import ConfigError, MalformedRequest
-from streams.infra import console
-from streams.metrics import WorkerMetrics
-from streams.middleware import Job, Outcome, compose, default_middleware
-from streams.offsets import coordinates
-from streams.settings import KilnSettings
-from streams.stage import JobContext, Stage
+from kiln.streams import codec
+from kiln.streams.blobstore import BlobStore
+from kiln.streams.errors import ConfigError, MalformedRequest
+from kiln.streams.infra import console
+from kiln.streams.metrics import WorkerMetrics
+from kiln.streams.middleware import Job, Outcome, compose, default_middleware
+from kiln.streams.offsets import coordinates
+from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import JobContext, Stage
 
 
 @dataclass

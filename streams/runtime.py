@@ -31,12 +31,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from streams import admin
-from streams.blobstore import BlobStore
-from streams.executor import JobExecutor
-from streams.metrics import WorkerMetrics, start_worker_endpoints
-from streams.middleware import Middleware
-from streams.offsets import (
+from kiln.streams import admin
+from kiln.streams.blobstore import BlobStore
+from kiln.streams.executor import JobExecutor
+from kiln.streams.metrics import WorkerMetrics, start_worker_endpoints
+from kiln.streams.middleware import Middleware
+from kiln.streams.offsets import (
     OffsetMapError,
     PartitionOffsets,
     commit_position,
@@ -44,8 +44,8 @@ from streams.offsets import (
     decode_done,
     poll_batch,
 )
-from streams.settings import KilnSettings
-from streams.stage import Stage
+from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import Stage
 
 log = logging.getLogger("kiln.runtime")
 

@@ -37,15 +37,15 @@ from typing import Any
 from confluent_kafka import AcknowledgeType, Message, ShareConsumer
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-from schemas.envelope import ErrorInfo
-from streams import admin
-from streams.blobstore import BlobStore
-from streams.errors import ConfigError
-from streams.executor import JobExecutor
-from streams.metrics import WorkerMetrics, start_worker_endpoints
-from streams.middleware import Middleware, RetryMiddleware
-from streams.settings import KilnSettings
-from streams.stage import Stage
+from kiln.schemas.envelope import ErrorInfo
+from kiln.streams import admin
+from kiln.streams.blobstore import BlobStore
+from kiln.streams.errors import ConfigError
+from kiln.streams.executor import JobExecutor
+from kiln.streams.metrics import WorkerMetrics, start_worker_endpoints
+from kiln.streams.middleware import Middleware, RetryMiddleware
+from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import Stage
 
 log = logging.getLogger("kiln.share")
 

@@ -13,9 +13,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
-from schemas.envelope import RequestEnvelope
-from schemas.stages import StageSpec
-from streams.errors import ConfigError
+from kiln.schemas.envelope import RequestEnvelope
+from kiln.schemas.stages import StageSpec
+from kiln.streams.errors import ConfigError
 
 
 @dataclass

@@ -11,9 +11,9 @@ import pytest
 # testcontainers' reaper image comes from a hub this machine cannot reach; tests clean up after themselves.
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
-from streams import admin
-from streams.infra import COMPONENT_STEPS, run_script, run_steps
-from streams.settings import KilnSettings
+from kiln.streams import admin
+from kiln.streams.infra import COMPONENT_STEPS, run_script, run_steps
+from kiln.streams.settings import KilnSettings
 
 
 def _ensure(component: str) -> None:

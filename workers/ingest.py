@@ -13,13 +13,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ingest.service import ingest
-from ingest.store import SaucerStore
-from schemas.ingest import IngestEvent, IngestRequest
-from schemas.stages import STAGES
-from streams.replay import read_topic
-from streams.settings import get_settings
-from streams.stage import JobContext, Stage
+from kiln.ingest.service import ingest
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.ingest import IngestEvent, IngestRequest
+from kiln.schemas.stages import STAGES
+from kiln.streams.replay import read_topic
+from kiln.streams.settings import get_settings
+from kiln.streams.stage import JobContext, Stage
 
 SPEC = STAGES["ingest"]
 

@@ -10,7 +10,7 @@ RUN command -v git >/dev/null || (apt-get update && apt-get install -y --no-inst
 RUN python3 -m venv /opt/kiln && mkdir -p /var/lib/kiln && chown 1000:1000 /var/lib/kiln
 # Dependencies first, keyed by pyproject.toml only, so source edits reuse this layer.
 COPY pyproject.toml README.md /src/
-RUN for p in streams workers ingest schemas; do mkdir -p /src/$p && touch /src/$p/__init__.py; done \
+RUN mkdir -p /src/kiln && touch /src/kiln/__init__.py \
     && /opt/kiln/bin/pip install --no-cache-dir --disable-pip-version-check /src \
     && rm -rf /src
 COPY . /src

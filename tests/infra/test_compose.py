@@ -15,9 +15,9 @@ import pytest
 import yaml
 from testcontainers.core.container import DockerContainer
 
-from schemas.builtin import EchoRequest
-from streams.client import KilnClient
-from streams.settings import KilnSettings
+from kiln.schemas.builtin import EchoRequest
+from kiln.streams.client import KilnClient
+from kiln.streams.settings import KilnSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from streams import admin
-from streams.settings import KilnSettings
+from kiln.streams import admin
+from kiln.streams.settings import KilnSettings
 
 
 def _produce(settings: KilnSettings, topic: str, n: int) -> None:

@@ -11,7 +11,7 @@ import boto3
 import httpx
 from botocore.config import Config
 
-from streams.settings import KilnSettings
+from kiln.streams.settings import KilnSettings
 
 MANIFEST_TYPES = ",".join([
     "application/vnd.docker.distribution.manifest.v2+json",

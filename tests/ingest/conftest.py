@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ingest.service import ingest
-from ingest.store import SaucerStore
-from schemas.ingest import IngestEvent, IngestRequest
-from streams.blobstore import FileBlobStore
+from kiln.ingest.service import ingest
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.ingest import IngestEvent, IngestRequest
+from kiln.streams.blobstore import FileBlobStore
 from tests.ingest.gitrepos import rich_repository
 
 

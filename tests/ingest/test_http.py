@@ -12,7 +12,7 @@ import httpx
 import pytest
 import uvicorn
 
-from ingest.http import IMMUTABLE, create_app
+from kiln.ingest.http import IMMUTABLE, create_app
 from tests.ingest.conftest import Ingested
 from tests.ingest.gitrepos import NON_UTF8, all_commits, files_at, git, show
 

@@ -9,12 +9,12 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.errors import CorruptPack, InvalidReference, RevisionNotFound
-from ingest.gitpack import apply_delta
-from ingest.reader import split_path
-from ingest.store import SaucerStore
-from schemas.ingest import IngestRequest
-from streams.blobstore import FileBlobStore
+from kiln.ingest.errors import CorruptPack, InvalidReference, RevisionNotFound
+from kiln.ingest.gitpack import apply_delta
+from kiln.ingest.reader import split_path
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.ingest import IngestRequest
+from kiln.streams.blobstore import FileBlobStore
 from tests.ingest.conftest import Ingested, ingest_into
 from tests.ingest.gitrepos import Builder, all_commits, files_at, show, write
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from ingest.errors import InvalidReference, NotAFile, PathNotFound, RepositoryNotFound, RevisionNotFound
-from ingest.store import SaucerStore
-from schemas.ingest import HistoryRewrite, IngestRequest
-from streams.blobstore import FileBlobStore, S3BlobStore
-from streams.settings import KilnSettings
+from kiln.ingest.errors import InvalidReference, NotAFile, PathNotFound, RepositoryNotFound, RevisionNotFound
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.ingest import HistoryRewrite, IngestRequest
+from kiln.streams.blobstore import FileBlobStore, S3BlobStore
+from kiln.streams.settings import KilnSettings
 from tests.ingest.conftest import Ingested, ingest_into
 from tests.ingest.gitrepos import NON_UTF8, all_commits, files_at, git, show
 

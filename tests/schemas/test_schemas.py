@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.envelope import RequestEnvelope, new_request_id, utcnow
-from schemas.export import MODELS, current_schema, incompatible_changes, main, schema_path
+from kiln.schemas.envelope import RequestEnvelope, new_request_id, utcnow
+from kiln.schemas.export import MODELS, current_schema, incompatible_changes, main, schema_path
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
@@ -59,8 +59,8 @@ def test_deadline_expiry(seconds: float) -> None:
 
 @given(st.binary(max_size=300))
 def test_decoding_arbitrary_bytes_raises_malformed_only(raw: bytes) -> None:
-    from streams.codec import decode_request
-    from streams.errors import MalformedRequest
+    from kiln.streams.codec import decode_request
+    from kiln.streams.errors import MalformedRequest
 
     with contextlib.suppress(MalformedRequest):
         decode_request(raw)

@@ -15,9 +15,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from streams.runtime import Worker
-from streams.settings import KilnSettings
-from streams.stage import Stage
+from kiln.streams.runtime import Worker
+from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import Stage
 
 
 @contextlib.asynccontextmanager
@@ -48,7 +48,7 @@ class WorkerProcess:
             proc_env["KILN_SLEEP_JOURNAL"] = str(journal)
         self.log = Path(f"/tmp/kiln-test-worker-{topic}-{time.monotonic_ns()}.log")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streams.cli", "worker", stage, "--slots", str(slots), "--topic", topic,
+            [sys.executable, "-m", "kiln.streams.cli", "worker", stage, "--slots", str(slots), "--topic", topic,
              "--group", f"g-{topic}", *(extra or [])],
             env=proc_env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
         )

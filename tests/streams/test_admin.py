@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from streams import admin
-from streams.settings import KilnSettings
+from kiln.streams import admin
+from kiln.streams.settings import KilnSettings
 
 
 def test_stage_topics_are_created_with_their_partitions_and_retention(kafka: KilnSettings, unique: str) -> None:

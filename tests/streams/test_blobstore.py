@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.blobstore import BlobStore, FileBlobStore, S3BlobStore, digest_of, open_blob_store
-from streams.errors import BlobCorrupt, BlobError, BlobNotFound, ConfigError
-from streams.settings import KilnSettings
+from kiln.streams.blobstore import BlobStore, FileBlobStore, S3BlobStore, digest_of, open_blob_store
+from kiln.streams.errors import BlobCorrupt, BlobError, BlobNotFound, ConfigError
+from kiln.streams.settings import KilnSettings
 
 
 @pytest.fixture(params=["file", "s3"])

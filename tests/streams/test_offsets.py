@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.offsets import MAX_METADATA_CHARS, OffsetMapError, PartitionOffsets, decode_done, encode_done
+from kiln.streams.offsets import MAX_METADATA_CHARS, OffsetMapError, PartitionOffsets, decode_done, encode_done
 
 
 @st.composite

@@ -8,11 +8,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from schemas.builtin import EchoRequest, SleepRequest
-from streams.client import KilnClient
-from streams.settings import KilnSettings
+from kiln.schemas.builtin import EchoRequest, SleepRequest
+from kiln.streams.client import KilnClient
+from kiln.streams.settings import KilnSettings
+from kiln.workers.builtin import echo
 from tests.streams.harness import WorkerProcess, journal_events, read_all, running_worker
-from workers.builtin import echo
 
 
 async def _await_until(predicate, limit_s: float, what: str) -> None:  # type: ignore[no-untyped-def]

@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from schemas.builtin import SleepRequest
-from streams.client import KilnClient
-from streams.settings import KilnSettings
+from kiln.schemas.builtin import SleepRequest
+from kiln.streams.client import KilnClient
+from kiln.streams.settings import KilnSettings
+from kiln.workers.builtin import sleep
 from tests.streams.harness import journal_events, read_all, running_worker
-from workers.builtin import sleep
 
 
 async def test_replay_from_beginning_runs_every_job_once_without_results(kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
@@ -26,7 +26,7 @@ async def test_replay_from_beginning_runs_every_job_once_without_results(kafka: 
     journal = tmp_path / "journal"
     proc = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "streams.cli", "replay", request_topic, "--from-beginning", "--stage", "sleep"],
+        [sys.executable, "-m", "kiln.streams.cli", "replay", request_topic, "--from-beginning", "--stage", "sleep"],
         env={"KILN_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "KILN_SLEEP_JOURNAL": str(journal),
              "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
         capture_output=True, text=True, timeout=120,

@@ -12,14 +12,14 @@ import httpx
 import pytest
 from confluent_kafka import Producer
 
-from schemas.builtin import EchoRequest, SleepRequest
-from schemas.stages import STAGES
-from streams.client import KilnClient
-from streams.errors import RequestExpired, RequestFailed
-from streams.settings import KilnSettings
-from streams.stage import JobContext, Stage
+from kiln.schemas.builtin import EchoRequest, SleepRequest
+from kiln.schemas.stages import STAGES
+from kiln.streams.client import KilnClient
+from kiln.streams.errors import RequestExpired, RequestFailed
+from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import JobContext, Stage
+from kiln.workers.builtin import echo, sleep
 from tests.streams.harness import read_all, running_worker
-from workers.builtin import echo, sleep
 
 
 @pytest.mark.parametrize("protocol", ["consumer", "classic"])
@@ -64,7 +64,7 @@ async def test_keyed_mode_keeps_per_key_order_under_concurrency(kafka: KilnSetti
         running["now"] -= 1
         return EchoResult(data=None)
 
-    from schemas.builtin import EchoResult
+    from kiln.schemas.builtin import EchoResult
 
     keyed = Stage(dataclasses.replace(STAGES["echo"], ordering="keyed"), handle)  # type: ignore[arg-type]
     async with running_worker(keyed, kafka, request_topic, slots=8), \

@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-from schemas.builtin import SleepRequest
-from streams import admin
-from streams.client import KilnClient
-from streams.errors import ConfigError, RequestFailed
-from streams.infra import run_script
-from streams.settings import KilnSettings
-from streams.share import ShareWorker
+from kiln.schemas.builtin import SleepRequest
+from kiln.streams import admin
+from kiln.streams.client import KilnClient
+from kiln.streams.errors import ConfigError, RequestFailed
+from kiln.streams.infra import run_script
+from kiln.streams.settings import KilnSettings
+from kiln.streams.share import ShareWorker
+from kiln.workers.builtin import sleep
 from tests.streams.harness import WorkerProcess, journal_events, read_all
-from workers.builtin import sleep
 
 QUEUE = ["--mode", "queue", "--verbose"]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from streams import admin
-from streams.settings import KilnSettings
+from kiln.streams import admin
+from kiln.streams.settings import KilnSettings
 
 
 @pytest.fixture

@@ -14,12 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ingest.store import SaucerStore
-from schemas.ingest import HistoryRewrite, IngestEvent, IngestRequest
-from streams.blobstore import FileBlobStore
-from streams.client import KilnClient
-from streams.errors import RequestFailed
-from streams.settings import KilnSettings
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.ingest import HistoryRewrite, IngestEvent, IngestRequest
+from kiln.streams.blobstore import FileBlobStore
+from kiln.streams.client import KilnClient
+from kiln.streams.errors import RequestFailed
+from kiln.streams.settings import KilnSettings
 from tests.ingest.gitrepos import Builder, rich_repository, write
 from tests.streams.harness import WorkerProcess, read_all
 from tests.workers.conftest import free_port, worker_env
@@ -74,7 +74,7 @@ async def test_ingest_events_failures_and_replay_rebuild(stage_topics: Callable[
     one.commit("after ingestion")
     rebuilt = tmp_path / "rebuilt"
     proc = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "streams.cli", "replay", "repo.ingest",
+        subprocess.run, [sys.executable, "-m", "kiln.streams.cli", "replay", "repo.ingest",
                          "--from-beginning"],
         env={**os.environ, **env, "KILN_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
              "KILN_BLOB_STORE": f"file://{rebuilt}", "KILN_CACHE": str(tmp_path / "replay-cache")},

@@ -21,8 +21,8 @@ from typing import Any
 
 import httpx
 
-from schemas.builder import Decision
-from workers.builder.rules import ci_commands
+from kiln.schemas.builder import Decision
+from kiln.workers.builder.rules import ci_commands
 
 _FENCE = re.compile(r"```(?:sh|bash|shell|console|)\s*\n(.*?)```", re.DOTALL)
 _TEST = re.compile(r"\b(test|tests|check|pytest|ctest)\b")

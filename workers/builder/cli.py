@@ -9,9 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from schemas.builder import BuildEvent, BuildRequest
-from streams.replay import read_topic
-from streams.settings import get_settings
+from kiln.schemas.builder import BuildEvent, BuildRequest
+from kiln.streams.replay import read_topic
+from kiln.streams.settings import get_settings
 
 app = typer.Typer(help="Image builds: submit, and the failure table.", no_args_is_help=True)
 out = Console()
@@ -20,7 +20,7 @@ out = Console()
 @app.command()
 def submit(repository: str, revision: str = "HEAD", force: bool = False) -> None:
     """Produce a build request to image.build and wait for its event."""
-    from streams.client import KilnClient
+    from kiln.streams.client import KilnClient
 
     async def go() -> BuildEvent:
         async with KilnClient(get_settings()) as client:

@@ -15,8 +15,8 @@ from typing import Any
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 
-from streams.errors import InfraError
-from workers.builder.rules import LOCAL_IMAGE_MARK, RULES_VERSION, Plan
+from kiln.streams.errors import InfraError
+from kiln.workers.builder.rules import LOCAL_IMAGE_MARK, RULES_VERSION, Plan
 
 # Give what the build created to the test user without touching (and so copying into the layer) the rest.
 HAND_OVER = "find /work ! -user 1000 -exec chown -h 1000:1000 {} +"

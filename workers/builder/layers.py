@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from ingest.reader import Repository, TreeEntry
-from streams.blobstore import BlobStore
-from streams.errors import BlobNotFound
-from workers.builder.images import HAND_OVER
-from workers.builder.registry import CONFIG_V1, LAYER_GZIP, Registry, sha256_digest
+from kiln.ingest.reader import Repository, TreeEntry
+from kiln.streams.blobstore import BlobStore
+from kiln.streams.errors import BlobNotFound
+from kiln.workers.builder.images import HAND_OVER
+from kiln.workers.builder.registry import CONFIG_V1, LAYER_GZIP, Registry, sha256_digest
 
 # Files that cannot change a build or its tests (overridable per call).
 INERT = ("*.md", "*.rst", "docs/*", "doc/*", ".github/*", ".gitlab-ci.yml", ".travis.yml", "LICENSE*", "COPYING*",

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from streams.errors import InfraError
+from kiln.streams.errors import InfraError
 
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
 CONFIG_V1 = "application/vnd.docker.container.image.v1+json"

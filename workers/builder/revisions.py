@@ -7,15 +7,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ingest.store import SaucerStore
-from schemas.builder import BuildRequest
-from streams.errors import InfraError
-from workers.builder import layers
-from workers.builder.images import BaseImages
-from workers.builder.registry import Registry
-from workers.builder.rules import plan
-from workers.builder.service import build_revision
-from workers.common.containers import Limits
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.builder import BuildRequest
+from kiln.streams.errors import InfraError
+from kiln.workers.builder import layers
+from kiln.workers.builder.images import BaseImages
+from kiln.workers.builder.registry import Registry
+from kiln.workers.builder.rules import plan
+from kiln.workers.builder.service import build_revision
+from kiln.workers.common.containers import Limits
 
 
 async def push(client: Any, registry: Registry, local: str, name: str, tag: str) -> str:

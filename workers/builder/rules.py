@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from schemas.builder import Decision
+from kiln.schemas.builder import Decision
 
 RULES_VERSION = 1
 REPORTS = "/tmp/kiln-reports"

@@ -12,16 +12,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ingest.errors import SaucerError
-from ingest.store import SaucerStore
-from schemas.builder import BuildEvent, BuildRequest, FailureClass
-from streams.errors import BlobNotFound, InfraError
-from workers.builder import images
-from workers.builder.agent import AgentConfig, agent_image
-from workers.builder.registry import Registry
-from workers.builder.rules import REPORTS, RULES_VERSION, PlanError, plan
-from workers.common import reports
-from workers.common.containers import Limits, run_sandboxed
+from kiln.ingest.errors import SaucerError
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.builder import BuildEvent, BuildRequest, FailureClass
+from kiln.streams.errors import BlobNotFound, InfraError
+from kiln.workers.builder import images
+from kiln.workers.builder.agent import AgentConfig, agent_image
+from kiln.workers.builder.registry import Registry
+from kiln.workers.builder.rules import REPORTS, RULES_VERSION, PlanError, plan
+from kiln.workers.common import reports
+from kiln.workers.common.containers import Limits, run_sandboxed
 
 CACHE_NAMESPACE = "builds"
 
@@ -149,7 +149,7 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
 async def build_layered(request: BuildRequest, store: SaucerStore, client: Any, bases: images.BaseImages,
                         registry: Registry, work_root: Path, limits: Limits) -> BuildEvent:
     """A layered build (see ``revisions.image_for``), then the revision's tests in its image."""
-    from workers.builder.revisions import image_for  # revisions builds on this module: import at call time
+    from kiln.workers.builder.revisions import image_for  # revisions builds on this module: import at call time
 
     started = time.monotonic()
     event = BuildEvent(repository=request.repository, revision=request.revision, rules_version=RULES_VERSION,

@@ -16,16 +16,16 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ingest.store import SaucerStore
-from schemas.builder import BuildEvent, BuildRequest
-from schemas.stages import STAGES
-from streams.settings import get_settings
-from streams.stage import JobContext, Stage
-from workers.builder.agent import AgentConfig, ModelClient
-from workers.builder.images import BaseImages
-from workers.builder.registry import Registry
-from workers.builder.service import build_layered, build_revision
-from workers.common.containers import Limits, docker_client
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.builder import BuildEvent, BuildRequest
+from kiln.schemas.stages import STAGES
+from kiln.streams.settings import get_settings
+from kiln.streams.stage import JobContext, Stage
+from kiln.workers.builder.agent import AgentConfig, ModelClient
+from kiln.workers.builder.images import BaseImages
+from kiln.workers.builder.registry import Registry
+from kiln.workers.builder.service import build_layered, build_revision
+from kiln.workers.common.containers import Limits, docker_client
 
 
 class BuilderSettings(BaseSettings):

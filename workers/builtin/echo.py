@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from schemas.builtin import EchoRequest, EchoResult
-from schemas.stages import STAGES
-from streams.stage import JobContext, Stage
+from kiln.schemas.builtin import EchoRequest, EchoResult
+from kiln.schemas.stages import STAGES
+from kiln.streams.stage import JobContext, Stage
 
 
 async def handle(request: EchoRequest, ctx: JobContext) -> EchoResult:

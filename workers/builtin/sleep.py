@@ -16,10 +16,10 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.builtin import SleepRequest, SleepResult
-from schemas.stages import STAGES
-from streams.errors import PermanentJobError, TransientJobError
-from streams.stage import JobContext, Stage
+from kiln.schemas.builtin import SleepRequest, SleepResult
+from kiln.schemas.stages import STAGES
+from kiln.streams.errors import PermanentJobError, TransientJobError
+from kiln.streams.stage import JobContext, Stage
 
 
 class SleepSettings(BaseSettings):

@@ -14,7 +14,7 @@ from typing import Any
 import docker
 from docker.errors import APIError, DockerException, NotFound
 
-from streams.errors import InfraError
+from kiln.streams.errors import InfraError
 
 LABEL = "kiln.role"
 

@@ -14,9 +14,9 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from typing import Any
 
-from schemas.exec import LintFinding
-from schemas.reports import CoverageReport, FileCoverage, TestCaseResult, TestReport
-from streams.errors import KilnError
+from kiln.schemas.exec import LintFinding
+from kiln.schemas.reports import CoverageReport, FileCoverage, TestCaseResult, TestReport
+from kiln.streams.errors import KilnError
 
 
 class ReportError(KilnError):

@@ -31,9 +31,9 @@ from typing import Any
 import zstandard
 from docker.errors import APIError, DockerException, NotFound
 
-from schemas.exec import CommandOutput, FileContent, SessionLimits
-from streams.blobstore import BlobStore
-from streams.errors import InfraError, PermanentJobError
+from kiln.schemas.exec import CommandOutput, FileContent, SessionLimits
+from kiln.streams.blobstore import BlobStore
+from kiln.streams.errors import InfraError, PermanentJobError
 
 ROLE = "exec-session"
 MAX_READ_BYTES = 16 << 20

@@ -25,14 +25,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.exec import ExecRequest, ExecResult, SessionLimits
-from schemas.stages import STAGES
-from streams.blobstore import open_blob_store
-from streams.settings import get_settings
-from streams.stage import JobContext, Stage
-from workers.common import reports
-from workers.common.containers import docker_client
-from workers.exec.sessions import ROLE, Session, SessionError, SessionManager, safe_path
+from kiln.schemas.exec import ExecRequest, ExecResult, SessionLimits
+from kiln.schemas.stages import STAGES
+from kiln.streams.blobstore import open_blob_store
+from kiln.streams.settings import get_settings
+from kiln.streams.stage import JobContext, Stage
+from kiln.workers.common import reports
+from kiln.workers.common.containers import docker_client
+from kiln.workers.exec.sessions import ROLE, Session, SessionError, SessionManager, safe_path
 
 
 class ExecSettings(BaseSettings):

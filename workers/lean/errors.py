@@ -9,7 +9,7 @@ ReplError
 
 from __future__ import annotations
 
-from streams.errors import JobError, PermanentJobError, TransientJobError
+from kiln.streams.errors import JobError, PermanentJobError, TransientJobError
 
 
 class ReplError(JobError):

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from workers.lean.repl import Header, ReplProcess
+from kiln.workers.lean.repl import Header, ReplProcess
 
 
 @dataclass

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.lean.errors import ReplCrashed, ReplError, ReplMemoryExceeded, ReplProtocolError, ReplTimeout
+from kiln.workers.lean.errors import ReplCrashed, ReplError, ReplMemoryExceeded, ReplProtocolError, ReplTimeout
 
 Header = tuple[str, ...]
 _PAGE = os.sysconf("SC_PAGE_SIZE")

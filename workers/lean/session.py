@@ -16,12 +16,12 @@ from typing import Any
 
 import zstandard
 
-from schemas.lean import LeanMessage, LeanRequest, LeanResult, ProofStateRef, Sorry
-from streams.blobstore import BlobStore
-from streams.errors import PermanentJobError
-from workers.lean.errors import ReplProtocolError
-from workers.lean.pool import ReplPool
-from workers.lean.repl import Header, ReplProcess
+from kiln.schemas.lean import LeanMessage, LeanRequest, LeanResult, ProofStateRef, Sorry
+from kiln.streams.blobstore import BlobStore
+from kiln.streams.errors import PermanentJobError
+from kiln.workers.lean.errors import ReplProtocolError
+from kiln.workers.lean.pool import ReplPool
+from kiln.workers.lean.repl import Header, ReplProcess
 
 ZSTD_LEVEL = 3
 

@@ -21,15 +21,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.lean import LeanRequest, LeanResult
-from schemas.stages import STAGES
-from streams.blobstore import open_blob_store
-from streams.errors import ConfigError
-from streams.settings import get_settings
-from streams.stage import JobContext, Stage
-from workers.lean.pool import ReplPool
-from workers.lean.repl import Header, ReplLimits, ReplProcess
-from workers.lean.session import LeanSession, StateCodec
+from kiln.schemas.lean import LeanRequest, LeanResult
+from kiln.schemas.stages import STAGES
+from kiln.streams.blobstore import open_blob_store
+from kiln.streams.errors import ConfigError
+from kiln.streams.settings import get_settings
+from kiln.streams.stage import JobContext, Stage
+from kiln.workers.lean.pool import ReplPool
+from kiln.workers.lean.repl import Header, ReplLimits, ReplProcess
+from kiln.workers.lean.session import LeanSession, StateCodec
 
 
 class LeanSettings(BaseSettings):

@@ -14,16 +14,16 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from ingest.service import ingest
-from ingest.store import SaucerStore
-from schemas.builder import BuildRequest
-from schemas.ingest import IngestRequest
-from streams.blobstore import FileBlobStore
+from kiln.ingest.service import ingest
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.builder import BuildRequest
+from kiln.schemas.ingest import IngestRequest
+from kiln.streams.blobstore import FileBlobStore
+from kiln.workers.builder.agent import AgentConfig, ModelClient, classify
+from kiln.workers.builder.images import BaseImages
+from kiln.workers.builder.service import build_revision
+from kiln.workers.common.containers import Limits
 from tests.ingest.gitrepos import Builder, write
-from workers.builder.agent import AgentConfig, ModelClient, classify
-from workers.builder.images import BaseImages
-from workers.builder.service import build_revision
-from workers.common.containers import Limits
 
 pytestmark = pytest.mark.docker
 README = """# widget

@@ -13,13 +13,13 @@ from typing import Any
 import httpx
 import pytest
 
-from ingest.service import ingest
-from ingest.store import SaucerStore
-from schemas.builder import BuildEvent, BuildRequest
-from schemas.ingest import IngestRequest
-from streams.blobstore import FileBlobStore
-from streams.client import KilnClient
-from streams.settings import KilnSettings
+from kiln.ingest.service import ingest
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.builder import BuildEvent, BuildRequest
+from kiln.schemas.ingest import IngestRequest
+from kiln.streams.blobstore import FileBlobStore
+from kiln.streams.client import KilnClient
+from kiln.streams.settings import KilnSettings
 from tests.ingest.gitrepos import git, write
 from tests.streams.harness import WorkerProcess, read_all
 from tests.workers.builder.projects import PROJECTS
@@ -52,7 +52,7 @@ async def test_build_stage_publishes_events_and_the_failure_table(stage_topics: 
     assert sorted(e.repository for e in published) == sorted(f"demo/{n}" for n in names)
     assert 'kiln_build_failures_total{reason="compile_failed",system="go"} 1.0' in metrics
     table = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "streams.cli", "builds", "failures"],
+        subprocess.run, [sys.executable, "-m", "kiln.streams.cli", "builds", "failures"],
         env={**os.environ, **env, "KILN_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "COLUMNS": "200"},
         capture_output=True, text=True, timeout=120)
     assert table.returncode == 0, table.stderr

@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from ingest.service import ingest
-from ingest.store import SaucerStore
-from schemas.builder import BuildEvent, BuildRequest
-from schemas.ingest import IngestRequest
-from streams.blobstore import FileBlobStore
+from kiln.ingest.service import ingest
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.builder import BuildEvent, BuildRequest
+from kiln.schemas.ingest import IngestRequest
+from kiln.streams.blobstore import FileBlobStore
+from kiln.workers.builder.images import BaseImages
+from kiln.workers.builder.rules import PlanError, plan
+from kiln.workers.builder.service import build_revision
+from kiln.workers.common.containers import Limits
 from tests.ingest.gitrepos import write
 from tests.workers.builder.projects import EXPECTED, PROJECTS, python_project
-from workers.builder.images import BaseImages
-from workers.builder.rules import PlanError, plan
-from workers.builder.service import build_revision
-from workers.common.containers import Limits
 
 BASES = BaseImages("kiln/base:latest", "kiln/toolchain:latest")
 LIMITS = Limits(memory_bytes=1 << 30, cpus=2, pids=512, timeout_s=300)

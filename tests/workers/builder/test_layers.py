@@ -12,19 +12,19 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from ingest.service import ingest
-from ingest.store import SaucerStore
-from schemas.ingest import IngestRequest
-from streams.blobstore import FileBlobStore
-from streams.settings import KilnSettings
+from kiln.ingest.service import ingest
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.ingest import IngestRequest
+from kiln.streams.blobstore import FileBlobStore
+from kiln.streams.settings import KilnSettings
+from kiln.workers.builder import layers
+from kiln.workers.builder.images import BaseImages
+from kiln.workers.builder.registry import Registry, read_layer_from_s3
+from kiln.workers.builder.revisions import image_for
+from kiln.workers.common import reports
+from kiln.workers.common.containers import Limits, run_sandboxed
 from tests.ingest.gitrepos import Builder, git, write
 from tests.workers.builder.projects import python_project
-from workers.builder import layers
-from workers.builder.images import BaseImages
-from workers.builder.registry import Registry, read_layer_from_s3
-from workers.builder.revisions import image_for
-from workers.common import reports
-from workers.common.containers import Limits, run_sandboxed
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.timeout(900)]
 

@@ -11,22 +11,22 @@ from typing import Any
 
 import pytest
 
-from ingest.service import ingest
-from ingest.store import SaucerStore
-from schemas.builder import BuildRequest
-from schemas.exec import ExecResult, SessionLimits
-from schemas.ingest import IngestRequest
-from streams.blobstore import FileBlobStore
-from streams.client import KilnClient
-from streams.errors import RequestFailed
-from streams.execsessions import ExecSession, SpillOver
-from streams.settings import KilnSettings
+from kiln.ingest.service import ingest
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.builder import BuildRequest
+from kiln.schemas.exec import ExecResult, SessionLimits
+from kiln.schemas.ingest import IngestRequest
+from kiln.streams.blobstore import FileBlobStore
+from kiln.streams.client import KilnClient
+from kiln.streams.errors import RequestFailed
+from kiln.streams.execsessions import ExecSession, SpillOver
+from kiln.streams.settings import KilnSettings
+from kiln.workers.builder.images import BaseImages
+from kiln.workers.builder.service import build_revision
+from kiln.workers.common.containers import Limits
 from tests.streams.harness import WorkerProcess
 from tests.workers.builder.projects import python_project
 from tests.workers.conftest import free_port, worker_env
-from workers.builder.images import BaseImages
-from workers.builder.service import build_revision
-from workers.common.containers import Limits
 
 pytestmark = pytest.mark.docker
 

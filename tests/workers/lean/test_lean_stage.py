@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from schemas.lean import LeanRequest, ProofStateRef
-from streams.client import KilnClient
-from streams.errors import RequestFailed
-from streams.settings import KilnSettings
+from kiln.schemas.lean import LeanRequest, ProofStateRef
+from kiln.streams.client import KilnClient
+from kiln.streams.errors import RequestFailed
+from kiln.streams.settings import KilnSettings
 from tests.streams.harness import WorkerProcess
 from tests.workers.conftest import free_port, worker_env
 from tests.workers.lean.fake import FAKE_COMMAND, THEOREMS

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from schemas.lean import LeanRequest
-from workers.lean.pool import ReplPool
-from workers.lean.repl import Header, ReplLimits, ReplProcess
-from workers.lean.session import LeanSession, StateCodec
+from kiln.schemas.lean import LeanRequest
+from kiln.workers.lean.pool import ReplPool
+from kiln.workers.lean.repl import Header, ReplLimits, ReplProcess
+from kiln.workers.lean.session import LeanSession, StateCodec
 
 REPL = os.environ.get("KILN_LEAN_REPL")
 PROJECT = os.environ.get("KILN_LEAN_PROJECT")

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from schemas.lean import LeanRequest, ProofStateRef
+from kiln.schemas.lean import LeanRequest, ProofStateRef
+from kiln.workers.lean.errors import ReplCrashed, ReplMemoryExceeded, ReplProtocolError, ReplTimeout
+from kiln.workers.lean.pool import ReplPool
+from kiln.workers.lean.repl import Header, ReplLimits, ReplProcess
+from kiln.workers.lean.session import LeanSession, StateCodec
 from tests.workers.lean.fake import FAKE_COMMAND, THEOREMS
-from workers.lean.errors import ReplCrashed, ReplMemoryExceeded, ReplProtocolError, ReplTimeout
-from workers.lean.pool import ReplPool
-from workers.lean.repl import Header, ReplLimits, ReplProcess
-from workers.lean.session import LeanSession, StateCodec
 
 
 @contextlib.asynccontextmanager
