@@ -19,6 +19,7 @@ from rich.table import Table
 from kiln.streams import admin
 from kiln.streams.infra import COMPONENT_STEPS, run_steps
 from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import TopicSpec
 
 console = Console(stderr=True)
 
@@ -33,8 +34,8 @@ def broker() -> KilnSettings:
 def fresh_topics(settings: KilnSettings, name: str, partitions: int) -> tuple[str, str]:
     tag = uuid.uuid4().hex[:8]
     request, results = f"bench-{name}-{tag}", f"bench-{name}-{tag}-results"
-    admin.create_topics(settings, [admin.TopicSpec(request, partitions), admin.TopicSpec(f"{request}.dlq", 1),
-                                   admin.TopicSpec(results, 4)])
+    admin.create_topics(settings, [TopicSpec(request, partitions), TopicSpec(f"{request}.dlq", 1),
+                                   TopicSpec(results, 4)])
     return request, results
 
 

@@ -29,9 +29,11 @@ from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.client import KilnClient
 from kiln.streams.infra import COMPONENT_STEPS, run_steps
 from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import TopicSpec
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits, docker_client
+from kiln.workers.exec.client import ExecClient
 from tests.workers.builder.projects import python_project
 from tests.workers.conftest import free_port
 
@@ -77,7 +79,8 @@ async def through_kiln(settings: KilnSettings, image: str, args: argparse.Namesp
     out: dict[str, float] = {}
     try:
         worker.wait_assigned()
-        async with KilnClient(settings, f"bench-{uuid.uuid4().hex[:6]}") as client:
+        async with KilnClient(settings, f"bench-{uuid.uuid4().hex[:6]}") as kiln:
+            client = ExecClient(kiln)
             opens, sessions = [], []
             for _ in range(max(5, args.samples // 4)):
                 t = time.perf_counter()
@@ -126,8 +129,8 @@ async def main() -> None:
     run_steps(COMPONENT_STEPS["docker"])
     client = docker_client()
     settings = broker().model_copy(update={"topic_prefix": f"bench-{uuid.uuid4().hex[:8]}."})
-    topics = [admin.TopicSpec("exec.requests", 8), admin.TopicSpec("exec.requests.dlq", 1),
-              admin.TopicSpec("kiln.results", 4)]
+    topics = [TopicSpec("exec.requests", 8), TopicSpec("exec.requests.dlq", 1),
+              TopicSpec("kiln.results", 4)]
     admin.create_topics(settings, topics)
     try:
         with tempfile.TemporaryDirectory() as tmp:

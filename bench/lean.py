@@ -25,6 +25,8 @@ from kiln.schemas.lean import ProofStateRef
 from kiln.streams import admin
 from kiln.streams.client import KilnClient
 from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import TopicSpec
+from kiln.workers.lean.client import LeanClient
 from tests.workers.conftest import free_port
 from tests.workers.lean.fake import FAKE_COMMAND, THEOREMS
 
@@ -51,7 +53,8 @@ async def tactic_throughput(settings: KilnSettings, args: argparse.Namespace) ->
                              "FAKE_LEAN_TACTIC_MS": str(args.tactic_ms), "KILN_METRICS_PORT": str(port)})
     try:
         worker.wait_assigned()
-        async with KilnClient(settings, f"bench-{uuid.uuid4().hex[:6]}") as client:
+        async with KilnClient(settings, f"bench-{uuid.uuid4().hex[:6]}") as kiln:
+            client = LeanClient(kiln)
             state: ProofStateRef = (await client.run_code(THEOREMS)).sorries[0].state
             ratios = [state.stored_bytes / state.raw_bytes]
             for _ in range(20):  # warm the pool up to its size
@@ -91,7 +94,8 @@ async def code_throughput(settings: KilnSettings, args: argparse.Namespace, reus
     worker = WorkerProc(settings, "lean", "lean.requests", args.slots, env=env)
     try:
         worker.wait_assigned()
-        async with KilnClient(settings, f"bench-{uuid.uuid4().hex[:6]}") as client:
+        async with KilnClient(settings, f"bench-{uuid.uuid4().hex[:6]}") as kiln:
+            client = LeanClient(kiln)
             started = time.monotonic()
             await asyncio.gather(*(client.run_code(THEOREMS, header=["import Mathlib"], timeout_s=600)
                                    for _ in range(requests)))
@@ -109,8 +113,8 @@ def main() -> None:
     parser.add_argument("--import-s", type=float, default=2)
     args = parser.parse_args()
     settings = broker().model_copy(update={"topic_prefix": f"bench-{uuid.uuid4().hex[:8]}."})
-    admin.create_topics(settings, [admin.TopicSpec("lean.requests", 8), admin.TopicSpec("lean.requests.dlq", 1),
-                                   admin.TopicSpec("kiln.results", 4)])
+    admin.create_topics(settings, [TopicSpec("lean.requests", 8), TopicSpec("lean.requests.dlq", 1),
+                                   TopicSpec("kiln.results", 4)])
     try:
         metrics = asyncio.run(tactic_throughput(settings, args))
         with_reuse = asyncio.run(code_throughput(settings, args, True, 40))

@@ -43,6 +43,7 @@ rm -rf "$KILN_CACHE"/venv-*
 
 VENV="$ROOT/.venv"
 [[ -L $VENV ]] && rm -f "$VENV"  # a link into a shared environment (the former layout)
+rm -rf "$ROOT/kiln.egg-info"
 if [[ ! -f $VENV/.kiln-deps || $(cat "$VENV/.kiln-deps") != "$DEPS" ]]; then
   rm -rf "$VENV"
   "$PYTHON" -m venv --without-pip "$VENV"
@@ -57,6 +58,9 @@ fi
 meta=$(sha256sum "$ROOT/pyproject.toml" | cut -c1-12)
 if [[ ! -f $VENV/.kiln-installed || $(cat "$VENV/.kiln-installed") != "$meta" ]]; then
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT" >&2
+  # setuptools leaves kiln.egg-info in the checkout: anything run from here (cwd on sys.path) would read its entry
+  # points, stale after the next edit, instead of the installed ones.
+  rm -rf "$ROOT/kiln.egg-info"
   echo "$meta" >"$VENV/.kiln-installed"
 fi
 printf '[timing] bootstrap: python env: %ss\n' "$((SECONDS - started))" >&2

@@ -30,10 +30,11 @@ def serve(host: str = "127.0.0.1", port: int = 8700, workers: int = 1) -> None:
 
 def _submit(request: IngestRequest) -> None:
     from kiln.streams.client import KilnClient
+    from kiln.workers.ingest.client import SaucerClient
 
     async def go() -> IngestEvent:
         async with KilnClient(get_settings()) as client:
-            return await client.ingest_repository(request)
+            return await SaucerClient(client).ingest_repository(request)
 
     event = asyncio.run(go())
     out.print_json(event.model_dump_json())

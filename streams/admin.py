@@ -1,51 +1,17 @@
-"""Topic topology: every stage's request, result and dead-letter topics with their partition counts and configs."""
+"""Creating and deleting topics (the topology comes from the registered stage specs), and the broker feature probe."""
 
 from __future__ import annotations
 
 import socket
 import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kiln.streams.errors import InfraError
 from kiln.streams.settings import KilnSettings
-
-
-@dataclass(frozen=True)
-class TopicSpec:
-    name: str
-    partitions: int
-    config: dict[str, str] = field(default_factory=dict)
-
-
-# Keep forever: replaying it from offset 0 rebuilds a derived store.
-REPLAYABLE = {"retention.ms": "-1", "retention.bytes": "-1"}
-WEEK = {"retention.ms": str(7 * 24 * 3600 * 1000)}
-
-
-def _stage(request: str, partitions: int, result: str | None, result_partitions: int,
-           request_config: dict[str, str] | None = None) -> list[TopicSpec]:
-    specs = [
-        TopicSpec(request, partitions, request_config or WEEK),
-        # Dead letters are evidence: keep them until an operator has looked.
-        TopicSpec(f"{request}.dlq", 1, REPLAYABLE),
-    ]
-    if result:
-        specs.append(TopicSpec(result, result_partitions, WEEK))
-    return specs
-
-
-STAGE_TOPICS: list[TopicSpec] = [
-    *_stage("repo.ingest", 8, "repo.events", 4, REPLAYABLE),
-    *_stage("image.build", 8, "image.events", 4),
-    *_stage("exec.requests", 32, "exec.results", 16),
-    *_stage("lean.requests", 32, "lean.results", 16),
-    *_stage("rollouts", 8, "policy.updates", 1),
-    *_stage("echo.requests", 8, "kiln.results", 16),
-    *_stage("sleep.requests", 16, None, 0),
-]
+from kiln.streams.stage import TopicSpec, topology
 
 
 def delete_topics(settings: KilnSettings, names: list[str], timeout: float = 30.0) -> list[str]:
@@ -66,11 +32,12 @@ def admin_client(settings: KilnSettings) -> AdminClient:
 
 def create_topics(settings: KilnSettings, specs: list[TopicSpec] | None = None,
                   timeout: float = 30.0) -> dict[str, str]:
-    """Create missing topics (prefixed by settings); returns name -> 'created' | 'exists'."""
+    """Create missing topics (prefixed by settings), by default every registered stage's; returns
+    name -> 'created' | 'exists'."""
     admin = admin_client(settings)
     wanted = [
         NewTopic(settings.topic(s.name), num_partitions=s.partitions, replication_factor=-1, config=s.config)
-        for s in (specs if specs is not None else STAGE_TOPICS)
+        for s in (specs if specs is not None else topology())
     ]
     existing = set(admin.list_topics(timeout=timeout).topics)
     outcome = {t.topic: "exists" for t in wanted if t.topic in existing}

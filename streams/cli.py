@@ -12,6 +12,7 @@ from kiln.streams import admin
 from kiln.streams.errors import KilnError
 from kiln.streams.infra import COMPONENT_STEPS, run_script, run_steps
 from kiln.streams.settings import get_settings
+from kiln.streams.stage import spec_for_topic, stage_specs, topology
 
 app = typer.Typer(no_args_is_help=True, help="kiln: execution feedback for RL training, on Kafka.")
 out = Console()
@@ -104,7 +105,7 @@ def topics_list() -> None:
     settings = get_settings()
     md = admin.admin_client(settings).list_topics(timeout=15)
     table = Table("topic", "partitions (spec)", "partitions (broker)", "config")
-    for spec in admin.STAGE_TOPICS:
+    for spec in topology():
         name = settings.topic(spec.name)
         have = md.topics.get(name)
         table.add_row(name, str(spec.partitions), str(len(have.partitions)) if have else "-",
@@ -168,7 +169,6 @@ def replay(
     """Feed a topic from offset 0 through a stage's handler, with progress, re-emitting no results."""
     import asyncio
 
-    from kiln.schemas.stages import STAGES
     from kiln.streams.blobstore import open_blob_store
     from kiln.streams.replay import replay as run_replay
     from kiln.streams.stage import load_stage
@@ -176,7 +176,8 @@ def replay(
     if not from_beginning:
         raise typer.BadParameter("only --from-beginning replays are supported")
     settings = get_settings()
-    name = stage or next((k for k, s in STAGES.items() if s.request_topic == topic), None)
+    consumer = spec_for_topic(topic)
+    name = stage or (consumer.kind if consumer else None)
     if name is None:
         raise typer.BadParameter(f"no stage consumes {topic}; pass --stage")
     stats = asyncio.run(run_replay(load_stage(name), settings, topic, concurrency=concurrency,
@@ -186,20 +187,17 @@ def replay(
 
 
 @app.command()
-def demo() -> None:
-    """Run echo and sleep workers, submit a mix of jobs through the broker, print results as they arrive."""
-    import asyncio
-
-    from kiln.streams.demo import run_demo
-
-    settings = get_settings()
-    _create_topics()
-    if asyncio.run(run_demo(settings, out)):
-        raise typer.Exit(1)
+def stages() -> None:
+    """The installed stages (entry point group kiln.stages): topics, ordering, models and handler."""
+    table = Table("stage", "request topic", "partitions", "ordering", "events", "request / result", "handler")
+    for kind, spec in sorted(stage_specs().items()):
+        table.add_row(kind, spec.request_topic, str(spec.partitions), spec.ordering, spec.events_topic or "-",
+                      f"{spec.request_model.__name__} / {spec.result_model.__name__}", spec.handler)
+    out.print(table)
 
 
 def _add_plugin_commands() -> None:
-    """Command groups other packages contribute (entry point group ``kiln.commands``), e.g. ``kiln saucer``."""
+    """Commands other packages contribute (entry point group ``kiln.commands``), e.g. ``kiln saucer``, ``kiln demo``."""
     from importlib.metadata import entry_points
 
     for ep in entry_points(group="kiln.commands"):

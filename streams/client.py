@@ -8,12 +8,15 @@
 - Each request id is delivered at most once per process: duplicates from replayed jobs are dropped.
 - Fork-safe: Kafka handles are created lazily per process id. A forked child gets fresh handles and, unless told
   otherwise, its own client id (``<id>.<pid>``) so it never consumes its parent's results.
+
+The client knows envelopes, topics and futures only: a request kind's topic and result model come from the
+registered stage specs (``kiln.streams.stage``). Each stage ships a typed facade over it next to its handler
+(``LeanClient``, ``ExecClient``, ``SaucerClient``, ``BuilderClient``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import os
@@ -22,7 +25,7 @@ import time
 import uuid
 import zlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -30,18 +33,13 @@ from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException
 from pydantic import BaseModel
 
 from kiln.schemas.envelope import ReplyTo, RequestEnvelope, ResultEnvelope
-from kiln.schemas.exec import CommandOutput, ExecOp, ExecRequest, ExecResult, SessionLimits, file_content
-from kiln.schemas.ingest import IngestEvent, IngestRequest
-from kiln.schemas.lean import LeanRequest, LeanResult, ProofStateRef
-from kiln.schemas.stages import DEFAULT_RESULTS_TOPIC, STAGES
 from kiln.streams import codec
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import ClientError, ConfigError, RequestExpired, RequestFailed
-from kiln.streams.execsessions import ExecSession, SpillOver
 from kiln.streams.executor import producer_config
 from kiln.streams.offsets import PartitionOffsets, commit_position, coordinates, decode_done, poll_batch
-from kiln.streams.proofsearch import SearchOutcome, breadth_first
 from kiln.streams.settings import KilnSettings, get_settings
+from kiln.streams.stage import RESULTS_TOPIC, StageSpec, stage_specs
 
 log = logging.getLogger("kiln.client")
 
@@ -94,7 +92,7 @@ class KilnClient:
         settings: KilnSettings | None = None,
         client_id: str | None = None,
         *,
-        results_topic: str = DEFAULT_RESULTS_TOPIC,
+        results_topic: str = RESULTS_TOPIC,
         max_in_flight: int = 10_000,
         key_spread: int = 4,
         blob_store: BlobStore | None = None,
@@ -104,7 +102,6 @@ class KilnClient:
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.results_topic = self.settings.topic(results_topic)
         self.max_in_flight = max_in_flight
-        self._spill = SpillOver()
         self.key_spread = max(1, key_spread)
         self.blob_store = blob_store
         self._child_client_id = child_client_id or (lambda cid, pid: f"{cid}.{pid}")
@@ -112,6 +109,13 @@ class KilnClient:
         self._state: _ProcessState | None = None
         self._start_lock: asyncio.Lock | None = None
         self._owner_pid = os.getpid()
+        self._specs: dict[str, StageSpec] | None = None
+
+    def spec(self, kind: str) -> StageSpec | None:
+        """The registered spec of stage ``kind`` (entry point group ``kiln.stages``, read once per client)."""
+        if self._specs is None:
+            self._specs = stage_specs()
+        return self._specs.get(kind)
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
 
@@ -210,9 +214,10 @@ class KilnClient:
         """Send one request; the returned future resolves with its ``ResultEnvelope``. ``partition`` pins the
         request to one partition (e.g. the one whose worker holds an exec session)."""
         state = await self._ready()
-        request_topic = topic or (STAGES[kind].request_topic if kind in STAGES else None)
+        spec = self.spec(kind)
+        request_topic = topic or (spec.request_topic if spec else None)
         if request_topic is None:
-            raise ConfigError(f"unknown stage kind {kind!r}: pass topic=")
+            raise ConfigError(f"no stage {kind!r} is installed (entry point group kiln.stages): pass topic=")
         body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload)
         envelope = RequestEnvelope(
             kind=kind, client_id=state.client_id, payload=body,
@@ -240,83 +245,6 @@ class KilnClient:
         envelope = await (await self.submit(kind, payload, **kwargs))
         return self.result_of(envelope)
 
-    async def ingest_repository(self, request: IngestRequest, **kwargs: Any) -> IngestEvent:
-        """Ingest (or derive) a repository through Saucer; keyed by its root so rewrites follow their source."""
-        result: IngestEvent = await self.call("ingest", request, key=request.root, **kwargs)
-        return result
-
-    async def run_code(self, code: str, *, header: list[str] | None = None, timeout_s: float = 60.0,
-                       key: str | None = None) -> LeanResult:
-        """Run Lean code (its leading ``import`` lines choose the REPL process); one proof state per ``sorry``."""
-        request = LeanRequest(op="run_code", code=code, header=header or [], timeout_s=timeout_s)
-        result: LeanResult = await self.call("lean", request, key=key)
-        return result
-
-    async def run_tactic(self, state: ProofStateRef, tactic: str, *, timeout_s: float = 30.0) -> LeanResult:
-        """Apply ``tactic`` to ``state``; keyed by the state's affinity so it tends to reach the worker holding it."""
-        request = LeanRequest(op="run_tactic", state=state, tactic=tactic, timeout_s=timeout_s)
-        result: LeanResult = await self.call("lean", request, key=state.affinity or None)
-        return result
-
-    async def explore(self, root: ProofStateRef, candidates: Callable[[ProofStateRef], Sequence[str]] | Sequence[str],
-                      *, max_depth: int = 4, max_nodes: int = 2000) -> SearchOutcome:
-        """Breadth-first search from ``root`` over candidate tactics, in parallel across workers; stops at the first
-        completed proof."""
-        pick = candidates if callable(candidates) else (lambda _state: candidates)
-        return await breadth_first(self.run_tactic, root, pick, max_depth=max_depth, max_nodes=max_nodes)
-
-    # ---- exec sessions (the "task engine" layer of seed 002) --------------------------------------------------
-
-    async def open_session(self, image: str, *, repository: str = "", limits: SessionLimits | None = None,
-                           snapshot: str | None = None) -> ExecSession:
-        """A fresh isolated session on ``image`` (a kiln build); keep the returned handle (its token is the
-        capability every later request presents)."""
-        key = self._spill.key_for(repository or image)
-        request = ExecRequest(op="open", image=image, repository=repository or None, snapshot=snapshot,
-                              limits=limits or SessionLimits())
-        result: ExecResult = await self.call("exec", request, key=key)
-        self._spill.opened(repository or image)
-        assert result.token is not None and result.partition is not None
-        return ExecSession(result.session_id, result.token, result.partition, image, repository or image)
-
-    async def exec_submit(self, session: ExecSession, op: ExecOp, **fields: Any) -> asyncio.Future[ResultEnvelope]:
-        """Send one session request without waiting (pipelining): results of a session come back in order."""
-        request = ExecRequest(op=op, session_id=session.session_id, token=session.token, **fields)
-        return await self.submit("exec", request, key=session.session_id, partition=session.partition)
-
-    async def _exec(self, session: ExecSession, op: ExecOp, **fields: Any) -> ExecResult:
-        result: ExecResult = self.result_of(await (await self.exec_submit(session, op, **fields)))
-        return result
-
-    async def run(self, session: ExecSession, command: str, *, timeout_s: float = 60.0) -> CommandOutput:
-        result = await self._exec(session, "run", command=command, timeout_s=timeout_s)
-        assert result.output is not None
-        return result.output
-
-    async def write_files(self, session: ExecSession, files: dict[str, str | bytes]) -> None:
-        await self._exec(session, "write_files", files=[file_content(p, c) for p, c in files.items()])
-
-    async def read_files(self, session: ExecSession, paths: list[str]) -> dict[str, bytes]:
-        result = await self._exec(session, "read_files", paths=paths)
-        return {f.path: f.text.encode() if f.text is not None else base64.b64decode(f.content_b64 or "")
-                for f in result.files}
-
-    async def run_tests(self, session: ExecSession, *, timeout_s: float = 600.0) -> ExecResult:
-        return await self._exec(session, "run_tests", timeout_s=timeout_s)
-
-    async def lint(self, session: ExecSession, *, timeout_s: float = 300.0) -> ExecResult:
-        return await self._exec(session, "lint", timeout_s=timeout_s)
-
-    async def fork(self, session: ExecSession) -> ExecSession:
-        result = await self._exec(session, "fork")
-        assert result.token is not None and result.partition is not None
-        self._spill.opened(session.repository)
-        return ExecSession(result.session_id, result.token, result.partition, session.image, session.repository)
-
-    async def close_session(self, session: ExecSession) -> None:
-        await self._exec(session, "close")
-        self._spill.closed(session.repository)
-
     def result_of(self, envelope: ResultEnvelope) -> Any:
         if envelope.status == "expired":
             raise RequestExpired(f"request {envelope.request_id} expired before it started")
@@ -324,7 +252,7 @@ class KilnClient:
             err = envelope.error
             raise RequestFailed(envelope.request_id, f"{err.type}: {err.message}" if err else "unknown error")
         body = codec.result_body(envelope, self.blob_store) or {}
-        spec = STAGES.get(envelope.kind)
+        spec = self.spec(envelope.kind)
         return spec.result_model.model_validate(body) if spec else body
 
     async def unclaimed(self) -> AsyncIterator[ResultEnvelope]:

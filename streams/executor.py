@@ -22,7 +22,7 @@ from kiln.streams import codec
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import KilnError, MalformedRequest
 from kiln.streams.metrics import WorkerMetrics
-from kiln.streams.middleware import Job, Middleware, Outcome, compose, default_middleware, error_info
+from kiln.streams.middleware import Job, Middleware, Outcome, default_middleware, error_info, stage_chain
 from kiln.streams.offsets import coordinates
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import JobContext, Stage
@@ -46,8 +46,8 @@ class JobExecutor:
         self.worker_id = worker_id
         self.dlq_topic = dlq_topic
         self.blob_store = blob_store
-        self._chain = compose(middleware or default_middleware(metrics, settings.job_timeout_s),
-                              self._invoke_handler)
+        self._chain = stage_chain(stage, middleware or default_middleware(metrics, settings.job_timeout_s),
+                                  blob_store)
         self._producer: Producer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = threading.Event()
@@ -109,11 +109,6 @@ class JobExecutor:
             # An unreachable reply_to (e.g. a topic that does not exist) is the request's fault: record it.
             await self.dead_letter(msg, ErrorInfo(type="ReplyDeliveryFailed", message=str(e)), outcome.attempts)
         return outcome
-
-    async def _invoke_handler(self, job: Job) -> Outcome:
-        request = codec.request_payload(job.ctx.envelope, self.stage.spec.request_model, self.blob_store)
-        result = await self.stage.handler(request, job.ctx)
-        return Outcome("ok", result=result)
 
     async def produce(self, topic: str, value: bytes, key: bytes | str | None = None,
                       partition: int | None = None, headers: list[tuple[str, bytes]] | None = None) -> None:

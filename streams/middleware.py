@@ -2,7 +2,7 @@
 
 A middleware is ``async def __call__(job, call_next) -> Outcome``. The runtime composes
 ``[Metrics, Deadline, Retry, Timeout]`` around the handler by default; a deployment may add or reorder pieces.
-Handlers raise; only the innermost piece (``invoke_handler``) turns a return value into an ``Outcome``.
+Handlers raise; only the innermost piece (``stage_chain``'s handler call) turns a return value into an ``Outcome``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from kiln.schemas.envelope import ErrorInfo, ResultStatus
+from kiln.streams import codec
+from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import PermanentJobError, TransientJobError
 from kiln.streams.metrics import WorkerMetrics
 from kiln.streams.stage import JobContext, Stage
@@ -26,7 +28,6 @@ from kiln.streams.stage import JobContext, Stage
 class Job:
     stage: Stage
     ctx: JobContext
-    request: BaseModel | None = None  # decoded payload; set by invoke_handler
 
 
 @dataclass
@@ -124,6 +125,16 @@ class MetricsMiddleware:
 
 def default_middleware(metrics: WorkerMetrics, job_timeout_s: float | None = None) -> list[Middleware]:
     return [MetricsMiddleware(metrics), DeadlineMiddleware(), RetryMiddleware(), TimeoutMiddleware(job_timeout_s)]
+
+
+def stage_chain(stage: Stage, middleware: Sequence[Middleware], blob_store: BlobStore | None) -> Next:
+    """The middleware around the stage's handler: decode the typed request (claim checks resolved), call it."""
+
+    async def invoke_handler(job: Job) -> Outcome:
+        request = codec.request_payload(job.ctx.envelope, stage.spec.request_model, blob_store)
+        return Outcome("ok", result=await stage.handler(request, job.ctx))
+
+    return compose(middleware, invoke_handler)
 
 
 def compose(middleware: Sequence[Middleware], innermost: Next) -> Next:

@@ -22,7 +22,7 @@ from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import ConfigError, MalformedRequest
 from kiln.streams.infra import console
 from kiln.streams.metrics import WorkerMetrics
-from kiln.streams.middleware import Job, Outcome, compose, default_middleware
+from kiln.streams.middleware import Job, default_middleware, stage_chain
 from kiln.streams.offsets import coordinates
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import JobContext, Stage
@@ -100,11 +100,7 @@ async def replay(stage: Stage, settings: KilnSettings, topic: str | None = None,
     stats = ReplayStats()
     metrics = WorkerMetrics(stage.name, "replay")
 
-    async def invoke(job: Job) -> Outcome:
-        request = codec.request_payload(job.ctx.envelope, stage.spec.request_model, blob_store)
-        return Outcome("ok", result=await stage.handler(request, job.ctx))
-
-    chain = compose(default_middleware(metrics, settings.job_timeout_s), invoke)
+    chain = stage_chain(stage, default_middleware(metrics, settings.job_timeout_s), blob_store)
     gate = asyncio.Semaphore(concurrency)
     tasks: set[asyncio.Task[None]] = set()
 

@@ -1,21 +1,69 @@
-"""What a stage is: a typed handler plus its policies, registered by name through the ``kiln.stages`` entry point.
+"""What a stage is, and how the runtime finds one without knowing any.
 
-The runtime never imports a stage module: ``load_stage("echo")`` resolves the entry point a package declares.
+A stage package declares a ``StageSpec`` (its topics, partitions, retention, typed models and where its handler
+lives) and registers it under the ``kiln.stages`` entry point group. Everything generic reads the registered specs:
+the client routes a request kind to its topic and decodes its result, ``kiln topics create`` creates every stage's
+topics, ``kiln worker NAME`` imports the handler the spec names, replay finds the stage of a topic. The runtime
+imports no stage module by name; see docs/architecture.md ("Adding a stage").
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from importlib import import_module
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from kiln.schemas.envelope import RequestEnvelope
-from kiln.schemas.stages import StageSpec
 from kiln.streams.errors import ConfigError
+
+ENTRY_POINT_GROUP = "kiln.stages"
+RESULTS_TOPIC = "kiln.results"
+"""Where results go unless a client names another topic: the runtime's own topic, one partition per client id."""
+RESULTS_PARTITIONS = 16
+
+# Kept forever: replaying it from offset 0 rebuilds a derived store; dead letters are evidence until looked at.
+FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+WEEK = {"retention.ms": str(7 * 24 * 3600 * 1000)}
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """A stage's contract with the runtime and with clients; cheap to import (models only, no handler)."""
+
+    kind: str
+    request_topic: str
+    request_model: type[BaseModel]
+    result_model: type[BaseModel]
+    handler: str
+    """``module:attribute`` of the stage's ``Stage`` object; imported only by workers and replay."""
+    ordering: Literal["unordered", "keyed"] = "unordered"
+    partitions: int = 8
+    retention: Literal["week", "forever"] = "week"
+    """Of the request topic: ``forever`` for topics replayed to rebuild a store."""
+    events_topic: str | None = None
+    """Where every successful result is also published (keyed like its request), for readers other than the
+    requester; never re-published by a replay."""
+    events_partitions: int = 4
+
+    def topics(self) -> list[TopicSpec]:
+        """The request topic, its dead-letter twin and the events topic, with partitions and retention."""
+        specs = [TopicSpec(self.request_topic, self.partitions, FOREVER if self.retention == "forever" else WEEK),
+                 TopicSpec(f"{self.request_topic}.dlq", 1, FOREVER)]
+        if self.events_topic:
+            specs.append(TopicSpec(self.events_topic, self.events_partitions, WEEK))
+        return specs
 
 
 @dataclass
@@ -58,19 +106,49 @@ class Stage:
         return self.spec.kind
 
 
-ENTRY_POINT_GROUP = "kiln.stages"
+def stage_specs() -> dict[str, StageSpec]:
+    """Every registered stage's spec by kind (entry point group ``kiln.stages``), read anew on each call."""
+    specs: dict[str, StageSpec] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        spec = ep.load()
+        if not isinstance(spec, StageSpec):
+            raise ConfigError(f"entry point {ep.name!r} ({ep.value}) is {type(spec).__name__}, not a StageSpec")
+        if spec.kind != ep.name:
+            raise ConfigError(f"entry point {ep.name!r} declares a spec of kind {spec.kind!r}")
+        specs[spec.kind] = spec
+    return specs
 
 
-def available_stages() -> list[str]:
-    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+def stage_spec(kind: str) -> StageSpec:
+    specs = stage_specs()
+    if kind not in specs:
+        raise ConfigError(f"no stage named {kind!r}; installed: {', '.join(sorted(specs)) or 'none'}")
+    return specs[kind]
+
+
+def spec_for_topic(topic: str) -> StageSpec | None:
+    """The stage whose request topic (unprefixed) is ``topic``."""
+    return next((s for s in stage_specs().values() if s.request_topic == topic), None)
+
+
+def topology(specs: dict[str, StageSpec] | None = None) -> list[TopicSpec]:
+    """Every topic kiln needs: the runtime's results topic plus each registered stage's topics."""
+    topics = [TopicSpec(RESULTS_TOPIC, RESULTS_PARTITIONS, WEEK)]
+    for spec in (specs if specs is not None else stage_specs()).values():
+        topics.extend(spec.topics())
+    return topics
 
 
 def load_stage(name: str) -> Stage:
-    """The stage registered under ``name`` (entry point group ``kiln.stages``)."""
-    matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-    if not matches:
-        raise ConfigError(f"no stage named {name!r}; installed: {', '.join(available_stages()) or 'none'}")
-    stage = matches[0].load()
+    """The stage registered under ``name``: its spec, then the handler object the spec names."""
+    spec = stage_spec(name)
+    module, _, attribute = spec.handler.partition(":")
+    try:
+        stage = getattr(import_module(module), attribute)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"stage {name!r}: cannot load its handler {spec.handler!r}: {e}") from e
     if not isinstance(stage, Stage):
-        raise ConfigError(f"entry point {name!r} is {type(stage).__name__}, not a Stage")
+        raise ConfigError(f"stage {name!r}: {spec.handler} is {type(stage).__name__}, not a Stage")
+    if stage.spec != spec:
+        raise ConfigError(f"stage {name!r}: {spec.handler} serves kind {stage.spec.kind!r} with another spec")
     return stage

@@ -14,6 +14,7 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 from kiln.streams import admin
 from kiln.streams.infra import COMPONENT_STEPS, run_script, run_steps
 from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import TopicSpec
 
 
 def _ensure(component: str) -> None:
@@ -74,8 +75,8 @@ def topics(kafka: KilnSettings, unique: str):  # type: ignore[no-untyped-def]
 
     def make(partitions: int = 1, results_partitions: int = 2) -> tuple[str, str]:
         request, results = f"req-{unique}", f"res-{unique}"
-        specs = [admin.TopicSpec(request, partitions), admin.TopicSpec(f"{request}.dlq", 1),
-                 admin.TopicSpec(results, results_partitions)]
+        specs = [TopicSpec(request, partitions), TopicSpec(f"{request}.dlq", 1),
+                 TopicSpec(results, results_partitions)]
         admin.create_topics(kafka, specs)
         created.extend(s.name for s in specs)
         return request, results

@@ -14,6 +14,7 @@ from confluent_kafka.admin import (
 
 from kiln.streams import admin
 from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import TopicSpec
 
 
 def _produce(settings: KilnSettings, topic: str, n: int) -> None:
@@ -25,7 +26,7 @@ def _produce(settings: KilnSettings, topic: str, n: int) -> None:
 
 def test_produce_consume_commit(kafka: KilnSettings, unique: str) -> None:
     topic = f"t-commit-{unique}"
-    admin.create_topics(kafka, [admin.TopicSpec(topic, 2)])
+    admin.create_topics(kafka, [TopicSpec(topic, 2)])
     _produce(kafka, topic, 20)
 
     conf = {"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"g-{unique}",
@@ -59,7 +60,7 @@ def test_produce_consume_commit(kafka: KilnSettings, unique: str) -> None:
 
 def test_share_group_consume(kafka: KilnSettings, unique: str) -> None:
     topic, group = f"t-share-{unique}", f"sg-{unique}"
-    admin.create_topics(kafka, [admin.TopicSpec(topic, 2)])
+    admin.create_topics(kafka, [TopicSpec(topic, 2)])
     client = admin.admin_client(kafka)
     resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
         ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])

@@ -6,17 +6,18 @@ from confluent_kafka.admin import ConfigResource, ResourceType
 
 from kiln.streams import admin
 from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import topology
 
 
 def test_stage_topics_are_created_with_their_partitions_and_retention(kafka: KilnSettings, unique: str) -> None:
     settings = kafka.model_copy(update={"topic_prefix": f"t{unique}."})
     first = admin.create_topics(settings)
-    assert set(first.values()) == {"created"} and len(first) == len(admin.STAGE_TOPICS)
+    assert set(first.values()) == {"created"} and len(first) == len(topology())
     assert set(admin.create_topics(settings).values()) == {"exists"}  # idempotent
 
     client = admin.admin_client(settings)
     md = client.list_topics(timeout=10).topics
-    for spec in admin.STAGE_TOPICS:
+    for spec in topology():
         assert len(md[settings.topic(spec.name)].partitions) == spec.partitions
     configs = client.describe_configs([ConfigResource(ResourceType.TOPIC, settings.topic("repo.ingest")),
                                        ConfigResource(ResourceType.TOPIC, settings.topic("exec.requests.dlq"))])

@@ -13,7 +13,6 @@ import pytest
 from confluent_kafka import Producer
 
 from kiln.schemas.builtin import EchoRequest, SleepRequest
-from kiln.schemas.stages import STAGES
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestExpired, RequestFailed
 from kiln.streams.settings import KilnSettings
@@ -66,7 +65,7 @@ async def test_keyed_mode_keeps_per_key_order_under_concurrency(kafka: KilnSetti
 
     from kiln.schemas.builtin import EchoResult
 
-    keyed = Stage(dataclasses.replace(STAGES["echo"], ordering="keyed"), handle)  # type: ignore[arg-type]
+    keyed = Stage(dataclasses.replace(echo.stage.spec, ordering="keyed"), handle)  # type: ignore[arg-type]
     async with running_worker(keyed, kafka, request_topic, slots=8), \
             KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
         futures = [await client.submit("echo", EchoRequest(data={"key": f"k{i % 4}", "seq": i}),

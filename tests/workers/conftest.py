@@ -10,6 +10,7 @@ import pytest
 
 from kiln.streams import admin
 from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import TopicSpec
 
 
 @pytest.fixture
@@ -20,11 +21,11 @@ def stage_topics(kafka: KilnSettings, unique: str, tmp_path: Path) -> Iterator[C
     created: list[str] = []
 
     def make(*topics: tuple[str, int]) -> KilnSettings:
-        specs = [admin.TopicSpec("kiln.results", 2)]
+        specs = [TopicSpec("kiln.results", 2)]
         for name, partitions in topics:
-            specs.append(admin.TopicSpec(name, partitions))
+            specs.append(TopicSpec(name, partitions))
             if not name.endswith(".events"):
-                specs.append(admin.TopicSpec(f"{name}.dlq", 1))
+                specs.append(TopicSpec(f"{name}.dlq", 1))
         admin.create_topics(settings, specs)
         created.extend(settings.topic(s.name) for s in specs)
         return settings

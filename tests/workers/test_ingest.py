@@ -20,6 +20,7 @@ from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
 from kiln.streams.settings import KilnSettings
+from kiln.workers.ingest.client import SaucerClient
 from tests.ingest.gitrepos import Builder, rich_repository, write
 from tests.streams.harness import WorkerProcess, read_all
 from tests.workers.conftest import free_port, worker_env
@@ -36,7 +37,8 @@ async def test_ingest_events_failures_and_replay_rebuild(stage_topics: Callable[
     env = worker_env(settings, KILN_METRICS_PORT=str(port))
     with WorkerProcess("ingest", settings, "repo.ingest", slots=2, env=env) as worker:
         worker.wait_assigned()
-        async with KilnClient(settings, "trainer") as client:
+        async with KilnClient(settings, "trainer") as kiln:
+            client = SaucerClient(kiln)
             results = await asyncio.gather(
                 client.ingest_repository(IngestRequest(name="acme/one", location=str(one.path))),
                 client.ingest_repository(IngestRequest(name="acme/broken", location=str(tmp_path / "missing"))),
@@ -45,7 +47,7 @@ async def test_ingest_events_failures_and_replay_rebuild(stage_topics: Callable[
                     source="acme/one", operation="remove_path", path="large"))),
             )
             with pytest.raises(RequestFailed, match="MalformedRequest: invalid ingest payload: name"):
-                await client.call("ingest", {"name": "../escape", "location": "/x"})
+                await kiln.call("ingest", {"name": "../escape", "location": "/x"})
             after = await client.ingest_repository(IngestRequest(name="acme/after", location=str(one.path)))
         assert worker.proc.poll() is None
         async with httpx.AsyncClient() as http:

@@ -21,12 +21,12 @@ out = Console()
 def submit(repository: str, revision: str = "HEAD", force: bool = False) -> None:
     """Produce a build request to image.build and wait for its event."""
     from kiln.streams.client import KilnClient
+    from kiln.workers.builder.client import BuilderClient
 
     async def go() -> BuildEvent:
         async with KilnClient(get_settings()) as client:
-            event: BuildEvent = await client.call("build", BuildRequest(repository=repository, revision=revision,
-                                                                        force=force), key=repository)
-            return event
+            return await BuilderClient(client).build(BuildRequest(repository=repository, revision=revision,
+                                                                  force=force))
 
     event = asyncio.run(go())
     out.print_json(event.model_dump_json(exclude={"tests": {"coverage": {"files"}}}))

@@ -18,9 +18,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildEvent, BuildRequest
-from kiln.schemas.stages import STAGES
 from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
+from kiln.workers.builder import spec
 from kiln.workers.builder.agent import AgentConfig, ModelClient
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.registry import Registry
@@ -90,4 +90,4 @@ class _Builder:
 
 
 _builder = _Builder()
-stage = Stage(STAGES["build"], _builder.handle, job_timeout_s=6 * 3600, max_attempts=2, registry=registry)
+stage = Stage(spec.build, _builder.handle, job_timeout_s=6 * 3600, max_attempts=2, registry=registry)

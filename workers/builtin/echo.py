@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kiln.schemas.builtin import EchoRequest, EchoResult
-from kiln.schemas.stages import STAGES
 from kiln.streams.stage import JobContext, Stage
+from kiln.workers.builtin import spec
 
 
 async def handle(request: EchoRequest, ctx: JobContext) -> EchoResult:
@@ -12,4 +12,4 @@ async def handle(request: EchoRequest, ctx: JobContext) -> EchoResult:
     return EchoResult(data=request.data)
 
 
-stage = Stage(STAGES["echo"], handle)
+stage = Stage(spec.echo, handle)

@@ -17,9 +17,9 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.schemas.builtin import SleepRequest, SleepResult
-from kiln.schemas.stages import STAGES
 from kiln.streams.errors import PermanentJobError, TransientJobError
 from kiln.streams.stage import JobContext, Stage
+from kiln.workers.builtin import spec
 
 
 class SleepSettings(BaseSettings):
@@ -64,4 +64,4 @@ async def handle(request: SleepRequest, ctx: JobContext) -> SleepResult:
     return SleepResult(slept=request.seconds, attempt=ctx.attempt, tag=request.tag, worker=ctx.worker_id)
 
 
-stage = Stage(STAGES["sleep"], handle, job_timeout_s=300.0, max_attempts=3)
+stage = Stage(spec.sleep, handle, job_timeout_s=300.0, max_attempts=3)

@@ -26,12 +26,12 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.schemas.exec import ExecRequest, ExecResult, SessionLimits
-from kiln.schemas.stages import STAGES
 from kiln.streams.blobstore import open_blob_store
 from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
 from kiln.workers.common import reports
 from kiln.workers.common.containers import docker_client
+from kiln.workers.exec import spec
 from kiln.workers.exec.sessions import ROLE, Session, SessionError, SessionManager, safe_path
 
 
@@ -295,5 +295,5 @@ def _owner_alive(lock_path: Path) -> bool:
 
 
 service = ExecService()
-stage = Stage(STAGES["exec"], service.handle, max_attempts=1, registry=registry, setup=service.setup,
+stage = Stage(spec.exec_, service.handle, max_attempts=1, registry=registry, setup=service.setup,
               teardown=service.teardown)

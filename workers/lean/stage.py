@@ -22,11 +22,11 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.schemas.lean import LeanRequest, LeanResult
-from kiln.schemas.stages import STAGES
 from kiln.streams.blobstore import open_blob_store
 from kiln.streams.errors import ConfigError
 from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
+from kiln.workers.lean import spec
 from kiln.workers.lean.pool import ReplPool
 from kiln.workers.lean.repl import Header, ReplLimits, ReplProcess
 from kiln.workers.lean.session import LeanSession, StateCodec
@@ -119,5 +119,5 @@ class _LeanService:
 
 
 service = _LeanService()
-stage = Stage(STAGES["lean"], service.handle, max_attempts=3, registry=registry, setup=service.setup,
+stage = Stage(spec.lean, service.handle, max_attempts=3, registry=registry, setup=service.setup,
               teardown=service.teardown)

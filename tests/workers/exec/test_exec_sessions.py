@@ -19,11 +19,11 @@ from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
-from kiln.streams.execsessions import ExecSession, SpillOver
 from kiln.streams.settings import KilnSettings
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits
+from kiln.workers.exec.client import ExecClient, ExecSession, SpillOver
 from tests.streams.harness import WorkerProcess
 from tests.workers.builder.projects import python_project
 from tests.workers.conftest import free_port, worker_env
@@ -69,16 +69,17 @@ def session_containers(docker: Any) -> list[Any]:
 
 async def test_pipelined_session_lint_tests_and_coverage(project_image: str, exec_settings: KilnSettings,
                                                          worker: WorkerProcess) -> None:
-    async with KilnClient(exec_settings, "agent") as client:
+    async with KilnClient(exec_settings, "agent") as kiln:
+        client = ExecClient(kiln)
         session = await client.open_session(project_image, repository="demo/exec")
         extra = "import os\n\n\ndef neg(a):\n    return -a\n"
         # Pipelined: all three sent before the first result arrives; they must run in this order.
-        futures = [await client.exec_submit(session, "write_files", files=[{"path": "calc/extra.py", "text": extra}]),
-                   await client.exec_submit(session, "lint"),
-                   await client.exec_submit(session, "run_tests", timeout_s=300)]
+        futures = [await client.submit(session, "write_files", files=[{"path": "calc/extra.py", "text": extra}]),
+                   await client.submit(session, "lint"),
+                   await client.submit(session, "run_tests", timeout_s=300)]
         envelopes = [await f for f in futures]
         assert [e.finished_at for e in envelopes] == sorted(e.finished_at for e in envelopes)  # in order sent
-        results: list[ExecResult] = [client.result_of(e) for e in envelopes]
+        results: list[ExecResult] = [kiln.result_of(e) for e in envelopes]
         lint, tests = results[1], results[2]
         assert any(f.path == "calc/extra.py" and f.code == "F401" for f in lint.findings), lint.findings
         report = tests.tests
@@ -95,10 +96,10 @@ async def test_pipelined_session_lint_tests_and_coverage(project_image: str, exe
         assert files == {"calc/extra.py": extra.encode()}
         patch = ("--- a/calc/extra.py\n+++ b/calc/extra.py\n@@ -1,5 +1,5 @@\n-import os\n+import sys\n \n \n"
                  " def neg(a):\n     return -a\n")
-        patched = client.result_of(await (await client.exec_submit(session, "apply_patch", patch=patch)))
+        patched = kiln.result_of(await (await client.submit(session, "apply_patch", patch=patch)))
         assert patched.output is not None and patched.output.exit_code == 0, patched.output
         assert (await client.read_files(session, ["calc/extra.py"]))["calc/extra.py"].startswith(b"import sys\n")
-        deleted = client.result_of(await (await client.exec_submit(session, "delete_files", paths=["calc/extra.py"])))
+        deleted = kiln.result_of(await (await client.submit(session, "delete_files", paths=["calc/extra.py"])))
         assert deleted.output is not None and deleted.output.exit_code == 0
         assert (await client.run(session, "ls calc")).stdout.split() == ["__init__.py"]
         await client.close_session(session)
@@ -107,7 +108,8 @@ async def test_pipelined_session_lint_tests_and_coverage(project_image: str, exe
 async def test_sessions_run_concurrently_and_forks_carry_tmpfs_state(project_image: str,
                                                                     exec_settings: KilnSettings,
                                                                     worker: WorkerProcess) -> None:
-    async with KilnClient(exec_settings, "agent") as client:
+    async with KilnClient(exec_settings, "agent") as kiln:
+        client = ExecClient(kiln)
         a, b = await asyncio.gather(client.open_session(project_image), client.open_session(project_image))
         started = time.monotonic()
         outs = await asyncio.gather(client.run(a, "sleep 2; echo a"), client.run(b, "sleep 2; echo b"))
@@ -120,7 +122,7 @@ async def test_sessions_run_concurrently_and_forks_carry_tmpfs_state(project_ima
         await client.run(fork, "echo changed > /work/state.txt")
         assert (await client.run(a, "cat /work/state.txt")).stdout == "work\n"
         await asyncio.sleep(2)  # the warm pool refills after an open
-        warm = client.result_of(await (await client.submit("exec", {"op": "open", "image": project_image}, key="w")))
+        warm = kiln.result_of(await (await kiln.submit("exec", {"op": "open", "image": project_image}, key="w")))
         assert warm.warm
         brief = await client.open_session(project_image, limits=SessionLimits(idle_timeout_s=1))
         await asyncio.sleep(3.5)  # the reaper runs every second here
@@ -135,7 +137,8 @@ async def test_isolation_against_adversarial_commands(project_image: str, exec_s
     secret = tmp_path / "host-secret.txt"
     secret.write_text("do not read")
     limits = SessionLimits(memory_mb=256, pids=128, disk_mb=64, cpus=1)
-    async with KilnClient(exec_settings, "agent") as client:
+    async with KilnClient(exec_settings, "agent") as kiln:
+        client = ExecClient(kiln)
         s = await client.open_session(project_image, limits=limits)
         net = await client.run(s, "python3 -c \"import socket; socket.create_connection(('10.0.0.1', 80), 3)\"; "
                                   "getent hosts pypi.org || echo no-dns", timeout_s=20)
@@ -176,16 +179,17 @@ async def test_worker_killed_mid_session_loses_it_cleanly(project_image: str, ex
     locks = tmp_path / "locks"
     with exec_worker(exec_settings, locks) as doomed:
         doomed.wait_assigned()
-        async with KilnClient(exec_settings, "agent") as client:
+        async with KilnClient(exec_settings, "agent") as kiln:
+            client = ExecClient(kiln)
             session = await client.open_session(project_image)
-            pending = await client.exec_submit(session, "run", command="sleep 20; echo done", timeout_s=60)
+            pending = await client.submit(session, "run", command="sleep 20; echo done", timeout_s=60)
             await asyncio.sleep(2)
             doomed.kill()
             owner = {c.labels["kiln.worker"] for c in session_containers(docker_engine)}
             with exec_worker(exec_settings, locks) as survivor:
                 survivor.wait_assigned()
                 with pytest.raises(RequestFailed, match="SessionLost"):
-                    client.result_of(await asyncio.wait_for(pending, 120))
+                    kiln.result_of(await asyncio.wait_for(pending, 120))
                 deadline = time.monotonic() + 30
                 while any(c.labels["kiln.worker"] in owner for c in session_containers(docker_engine)):
                     assert time.monotonic() < deadline, "the dead worker's containers were not reaped"

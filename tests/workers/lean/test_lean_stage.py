@@ -13,6 +13,7 @@ from kiln.schemas.lean import LeanRequest, ProofStateRef
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
 from kiln.streams.settings import KilnSettings
+from kiln.workers.lean.client import LeanClient
 from tests.streams.harness import WorkerProcess
 from tests.workers.conftest import free_port, worker_env
 from tests.workers.lean.fake import FAKE_COMMAND, THEOREMS
@@ -34,7 +35,8 @@ async def test_lean_requests_across_two_workers(stage_topics: Callable[..., Kiln
     with lean_worker(settings, 2, ports[0]) as w1, lean_worker(settings, 2, ports[1]) as w2:
         w1.wait_assigned()
         w2.wait_assigned()
-        async with KilnClient(settings, "prover") as client:
+        async with KilnClient(settings, "prover") as kiln:
+            client = LeanClient(kiln)
             code = await client.run_code(THEOREMS, key="session-1")
             assert code.ok and len(code.sorries) == 3
             state = code.sorries[0].state
@@ -45,16 +47,16 @@ async def test_lean_requests_across_two_workers(stage_topics: Callable[..., Kiln
             assert not failed.ok and "unknown identifier" in (failed.error or "")
 
             # Export in one worker process, import in another: route the state to the worker that did not make it.
-            origin = (await (await client.submit("lean", LeanRequest(op="run_tactic", state=state, tactic="intro h"),
+            origin = (await (await kiln.submit("lean", LeanRequest(op="run_tactic", state=state, tactic="intro h"),
                                                  key=state.affinity))).worker
             for i in range(64):
                 moved = state.model_copy(update={"affinity": f"elsewhere-{i}"})
-                envelope = await (await client.submit("lean", LeanRequest(op="run_tactic", state=moved,
+                envelope = await (await kiln.submit("lean", LeanRequest(op="run_tactic", state=moved,
                                                                            tactic="intro h"), key=moved.affinity))
                 if envelope.worker != origin:
                     break
             assert envelope.worker != origin, "no key reached the other worker"
-            imported = client.result_of(envelope)
+            imported = kiln.result_of(envelope)
             assert imported.ok and not imported.state_pinned and imported.goals == ["h : p\n⊢ p ∧ True"]
 
             # 1,000 concurrent tactic requests from one client, each answered with its own result.
@@ -77,7 +79,8 @@ async def test_misbehaving_repl_gives_typed_failures_and_the_worker_lives(
     port = free_port()
     with lean_worker(settings, 2, port, KILN_LEAN_MEMORY_MB="200", KILN_LEAN_RECYCLE_AFTER="6") as worker:
         worker.wait_assigned()
-        async with KilnClient(settings, "prover") as client:
+        async with KilnClient(settings, "prover") as kiln:
+            client = LeanClient(kiln)
             state: ProofStateRef = (await client.run_code(THEOREMS)).sorries[0].state
             with pytest.raises(RequestFailed, match="ReplTimeout"):
                 await client.run_tactic(state, "fake_hang", timeout_s=1)
@@ -102,7 +105,8 @@ async def test_killed_worker_tactics_complete_elsewhere_once(stage_topics: Calla
     with lean_worker(settings, 2, free_port()) as doomed, lean_worker(settings, 2, free_port()) as survivor:
         doomed.wait_assigned()
         survivor.wait_assigned()
-        async with KilnClient(settings, "prover") as client:
+        async with KilnClient(settings, "prover") as kiln:
+            client = LeanClient(kiln)
             state = (await client.run_code(THEOREMS)).sorries[0].state
             seen: list[str] = []
             some_done = asyncio.Event()

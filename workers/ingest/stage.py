@@ -16,12 +16,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from kiln.ingest.service import ingest
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.ingest import IngestEvent, IngestRequest
-from kiln.schemas.stages import STAGES
 from kiln.streams.replay import read_topic
 from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
-
-SPEC = STAGES["ingest"]
+from kiln.workers.ingest import spec
 
 
 class IngestSettings(BaseSettings):
@@ -48,7 +46,7 @@ class _Recorded:
     async def get(self, request_id: str) -> IngestEvent | None:
         async with self._lock:
             if self._events is None:
-                records = await asyncio.to_thread(read_topic, get_settings(), SPEC.events_topic or "repo.events")
+                records = await asyncio.to_thread(read_topic, get_settings(), spec.ingest.events_topic or "repo.events")
                 events: dict[str, IngestEvent] = {}
                 for record in records:
                     try:
@@ -88,4 +86,4 @@ async def handle(request: IngestRequest, ctx: JobContext) -> IngestEvent:
     return event
 
 
-stage = Stage(SPEC, handle, job_timeout_s=3600, max_attempts=3, registry=registry)
+stage = Stage(spec.ingest, handle, job_timeout_s=3600, max_attempts=3, registry=registry)

@@ -1,0 +1,103 @@
+"""Client facade of the ``exec`` stage: the session handle a trainer keeps, and how its requests are routed.
+
+A session lives on the worker that opened it: every later request goes to that partition, keyed by the session id
+(so they run in the order sent, even pipelined). ``open`` is keyed by repository so one worker serves a
+repository's sessions; past ``sessions_per_key`` open sessions of one repository (from this client) new ones use
+the next key ``repo#1``, ``repo#2``, …, which hash to other partitions: a hot repository spills over instead of
+queueing behind one worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiln.schemas.envelope import ResultEnvelope
+from kiln.schemas.exec import CommandOutput, ExecOp, ExecRequest, ExecResult, SessionLimits, file_content
+from kiln.streams.client import KilnClient
+
+
+@dataclass(frozen=True)
+class ExecSession:
+    session_id: str
+    token: str
+    partition: int
+    image: str
+    repository: str = ""
+
+
+@dataclass
+class SpillOver:
+    sessions_per_key: int = 4
+    open_by_repository: Counter[str] = field(default_factory=Counter)
+
+    def key_for(self, repository: str) -> str:
+        return f"{repository}#{self.open_by_repository[repository] // max(1, self.sessions_per_key)}"
+
+    def opened(self, repository: str) -> None:
+        self.open_by_repository[repository] += 1
+
+    def closed(self, repository: str) -> None:
+        if self.open_by_repository[repository] > 0:
+            self.open_by_repository[repository] -= 1
+
+
+class ExecClient:
+    """Exec sessions over a shared ``KilnClient`` (the "task engine" layer: files, commands, tests, linters)."""
+
+    def __init__(self, kiln: KilnClient, *, sessions_per_key: int = 4) -> None:
+        self.kiln = kiln
+        self._spill = SpillOver(sessions_per_key)
+
+    async def open_session(self, image: str, *, repository: str = "", limits: SessionLimits | None = None,
+                           snapshot: str | None = None) -> ExecSession:
+        """A fresh isolated session on ``image`` (a kiln build); keep the returned handle (its token is the
+        capability every later request presents)."""
+        key = self._spill.key_for(repository or image)
+        request = ExecRequest(op="open", image=image, repository=repository or None, snapshot=snapshot,
+                              limits=limits or SessionLimits())
+        result: ExecResult = await self.kiln.call("exec", request, key=key)
+        self._spill.opened(repository or image)
+        assert result.token is not None and result.partition is not None
+        return ExecSession(result.session_id, result.token, result.partition, image, repository or image)
+
+    async def submit(self, session: ExecSession, op: ExecOp, **fields: Any) -> asyncio.Future[ResultEnvelope]:
+        """Send one session request without waiting (pipelining): results of a session come back in order."""
+        request = ExecRequest(op=op, session_id=session.session_id, token=session.token, **fields)
+        return await self.kiln.submit("exec", request, key=session.session_id, partition=session.partition)
+
+    async def _exec(self, session: ExecSession, op: ExecOp, **fields: Any) -> ExecResult:
+        result: ExecResult = self.kiln.result_of(await (await self.submit(session, op, **fields)))
+        return result
+
+    async def run(self, session: ExecSession, command: str, *, timeout_s: float = 60.0) -> CommandOutput:
+        result = await self._exec(session, "run", command=command, timeout_s=timeout_s)
+        assert result.output is not None
+        return result.output
+
+    async def write_files(self, session: ExecSession, files: dict[str, str | bytes]) -> None:
+        await self._exec(session, "write_files", files=[file_content(p, c) for p, c in files.items()])
+
+    async def read_files(self, session: ExecSession, paths: list[str]) -> dict[str, bytes]:
+        result = await self._exec(session, "read_files", paths=paths)
+        return {f.path: f.text.encode() if f.text is not None else base64.b64decode(f.content_b64 or "")
+                for f in result.files}
+
+    async def run_tests(self, session: ExecSession, *, timeout_s: float = 600.0) -> ExecResult:
+        return await self._exec(session, "run_tests", timeout_s=timeout_s)
+
+    async def lint(self, session: ExecSession, *, timeout_s: float = 300.0) -> ExecResult:
+        return await self._exec(session, "lint", timeout_s=timeout_s)
+
+    async def fork(self, session: ExecSession) -> ExecSession:
+        result = await self._exec(session, "fork")
+        assert result.token is not None and result.partition is not None
+        self._spill.opened(session.repository)
+        return ExecSession(result.session_id, result.token, result.partition, session.image, session.repository)
+
+    async def close_session(self, session: ExecSession) -> None:
+        await self._exec(session, "close")
+        self._spill.closed(session.repository)

@@ -1,0 +1,1 @@
+"""The ``ingest`` stage (Saucer over Kafka): its spec, handler and client facade."""

@@ -1,0 +1,10 @@
+"""``ingest``: ``repo.ingest`` -> ``repo.events``, kept forever so a replay rebuilds Saucer's store."""
+
+from __future__ import annotations
+
+from kiln.schemas.ingest import IngestEvent, IngestRequest
+from kiln.streams.stage import StageSpec
+
+# Keyed by the root repository, so a rewrite runs after the ingestion of its source, also in a replay.
+ingest = StageSpec("ingest", "repo.ingest", IngestRequest, IngestEvent, handler="kiln.workers.ingest.stage:stage",
+                   ordering="keyed", retention="forever", events_topic="repo.events")
