@@ -16,19 +16,11 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 
 from kiln.streams.errors import InfraError
+from kiln.workers.builder.errors import StepFailed
 from kiln.workers.builder.rules import LOCAL_IMAGE_MARK, RULES_VERSION, Plan
 
 # Give what the build created to the test user without touching (and so copying into the layer) the rest.
 HAND_OVER = "find /work ! -user 1000 -exec chown -h 1000:1000 {} +"
-
-
-class StepFailed(Exception):
-    """A docker build step failed; ``log`` is the tail of its output."""
-
-    def __init__(self, log: str, timed_out: bool = False) -> None:
-        super().__init__(log[-2000:])
-        self.log = log
-        self.timed_out = timed_out
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from kiln.ingest.reader import Repository, TreeEntry
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import BlobNotFound
+from kiln.workers.builder.errors import StepFailed
 from kiln.workers.builder.images import HAND_OVER
 from kiln.workers.builder.registry import CONFIG_V1, LAYER_GZIP, Registry, sha256_digest
 
@@ -180,7 +181,7 @@ def rebuild_layer(client: Any, parent_image: str, repo: Repository, d: Diff, scr
         steps = [f"rm -rf {removals}" if removals else "true", script, HAND_OVER]
         result = container.exec_run(["bash", "-c", " && ".join(steps)], user="0:0", workdir="/work")
         if result.exit_code != 0:
-            raise RuntimeError(f"revision rebuild failed: {result.output.decode(errors='replace')[-2000:]}")
+            raise StepFailed(f"revision rebuild failed: {result.output.decode(errors='replace')}")
         changes = sorted(container.diff() or [], key=lambda c: c["Path"])
         return _layer_from_changes(container, changes)
     finally:

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+from kiln.ingest.errors import SaucerError
 from kiln.ingest.store import SaucerStore
-from kiln.schemas.builder import BuildRequest
+from kiln.schemas.builder import BuildEvent, BuildRequest
 from kiln.streams.errors import InfraError
 from kiln.workers.builder import layers
+from kiln.workers.builder.errors import PlanError, StepFailed
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.registry import Registry
-from kiln.workers.builder.rules import plan
+from kiln.workers.builder.rules import REPORTS, RULES_VERSION, plan
 from kiln.workers.builder.service import build_revision
-from kiln.workers.common.containers import Limits
+from kiln.workers.common import reports
+from kiln.workers.common.containers import Limits, run_sandboxed
 
 
 async def push(client: Any, registry: Registry, local: str, name: str, tag: str) -> str:
@@ -69,3 +74,36 @@ async def image_for(repository: str, commit: str, store: SaucerStore, client: An
             image = layers.RevisionImage(commit, ref, parent.commit, parent.depth + 1, "layer", size)
     layers.remember(store.blobs, repository, image)
     return image
+
+
+async def build_layered(request: BuildRequest, store: SaucerStore, client: Any, bases: BaseImages,
+                        registry: Registry, work_root: Path, limits: Limits) -> BuildEvent:
+    """A layered build (see ``revisions.image_for``), then the revision's tests in its image."""
+    started = time.monotonic()
+    event = BuildEvent(repository=request.repository, revision=request.revision, rules_version=RULES_VERSION,
+                       status="failed")
+    try:
+        repo = store.repository(request.repository)
+        commit = repo.resolve(request.revision)
+        image = await image_for(request.repository, commit, store, client, registry, bases, work_root, limits)
+    except (SaucerError, InfraError) as e:
+        return event.model_copy(update={"failure": "infrastructure", "detail": str(e)[-4000:]})
+    except PlanError as e:
+        return event.model_copy(update={"failure": "no_rule_matched", "detail": str(e)})
+    except StepFailed as e:
+        return event.model_copy(update={"failure": "timeout" if e.timed_out else "compile_failed",
+                                        "detail": e.log[-4000:]})
+    await asyncio.to_thread(client.images.pull, image.reference)
+    labels = dict(client.images.get(image.reference).labels or {})
+    event = event.model_copy(update={
+        "commit": commit, "status": "built", "recipe": "rules", "system": labels.get("kiln.system"),
+        "image": image.reference, "revision_image": image.kind, "parent_commit": image.parent})
+    if request.run_tests and labels.get("kiln.test"):
+        run = await asyncio.to_thread(run_sandboxed, client, image.reference, labels["kiln.test"], role="build-test",
+                                      collect=REPORTS, limits=limits, env=json.loads(labels.get("kiln.env") or "{}"))
+        tests = reports.parse_results(labels.get("kiln.system", ""), run.exit_code, run.files,
+                                      labels.get("kiln.module", ""))
+        if tests is None:
+            return event.model_copy(update={"failure": "tests_did_not_run", "detail": run.output[-4000:]})
+        event = event.model_copy(update={"usable": True, "tests": tests})
+    return event.model_copy(update={"durations_s": {"total": round(time.monotonic() - started, 3)}})

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from kiln.schemas.builder import Decision
+from kiln.workers.builder.errors import PlanError
 
 RULES_VERSION = 1
 REPORTS = "/tmp/kiln-reports"
@@ -37,10 +38,6 @@ CI_TOOLS = {
 # Hub images whose role the local toolchain image (Debian bookworm + Go, Rust, Python 3.11, Node 20) can fill.
 LOCAL_BASES = {"python": "toolchain", "golang": "toolchain", "rust": "toolchain", "node": "toolchain",
                "gcc": "toolchain", "buildpack-deps": "toolchain", "debian": "base"}
-
-
-class PlanError(Exception):
-    """The rules cannot build this checkout; ``reason`` says why."""
 
 
 @dataclass

@@ -18,8 +18,8 @@ from kiln.schemas.builder import BuildEvent, BuildRequest, FailureClass
 from kiln.streams.errors import BlobNotFound, InfraError
 from kiln.workers.builder import images
 from kiln.workers.builder.agent import AgentConfig, agent_image
-from kiln.workers.builder.registry import Registry
-from kiln.workers.builder.rules import REPORTS, RULES_VERSION, PlanError, plan
+from kiln.workers.builder.errors import PlanError, StepFailed
+from kiln.workers.builder.rules import REPORTS, RULES_VERSION, plan
 from kiln.workers.common import reports
 from kiln.workers.common.containers import Limits, run_sandboxed
 
@@ -99,7 +99,7 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
                 try:
                     deps, deps_cached = await asyncio.to_thread(images.dependency_image, client, the_plan, checkout,
                                                                 bases, left(), request.force)
-                except images.StepFailed as e:
+                except StepFailed as e:
                     kind: FailureClass = "timeout" if e.timed_out else "dependency_install_failed"
                     if agent is None or e.timed_out:
                         return _remember(store, failed(kind, e.log))
@@ -112,7 +112,7 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
                 image_id = await asyncio.to_thread(images.project_image, client, the_plan, checkout, deps, tag,
                                                    labels, left(), request.force)
                 durations["build"] = time.monotonic() - t
-        except images.StepFailed as e:
+        except StepFailed as e:
             rules_failed = failed("timeout" if e.timed_out else "compile_failed", e.log,
                                   durations_s=_rounded(durations))
             if agent is None or e.timed_out:
@@ -144,38 +144,6 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
             event = event.model_copy(update={"usable": True, "tests": tests})
         durations["total"] = time.monotonic() - started
         return _remember(store, event.model_copy(update={"durations_s": _rounded(durations)}))
-
-
-async def build_layered(request: BuildRequest, store: SaucerStore, client: Any, bases: images.BaseImages,
-                        registry: Registry, work_root: Path, limits: Limits) -> BuildEvent:
-    """A layered build (see ``revisions.image_for``), then the revision's tests in its image."""
-    from kiln.workers.builder.revisions import image_for  # revisions builds on this module: import at call time
-
-    started = time.monotonic()
-    event = BuildEvent(repository=request.repository, revision=request.revision, rules_version=RULES_VERSION,
-                       status="failed")
-    try:
-        repo = store.repository(request.repository)
-        commit = repo.resolve(request.revision)
-        image = await image_for(request.repository, commit, store, client, registry, bases, work_root, limits)
-    except (SaucerError, InfraError) as e:
-        return event.model_copy(update={"failure": "infrastructure", "detail": str(e)[-4000:]})
-    except PlanError as e:
-        return event.model_copy(update={"failure": "no_rule_matched", "detail": str(e)})
-    await asyncio.to_thread(client.images.pull, image.reference)
-    labels = dict(client.images.get(image.reference).labels or {})
-    event = event.model_copy(update={
-        "commit": commit, "status": "built", "recipe": "rules", "system": labels.get("kiln.system"),
-        "image": image.reference, "revision_image": image.kind, "parent_commit": image.parent})
-    if request.run_tests and labels.get("kiln.test"):
-        run = await asyncio.to_thread(run_sandboxed, client, image.reference, labels["kiln.test"], role="build-test",
-                                      collect=REPORTS, limits=limits, env=json.loads(labels.get("kiln.env") or "{}"))
-        tests = reports.parse_results(labels.get("kiln.system", ""), run.exit_code, run.files,
-                                      labels.get("kiln.module", ""))
-        if tests is None:
-            return event.model_copy(update={"failure": "tests_did_not_run", "detail": run.output[-4000:]})
-        event = event.model_copy(update={"usable": True, "tests": tests})
-    return event.model_copy(update={"durations_s": {"total": round(time.monotonic() - started, 3)}})
 
 
 async def _with_agent(rules_failed: BuildEvent, request: BuildRequest, client: Any, bases: images.BaseImages,

@@ -24,7 +24,8 @@ from kiln.workers.builder import spec
 from kiln.workers.builder.agent import AgentConfig, ModelClient
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.registry import Registry
-from kiln.workers.builder.service import build_layered, build_revision
+from kiln.workers.builder.revisions import build_layered
+from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits, docker_client
 
 

@@ -14,8 +14,9 @@ from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildEvent, BuildRequest
 from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
+from kiln.workers.builder.errors import PlanError
 from kiln.workers.builder.images import BaseImages
-from kiln.workers.builder.rules import PlanError, plan
+from kiln.workers.builder.rules import plan
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits
 from tests.ingest.gitrepos import write

@@ -1,0 +1,30 @@
+"""The builder's errors, under kiln's root ``KilnError``. Both become a failure class in the build's event, never a
+dead letter.
+
+BuildError
+├── PlanError    the rules cannot build this checkout (no rule fits, a manifest does not parse, a toolchain or base
+│                image that cannot be had): ``no_rule_matched``
+└── StepFailed   a build step (docker build, dependency install, compile, a revision layer's rebuild) failed;
+                 carries the step's log and whether it ran out of time
+"""
+
+from __future__ import annotations
+
+from kiln.streams.errors import KilnError
+
+
+class BuildError(KilnError):
+    """A build could not produce a usable image."""
+
+
+class PlanError(BuildError):
+    """The rules cannot build this checkout; the message says why."""
+
+
+class StepFailed(BuildError):
+    """A build step failed; ``log`` is its output."""
+
+    def __init__(self, log: str, timed_out: bool = False) -> None:
+        super().__init__(log[-2000:])
+        self.log = log
+        self.timed_out = timed_out
