@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -37,38 +33,6 @@ def fresh_topics(settings: KilnSettings, name: str, partitions: int) -> tuple[st
     admin.create_topics(settings, [TopicSpec(request, partitions), TopicSpec(f"{request}.dlq", 1),
                                    TopicSpec(results, 4)])
     return request, results
-
-
-class WorkerProc:
-    def __init__(self, settings: KilnSettings, stage: str, topic: str, slots: int, *,
-                 journal: Path | None = None, extra: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
-        proc_env = {**os.environ, **(env or {}), "KILN_BOOTSTRAP_SERVERS": settings.bootstrap_servers}
-        if journal:
-            proc_env["KILN_SLEEP_JOURNAL"] = str(journal)
-        self.log = Path(f"/tmp/kiln-bench-{topic}-{time.monotonic_ns()}.log")
-        self.proc = subprocess.Popen([sys.executable, "-m", "kiln.streams.cli", "worker", stage, "--slots", str(slots),
-                                      "--topic", topic, "--group", f"g-{topic}", *(extra or [])],
-                                     env=proc_env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
-
-    def wait_assigned(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while "assigned" not in self.log.read_text() and "queue mode" not in self.log.read_text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("worker failed to start:\n" + self.log.read_text())
-            time.sleep(0.05)
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -14,9 +14,10 @@ import asyncio
 import os
 import time
 
-from bench.common import WorkerProc, broker, fresh_topics, offer_at_rate, percentile, report
+from bench.common import broker, fresh_topics, offer_at_rate, percentile, report
 from kiln.schemas.builtin import EchoRequest
 from kiln.streams.client import KilnClient
+from kiln.streams.processes import WorkerProcess
 
 
 async def peak(client: KilnClient, topic: str, jobs: int) -> float:
@@ -43,7 +44,7 @@ async def paced(client: KilnClient, topic: str, rate: float, seconds: float) -> 
 async def main(jobs: int) -> None:
     settings = broker()
     topic, results = fresh_topics(settings, "dispatch", 8)
-    worker = WorkerProc(settings, "echo", topic, slots=256)
+    worker = WorkerProcess("echo", settings, topic, slots=256)
     try:
         worker.wait_assigned()
         async with KilnClient(settings, results_topic=results, max_in_flight=5000, key_spread=8) as client:

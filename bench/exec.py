@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import WorkerProc, broker, report
+from bench.common import broker, report
 from kiln.ingest.service import ingest
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildRequest
@@ -28,6 +28,7 @@ from kiln.streams import admin
 from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.client import KilnClient
 from kiln.streams.infra import COMPONENT_STEPS, run_steps
+from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec
 from kiln.workers.builder.images import BaseImages
@@ -35,7 +36,6 @@ from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits, docker_client
 from kiln.workers.exec.client import ExecClient
 from tests.workers.builder.projects import python_project
-from tests.workers.conftest import free_port
 
 
 def p50(values: list[float]) -> float:
@@ -73,7 +73,7 @@ def bare_docker(client: Any, image: str, samples: int) -> tuple[float, float]:
 
 async def through_kiln(settings: KilnSettings, image: str, args: argparse.Namespace, warm: int,
                        lock_dir: Path) -> dict[str, float]:
-    worker = WorkerProc(settings, "exec", "exec.requests", 8, env={
+    worker = WorkerProcess("exec", settings, "exec.requests", slots=8, env={
         "KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_EXEC_WARM": str(warm), "KILN_EXEC_LOCK_DIR": str(lock_dir),
         "KILN_METRICS_PORT": str(free_port())})
     out: dict[str, float] = {}

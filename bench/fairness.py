@@ -16,9 +16,10 @@ import time
 import uuid
 import zlib
 
-from bench.common import WorkerProc, broker, fresh_topics, median, percentile, report
+from bench.common import broker, fresh_topics, median, percentile, report
 from kiln.schemas.builtin import SleepRequest
 from kiln.streams.client import KilnClient
+from kiln.streams.processes import WorkerProcess
 
 PARTITIONS, SPREAD = 16, 4
 
@@ -43,7 +44,7 @@ async def main() -> None:
     flood_id = f"flood-{uuid.uuid4().hex[:6]}"
     light_id = next(c for c in (f"light-{uuid.uuid4().hex[:6]}" for _ in range(1000))
                     if partitions_of(c, 1).isdisjoint(partitions_of(flood_id, SPREAD)))
-    worker = WorkerProc(settings, "sleep", topic, 8, extra=["--per-partition", "1"])
+    worker = WorkerProcess("sleep", settings, topic, slots=8, extra=["--per-partition", "1"])
     try:
         worker.wait_assigned()
         async with KilnClient(settings, light_id, results_topic=results, key_spread=1) as light, \

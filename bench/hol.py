@@ -14,9 +14,10 @@ import asyncio
 import random
 import time
 
-from bench.common import WorkerProc, broker, fresh_topics, offer_at_rate, percentile, report
+from bench.common import broker, fresh_topics, offer_at_rate, percentile, report
 from kiln.schemas.builtin import SleepRequest
 from kiln.streams.client import KilnClient
+from kiln.streams.processes import WorkerProcess
 
 SLOTS, FAST_S, SLOW_S, SLOW_SHARE = 8, 0.005, 10.0, 0.01
 
@@ -43,7 +44,7 @@ async def main(seconds: float) -> None:
     results: dict[str, list[float]] = {}
     for label, share in (("fast_only", 0.0), ("mixed", SLOW_SHARE)):
         topic, res = fresh_topics(settings, f"hol-{label}", 1)
-        worker = WorkerProc(settings, "sleep", topic, slots=SLOTS)
+        worker = WorkerProcess("sleep", settings, topic, slots=SLOTS)
         try:
             worker.wait_assigned()
             async with KilnClient(settings, results_topic=res) as client:

@@ -20,14 +20,14 @@ import uuid
 
 import httpx
 
-from bench.common import WorkerProc, broker, report
+from bench.common import broker, report
 from kiln.schemas.lean import ProofStateRef
 from kiln.streams import admin
 from kiln.streams.client import KilnClient
+from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec
 from kiln.workers.lean.client import LeanClient
-from tests.workers.conftest import free_port
 from tests.workers.lean.fake import FAKE_COMMAND, THEOREMS
 
 
@@ -48,7 +48,7 @@ async def _sample_busy(port: int, stop: asyncio.Event, samples: list[float]) -> 
 
 async def tactic_throughput(settings: KilnSettings, args: argparse.Namespace) -> dict[str, float]:
     port = free_port()
-    worker = WorkerProc(settings, "lean", "lean.requests", args.slots,
+    worker = WorkerProcess("lean", settings, "lean.requests", slots=args.slots,
                         env={"KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_LEAN_REPL": FAKE_COMMAND,
                              "FAKE_LEAN_TACTIC_MS": str(args.tactic_ms), "KILN_METRICS_PORT": str(port)})
     try:
@@ -91,7 +91,7 @@ async def code_throughput(settings: KilnSettings, args: argparse.Namespace, reus
            "FAKE_LEAN_IMPORT_S": str(args.import_s), "KILN_METRICS_PORT": str(free_port())}
     if not reuse:
         env["KILN_LEAN_RECYCLE_AFTER"] = "1"
-    worker = WorkerProc(settings, "lean", "lean.requests", args.slots, env=env)
+    worker = WorkerProcess("lean", settings, "lean.requests", slots=args.slots, env=env)
     try:
         worker.wait_assigned()
         async with KilnClient(settings, f"bench-{uuid.uuid4().hex[:6]}") as kiln:

@@ -15,9 +15,10 @@ import random
 import tempfile
 from pathlib import Path
 
-from bench.common import WorkerProc, broker, fresh_topics, report
+from bench.common import broker, fresh_topics, report
 from kiln.schemas.builtin import SleepRequest
 from kiln.streams.client import KilnClient
+from kiln.streams.processes import WorkerProcess
 
 JOBS, SLOTS = 400, 8
 
@@ -32,7 +33,7 @@ async def one_round(seed: int, kill_after: float) -> tuple[int, int, int]:
     journal = Path(tempfile.mkdtemp()) / "journal"
     rng = random.Random(seed)
     async with KilnClient(settings, results_topic=results, key_spread=8) as client:
-        first = WorkerProc(settings, "sleep", topic, SLOTS, journal=journal)
+        first = WorkerProcess("sleep", settings, topic, slots=SLOTS, journal=journal)
         first.wait_assigned()
         futures = [await client.submit("sleep", SleepRequest(seconds=rng.uniform(0.05, 2.0)), topic=topic)
                    for _ in range(JOBS)]
@@ -41,7 +42,7 @@ async def one_round(seed: int, kill_after: float) -> tuple[int, int, int]:
         before = _events(journal)
         started = {rid for ev, rid in before if ev == "start"}
         in_flight = started - {rid for ev, rid in before if ev == "end"}
-        second = WorkerProc(settings, "sleep", topic, SLOTS, journal=journal)
+        second = WorkerProcess("sleep", settings, topic, slots=SLOTS, journal=journal)
         try:
             envelopes = await asyncio.wait_for(asyncio.gather(*futures), 300)
         finally:

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from kiln.ingest.service import ingest
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
+from kiln.streams.processes import free_port
 from tests.ingest.gitrepos import Builder, all_commits, files_at, write
 
 
@@ -101,9 +101,7 @@ def main() -> None:
             subprocess.run(["git", "-C", str(src), "show", c.encode() + b":" + p], check=True, capture_output=True)
         show_s = (time.perf_counter() - started) / len(spawn_reads) * len(reads)
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         # The server is its own process, as deployed (in this process it would share the client's GIL).
         server = subprocess.Popen([sys.executable, "-m", "kiln.streams.cli", "saucer", "serve", "--port", str(port)],
                                   env={**os.environ, "KILN_BLOB_STORE": f"file://{root / 'blobs'}",

@@ -18,10 +18,11 @@ import random
 import time
 from datetime import UTC, datetime
 
-from bench.common import WorkerProc, broker, fresh_topics, report
+from bench.common import broker, fresh_topics, report
 from kiln.schemas.builtin import SleepRequest
 from kiln.schemas.envelope import ResultEnvelope
 from kiln.streams.client import KilnClient
+from kiln.streams.processes import WorkerProcess
 
 SLOTS = (2, 6)
 MEDIAN_S, SIGMA = 0.020, 1.0
@@ -31,7 +32,7 @@ async def measure(mode: str, seconds: float, warmup: float = 5.0) -> tuple[float
     settings = broker()
     topic, results = fresh_topics(settings, "util", 16)
     extra = ["--mode", mode]
-    workers = [WorkerProc(settings, "sleep", topic, slots=n, extra=extra, env={"KILN_JOB_TIMEOUT_S": "4"})
+    workers = [WorkerProcess("sleep", settings, topic, slots=n, extra=extra, env={"KILN_JOB_TIMEOUT_S": "4"})
                for n in SLOTS]
     rng = random.Random(1)
     done: list[ResultEnvelope] = []

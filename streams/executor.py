@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import socket
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -26,6 +29,11 @@ from kiln.streams.middleware import Job, Middleware, Outcome, default_middleware
 from kiln.streams.offsets import coordinates
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import JobContext, Stage
+
+
+def new_worker_id() -> str:
+    """Unique per process and start: host, pid and a random suffix (a restarted pid is another worker)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 def producer_config(settings: KilnSettings, **extra: Any) -> dict[str, Any]:

@@ -20,10 +20,8 @@ import contextlib
 import logging
 import os
 import queue
-import socket
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +31,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from kiln.streams import admin
 from kiln.streams.blobstore import BlobStore
-from kiln.streams.executor import JobExecutor
+from kiln.streams.executor import JobExecutor, new_worker_id
 from kiln.streams.metrics import WorkerMetrics, start_worker_endpoints
 from kiln.streams.middleware import Middleware
 from kiln.streams.offsets import (
@@ -88,7 +86,7 @@ class Worker:
         self.per_partition_cap = max_in_flight_per_partition or self.slots
         self.prefetch = max(2 * self.per_partition_cap, 16)
         self.grace_s = settings.grace_s if grace_s is None else grace_s
-        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.worker_id = worker_id or new_worker_id()
         self.metrics = WorkerMetrics(stage.name, self.worker_id, stage.registry)
         self.metrics.slots.set(self.slots)
         self.executor = JobExecutor(stage, settings, self.metrics, self.worker_id, self.dlq_topic, blob_store,

@@ -27,10 +27,8 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,7 +39,7 @@ from kiln.schemas.envelope import ErrorInfo
 from kiln.streams import admin
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import ConfigError
-from kiln.streams.executor import JobExecutor
+from kiln.streams.executor import JobExecutor, new_worker_id
 from kiln.streams.metrics import WorkerMetrics, start_worker_endpoints
 from kiln.streams.middleware import Middleware, RetryMiddleware
 from kiln.streams.settings import KilnSettings
@@ -104,7 +102,7 @@ class ShareWorker:
         self.topic = settings.topic(topic or stage.spec.request_topic)
         self.group_id = group_id or f"kiln.{stage.name}.queue"
         self.grace_s = settings.grace_s if grace_s is None else grace_s
-        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.worker_id = worker_id or new_worker_id()
         self.metrics = WorkerMetrics(stage.name, self.worker_id, stage.registry)
         self.metrics.slots.set(self.slots)
         self.executor = JobExecutor(stage, settings, self.metrics, self.worker_id, f"{self.topic}.dlq", blob_store,

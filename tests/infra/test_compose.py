@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from testcontainers.core.container import DockerContainer
 
 from kiln.schemas.builtin import EchoRequest
 from kiln.streams.client import KilnClient
+from kiln.streams.processes import free_port
 from kiln.streams.settings import KilnSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,16 +44,10 @@ def worker_image(docker_engine: Any) -> str:
     return "kiln/worker:test"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_worker_image_serves_jobs_through_the_broker(worker_image: str, kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
                                                            unique: str) -> None:
     request_topic, results = topics(partitions=2)
-    port = _free_port()
+    port = free_port()
     container = (DockerContainer(worker_image)
                  .with_kwargs(network_mode="host")
                  .with_env("KILN_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -13,15 +12,14 @@ import pytest
 import uvicorn
 
 from kiln.ingest.http import IMMUTABLE, create_app
+from kiln.streams.processes import free_port
 from tests.ingest.conftest import Ingested
 from tests.ingest.gitrepos import NON_UTF8, all_commits, files_at, git, show
 
 
 @pytest.fixture(scope="module")
 def saucer(rich: Ingested) -> Iterator[httpx.Client]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(rich.store), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -1,13 +1,10 @@
-"""Helpers for runtime tests: run workers in-process or as real subprocesses, read topics, read journals."""
+"""Helpers for runtime tests: run workers in-process, read topics, read journals. (Workers as real processes:
+``kiln.streams.processes.WorkerProcess``.)"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,45 +32,6 @@ async def running_worker(stage: Stage, settings: KilnSettings, topic: str, **kwa
     finally:
         worker.stop()
         await asyncio.wait_for(task, 60)
-
-
-class WorkerProcess:
-    """``kiln worker`` as a real process: what a preemptible node runs."""
-
-    def __init__(self, stage: str, settings: KilnSettings, topic: str, *, slots: int, journal: Path | None = None,
-                 grace_s: float = 30.0, extra: list[str] | None = None, env: dict[str, str] | None = None) -> None:
-        proc_env = {**os.environ, **(env or {}), "KILN_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-                    "KILN_GRACE_S": str(grace_s), "KILN_BLOB_STORE": f"file://{settings.cache / 'blobs'}"}
-        if journal is not None:
-            proc_env["KILN_SLEEP_JOURNAL"] = str(journal)
-        self.log = Path(f"/tmp/kiln-test-worker-{topic}-{time.monotonic_ns()}.log")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kiln.streams.cli", "worker", stage, "--slots", str(slots), "--topic", topic,
-             "--group", f"g-{topic}", *(extra or [])],
-            env=proc_env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
-        )
-
-    def wait_assigned(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while "assigned" not in self.log.read_text() and "queue mode" not in self.log.read_text():
-            assert self.proc.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, "worker did not get partitions:\n" + self.log.read_text()
-            time.sleep(0.1)
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def terminate(self, timeout: float = 60) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
-
-    def __enter__(self) -> WorkerProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
-            self.kill()
 
 
 def read_all(settings: KilnSettings, topic: str, expect: int, timeout: float = 30) -> list[Any]:

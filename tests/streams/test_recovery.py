@@ -10,9 +10,10 @@ from pathlib import Path
 
 from kiln.schemas.builtin import EchoRequest, SleepRequest
 from kiln.streams.client import KilnClient
+from kiln.streams.processes import WorkerProcess
 from kiln.streams.settings import KilnSettings
 from kiln.workers.builtin import echo
-from tests.streams.harness import WorkerProcess, journal_events, read_all, running_worker
+from tests.streams.harness import journal_events, read_all, running_worker
 
 
 async def _await_until(predicate, limit_s: float, what: str) -> None:  # type: ignore[no-untyped-def]

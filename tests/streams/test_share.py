@@ -19,10 +19,11 @@ from kiln.streams import admin
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import ConfigError, RequestFailed
 from kiln.streams.infra import run_script
+from kiln.streams.processes import WorkerProcess
 from kiln.streams.settings import KilnSettings
 from kiln.streams.share import ShareWorker
 from kiln.workers.builtin import sleep
-from tests.streams.harness import WorkerProcess, journal_events, read_all
+from tests.streams.harness import journal_events, read_all
 
 QUEUE = ["--mode", "queue", "--verbose"]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -33,12 +32,6 @@ def stage_topics(kafka: KilnSettings, unique: str, tmp_path: Path) -> Iterator[C
     yield make
     if created:
         admin.delete_topics(settings, created)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def worker_env(settings: KilnSettings, **extra: str) -> dict[str, str]:

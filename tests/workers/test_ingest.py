@@ -19,11 +19,12 @@ from kiln.schemas.ingest import HistoryRewrite, IngestEvent, IngestRequest
 from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
+from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.ingest.client import SaucerClient
 from tests.ingest.gitrepos import Builder, rich_repository, write
-from tests.streams.harness import WorkerProcess, read_all
-from tests.workers.conftest import free_port, worker_env
+from tests.streams.harness import read_all
+from tests.workers.conftest import worker_env
 
 
 async def test_ingest_events_failures_and_replay_rebuild(stage_topics: Callable[..., KilnSettings],

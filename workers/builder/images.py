@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -21,6 +22,11 @@ from kiln.workers.builder.rules import LOCAL_IMAGE_MARK, RULES_VERSION, Plan
 
 # Give what the build created to the test user without touching (and so copying into the layer) the rest.
 HAND_OVER = "find /work ! -user 1000 -exec chown -h 1000:1000 {} +"
+
+
+def repository_slug(repository: str, limit: int) -> str:
+    """A repository name as a Docker image-name component (lower case, ``[a-z0-9._-]``, at most ``limit``)."""
+    return re.sub(r"[^a-z0-9._-]+", "-", repository.lower()).strip("-.")[:limit] or "repo"
 
 
 @dataclass(frozen=True)

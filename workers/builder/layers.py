@@ -13,7 +13,6 @@ import fnmatch
 import gzip
 import io
 import json
-import re
 import tarfile
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -23,7 +22,7 @@ from kiln.ingest.reader import Repository, TreeEntry
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import BlobNotFound
 from kiln.workers.builder.errors import StepFailed
-from kiln.workers.builder.images import HAND_OVER
+from kiln.workers.builder.images import HAND_OVER, repository_slug
 from kiln.workers.builder.registry import CONFIG_V1, LAYER_GZIP, Registry, sha256_digest
 
 # Files that cannot change a build or its tests (overridable per call).
@@ -220,4 +219,4 @@ def _layer_from_changes(container: Any, changes: list[dict[str, Any]]) -> bytes:
 
 
 def registry_name(repository: str) -> str:
-    return "kiln/rev/" + (re.sub(r"[^a-z0-9._-]+", "-", repository.lower()).strip("-.")[:120] or "repo")
+    return "kiln/rev/" + repository_slug(repository, 120)

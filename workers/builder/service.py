@@ -31,8 +31,7 @@ def cache_name(repository: str, commit: str) -> str:
 
 
 def image_tag(repository: str, commit: str) -> str:
-    slug = re.sub(r"[^a-z0-9._-]+", "-", repository.lower()).strip("-.")[:100] or "repo"
-    return f"kiln/build/{slug}:{commit[:12]}-r{RULES_VERSION}"
+    return f"kiln/build/{images.repository_slug(repository, 100)}:{commit[:12]}-r{RULES_VERSION}"
 
 
 async def build_revision(request: BuildRequest, store: SaucerStore, client: Any, bases: images.BaseImages,

@@ -44,7 +44,8 @@ def docker_client(timeout_s: float = 600.0) -> Any:
         raise InfraError(f"Docker is not reachable: {e}") from e
 
 
-def _untar(data: bytes) -> dict[str, bytes]:
+def untar_files(data: bytes) -> dict[str, bytes]:
+    """The regular files of a ``get_archive`` tar, by path below the archived directory."""
     files: dict[str, bytes] = {}
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         for member in tar.getmembers():
@@ -82,7 +83,7 @@ def run_sandboxed(client: Any, image: str, script: str, *, limits: Limits, role:
         if collect:
             try:
                 stream, _ = container.get_archive(collect)
-                files = _untar(b"".join(stream))
+                files = untar_files(b"".join(stream))
             except NotFound:
                 files = {}
         return RunResult(code, output[-20000:], timed_out, time.monotonic() - started, files)

@@ -34,6 +34,7 @@ from docker.errors import APIError, DockerException, NotFound
 from kiln.schemas.exec import CommandOutput, FileContent, SessionLimits
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import InfraError, PermanentJobError
+from kiln.workers.common.containers import untar_files
 
 ROLE = "exec-session"
 MAX_READ_BYTES = 16 << 20
@@ -330,13 +331,7 @@ class SessionManager:
             stream, _ = session.container.get_archive(directory)
         except NotFound:
             return {}
-        files: dict[str, bytes] = {}
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            for member in tar.getmembers():
-                extracted = tar.extractfile(member) if member.isfile() else None
-                if extracted is not None:
-                    files[member.name.split("/", 1)[-1]] = extracted.read()
-        return files
+        return untar_files(b"".join(stream))
 
     def snapshot(self, session: Session) -> tuple[str, int]:
         if self.blobs is None:

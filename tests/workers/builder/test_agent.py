@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildRequest
 from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
+from kiln.streams.processes import free_port
 from kiln.workers.builder.agent import AgentConfig, ModelClient, classify
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.service import build_revision
@@ -94,9 +94,7 @@ async def test_an_openai_compatible_model_drives_the_agent(docker_engine: Any, t
         step = script[min(len(asked) - 1, len(script) - 1)]
         return {"choices": [{"message": {"role": "assistant", "content": f"Sure.\n{json.dumps(step)}"}}]}
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

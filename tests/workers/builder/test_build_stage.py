@@ -19,11 +19,12 @@ from kiln.schemas.builder import BuildEvent, BuildRequest
 from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.client import KilnClient
+from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from tests.ingest.gitrepos import git, write
-from tests.streams.harness import WorkerProcess, read_all
+from tests.streams.harness import read_all
 from tests.workers.builder.projects import PROJECTS
-from tests.workers.conftest import free_port, worker_env
+from tests.workers.conftest import worker_env
 
 
 @pytest.mark.docker

@@ -19,14 +19,14 @@ from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
+from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits
 from kiln.workers.exec.client import ExecClient, ExecSession, SpillOver
-from tests.streams.harness import WorkerProcess
 from tests.workers.builder.projects import python_project
-from tests.workers.conftest import free_port, worker_env
+from tests.workers.conftest import worker_env
 
 pytestmark = pytest.mark.docker
 

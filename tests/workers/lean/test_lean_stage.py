@@ -12,10 +12,10 @@ import pytest
 from kiln.schemas.lean import LeanRequest, ProofStateRef
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
+from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.lean.client import LeanClient
-from tests.streams.harness import WorkerProcess
-from tests.workers.conftest import free_port, worker_env
+from tests.workers.conftest import worker_env
 from tests.workers.lean.fake import FAKE_COMMAND, THEOREMS
 
 

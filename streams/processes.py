@@ -1,0 +1,76 @@
+"""``kiln worker`` as a real local process, and free loopback ports: what tests, benches and local deployments use
+to run workers the way a node runs them (own process, own consumer, SIGTERM for a graceful stop, SIGKILL for a
+preemption)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kiln.streams.errors import InfraError
+from kiln.streams.settings import KilnSettings
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class WorkerProcess:
+    """One ``kiln worker STAGE`` process consuming ``topic`` with group ``g-<topic>``; its output goes to ``log``."""
+
+    def __init__(self, stage: str, settings: KilnSettings, topic: str, *, slots: int, journal: Path | None = None,
+                 grace_s: float = 30.0, extra: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        proc_env = {**os.environ, "KILN_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "KILN_GRACE_S": str(grace_s),
+                    "KILN_BLOB_STORE": f"file://{settings.cache / 'blobs'}", **(env or {})}
+        if journal is not None:
+            proc_env["KILN_SLEEP_JOURNAL"] = str(journal)
+        self.log = Path(tempfile.gettempdir()) / f"kiln-worker-{topic}-{time.monotonic_ns()}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kiln.streams.cli", "worker", stage, "--slots", str(slots), "--topic", topic,
+             "--group", f"g-{topic}", *(extra or [])],
+            env=proc_env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+        )
+
+    def wait_assigned(self, timeout: float = 60) -> None:
+        """Until the worker has partitions (group mode) or has joined its share group (queue mode)."""
+        deadline = time.monotonic() + timeout
+        while "assigned" not in (text := self.log.read_text()) and "queue mode" not in text:
+            if self.proc.poll() is not None:
+                raise InfraError(f"worker exited with {self.proc.returncode}:\n{text}")
+            if time.monotonic() > deadline:
+                raise InfraError(f"worker did not get partitions in {timeout:g}s:\n{text}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL, as a preempted node."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self, timeout: float = 60) -> int:
+        """SIGTERM and wait for the graceful stop; returns the exit code."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def stop(self, timeout: float = 60) -> None:
+        """Graceful stop if it is running, SIGKILL when the grace runs out."""
+        if self.proc.poll() is None:
+            try:
+                self.terminate(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def __enter__(self) -> WorkerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.kill()
