@@ -4,7 +4,7 @@ Threads: one thread owns the Kafka consumer (poll, commit, pause/resume, rebalan
 producer's delivery reports; jobs run as asyncio tasks on the event loop. The loop talks to the consumer thread
 through a command queue, the consumer thread to the loop through ``call_soon_threadsafe``.
 
-Semantics (see ARCHITECTURE.md, "The job runtime"):
+Semantics (docs/architecture.md, "The runtime's guarantees"):
 - an offset is committed only when every job at or below it has finished; jobs finished beyond it travel in
   the commit metadata (``streams.offsets``) and are skipped by the next owner;
 - at most ``slots`` jobs run; each partition at most ``max_in_flight_per_partition``; partitions are served
