@@ -1,7 +1,7 @@
 """Prometheus metrics of a worker and its HTTP endpoint (``/metrics``, ``/healthz``).
 
-These are the autoscaler's inputs (docs/architecture.md): queue length corrected for jobs finished ahead of the committed
-offset, completions in the last minute, busy and total slots, failures by reason.
+These are the autoscaler's inputs (docs/architecture.md): queue length corrected for jobs finished ahead of the
+committed offset, completions in the last minute, busy and total slots, failures by reason.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ line of kiln changed (the toy stage in tests/fixtures/toy_stage, the worked exam
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,10 +27,10 @@ TOY = Path(__file__).resolve().parents[1] / "fixtures" / "toy_stage"
 @pytest.fixture(scope="module")
 def toy_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The toy distribution installed (like any pip install) into a directory of its own."""
-    site = tmp_path_factory.mktemp("toy-site")
+    site, source = tmp_path_factory.mktemp("toy-site"), tmp_path_factory.mktemp("toy-src") / "toy"
+    shutil.copytree(TOY, source)  # setuptools builds in the source tree: not in the repository's
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-                    "--no-build-isolation", "--target", str(site), str(TOY)], check=True, capture_output=True,
-                   cwd=tmp_path_factory.mktemp("build"))
+                    "--no-build-isolation", "--target", str(site), str(source)], check=True, capture_output=True)
     return site
 
 
