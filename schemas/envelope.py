@@ -12,9 +12,13 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 1
+MAX_ATTEMPT = 1000
+CLOCK_SKEW = timedelta(days=1)
+"""How far in the future a request's ``created_at`` may be (producers' clocks differ)."""
+MAX_DEADLINE = timedelta(days=366)
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _id_lock = threading.Lock()
@@ -45,9 +49,9 @@ class ReplyTo(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    topic: str
-    key: str
-    partition: int | None = Field(None, ge=0, description="Explicit partition; None = hash of key.")
+    topic: str = Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")
+    key: str = Field(max_length=1024)
+    partition: int | None = Field(None, ge=0, le=100_000, description="Explicit partition; None = hash of key.")
 
 
 class ClaimCheck(BaseModel):
@@ -67,15 +71,24 @@ class RequestEnvelope(BaseModel):
 
     request_id: str = Field(default_factory=new_request_id, min_length=1, max_length=64)
     kind: str = Field(min_length=1, max_length=64, description="Stage name, e.g. 'echo'.")
-    schema_version: int = SCHEMA_VERSION
-    created_at: datetime = Field(default_factory=utcnow)
-    deadline: datetime | None = Field(None, description="Absolute; a job not started by then is answered "
-                                                        "'expired' and never run.")
-    attempt: int = Field(0, ge=0)
+    schema_version: int = Field(SCHEMA_VERSION, ge=SCHEMA_VERSION, le=SCHEMA_VERSION,
+                                description="Major version of the envelope; a reader refuses others.")
+    created_at: AwareDatetime = Field(default_factory=utcnow)
+    deadline: AwareDatetime | None = Field(None, description="Absolute; a job not started by then is answered "
+                                                             "'expired' and never run.")
+    attempt: int = Field(0, ge=0, le=MAX_ATTEMPT)
     client_id: str = Field("anonymous", min_length=1, max_length=128)
     reply_to: ReplyTo | None = None
     payload: dict[str, Any] | None = None
     claim_check: ClaimCheck | None = Field(None, description="Set instead of payload when it is large.")
+
+    @model_validator(mode="after")
+    def _plausible_times(self) -> RequestEnvelope:
+        if self.created_at > utcnow() + CLOCK_SKEW:
+            raise ValueError(f"created_at {self.created_at.isoformat()} is in the future")
+        if self.deadline is not None and self.deadline > self.created_at + MAX_DEADLINE:
+            raise ValueError(f"deadline more than {MAX_DEADLINE.days} days after created_at")
+        return self
 
     def expired(self, now: datetime | None = None) -> bool:
         return self.deadline is not None and (now or utcnow()) >= self.deadline

@@ -44,13 +44,25 @@ def encode(envelope: RequestEnvelope | ResultEnvelope, store: BlobStore | None, 
     return slim.model_dump_json().encode()
 
 
+# What a request must carry explicitly: a default here would turn a broken producer's message into a job.
+_REQUIRED = ("request_id", "kind", "schema_version", "created_at", "client_id", "attempt")
+
+
 def decode_request(raw: bytes | None) -> RequestEnvelope:
+    """A request envelope, validated strictly (no type coercion; known schema version; required fields present;
+    exactly one of payload and claim check), or ``MalformedRequest`` saying why."""
     if raw is None:
         raise MalformedRequest("empty message (tombstone)")
     try:
-        return RequestEnvelope.model_validate_json(raw)
+        envelope = RequestEnvelope.model_validate_json(raw, strict=True)
     except ValidationError as e:
         raise MalformedRequest(f"not a request envelope: {_short(e)}") from None
+    missing = [name for name in _REQUIRED if name not in envelope.model_fields_set]
+    if missing:
+        raise MalformedRequest(f"not a request envelope: missing {', '.join(missing)}")
+    if (envelope.payload is None) == (envelope.claim_check is None):
+        raise MalformedRequest("not a request envelope: exactly one of payload and claim_check is required")
+    return envelope
 
 
 def decode_result(raw: bytes) -> ResultEnvelope:
