@@ -103,3 +103,22 @@ def test_duplicates_and_recorded_offsets_are_not_run() -> None:
     assert tracker.committable == 100 and tracker.done_ahead() == [101, 102, 103]
     tracker.finish(100)
     assert tracker.committable == 104 and tracker.done_ahead() == []
+
+
+def test_a_map_that_would_not_fit_asks_for_back_pressure_instead_of_being_truncated() -> None:
+    """Jobs finishing out of order scatter the map; before it outgrows the commit metadata the tracker says so
+    (the runtime then stops taking that partition's jobs), and what it encodes is never silently cut."""
+    tracker = PartitionOffsets(0)
+    for o in range(40_000):
+        tracker.receive(o)
+    finished = []
+    for o in range(1, 40_000, 2):  # every other job: one run per finished job
+        if tracker.map_full:
+            break
+        tracker.finish(o)
+        finished.append(o)
+    assert tracker.map_full and len(finished) < 20_000
+    assert decode_done(tracker.committable, tracker.metadata()) == set(finished)
+    for o in range(0, finished[-1], 2):  # the holes finish: the map collapses to nothing, no longer full
+        tracker.finish(o)
+    assert not tracker.map_full and tracker.committable == finished[-1] + 1 and tracker.done_ahead() == []
