@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -108,17 +109,17 @@ def test_duplicates_and_recorded_offsets_are_not_run() -> None:
 def test_a_map_that_would_not_fit_asks_for_back_pressure_instead_of_being_truncated() -> None:
     """Jobs finishing out of order scatter the map; before it outgrows the commit metadata the tracker says so
     (the runtime then stops taking that partition's jobs), and what it encodes is never silently cut."""
+    rng = random.Random(5)
     tracker = PartitionOffsets(0)
-    for o in range(40_000):
+    for o in range(200_000):
         tracker.receive(o)
-    finished = []
-    for o in range(1, 40_000, 2):  # every other job: one run per finished job
-        if tracker.map_full:
-            break
+    finished, o = [], 0
+    while not tracker.map_full:  # scattered finishes (irregular gaps: nothing for zlib to fold)
+        o += rng.randint(2, 200)
         tracker.finish(o)
         finished.append(o)
-    assert tracker.map_full and len(finished) < 20_000
+    assert o < 200_000 and len(tracker.metadata(limit=None)) <= MAX_METADATA_CHARS
     assert decode_done(tracker.committable, tracker.metadata()) == set(finished)
-    for o in range(0, finished[-1], 2):  # the holes finish: the map collapses to nothing, no longer full
+    for o in sorted(set(range(finished[-1])) - set(finished)):  # the holes finish: the map collapses
         tracker.finish(o)
     assert not tracker.map_full and tracker.committable == finished[-1] + 1 and tracker.done_ahead() == []
