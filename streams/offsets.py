@@ -4,8 +4,8 @@ consumer-side helpers that feed it.
 The committed offset of a partition is its lowest unfinished offset. Jobs finished *beyond* it are remembered in
 the commit's metadata string (run-length encoded, zlib-compressed, base64; bounded well under the broker's
 4 KiB limit), so after a crash or rebalance the new owner skips them and only the jobs really in flight run
-again. When the map would not fit, the farthest runs are dropped: forgetting a finished job costs a re-run, never a
-lost job.
+again. Before the map would outgrow the metadata, the runtime stops taking the partition's jobs (``map_full``); only
+as a last resort are the farthest runs dropped (a re-run, never a lost job).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import bisect
 import zlib
+from collections.abc import Iterable
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
@@ -20,6 +21,9 @@ from kiln.streams.errors import KilnError
 
 METADATA_PREFIX = "k1:"
 MAX_METADATA_CHARS = 3000
+MAP_SOFT_LIMIT_CHARS = 2000
+"""Past this the runtime stops taking a partition's jobs until its finished-ahead map shrinks."""
+MAP_RUNS_CHECKED = 150
 
 
 class OffsetMapError(KilnError):
@@ -71,14 +75,29 @@ def _runs(offsets: list[int], base: int) -> list[tuple[int, int]]:
 
 def encode_done(base: int, done: list[int], limit: int = MAX_METADATA_CHARS) -> str:
     """Encode finished offsets (> base) relative to the committed offset ``base``; fits in ``limit`` chars."""
-    runs = _runs(sorted(o for o in done if o > base), base)
+    return _encode(_runs(sorted(o for o in done if o > base), base), limit)
+
+
+def encode_runs(base: int, runs: list[tuple[int, int]], limit: int | None = MAX_METADATA_CHARS) -> str:
+    """``encode_done`` for sorted, disjoint runs ``[start, end)`` above ``base`` (no expansion to offsets);
+    ``limit=None`` encodes everything (to measure)."""
+    pairs, prev_end = [], base
+    for start, end in runs:
+        pairs.append((start - prev_end, end - start))
+        prev_end = end
+    return _encode(pairs, limit)
+
+
+def _encode(runs: list[tuple[int, int]], limit: int | None) -> str:
+    """(gap, length) pairs as metadata; past ``limit`` chars the farthest runs are dropped (a last resort: the
+    runtime applies back-pressure at ``MAP_SOFT_LIMIT_CHARS`` long before)."""
     while True:
         raw = bytearray()
         for gap, length in runs:
             _varint(gap, raw)
             _varint(length, raw)
         text = METADATA_PREFIX + base64.b64encode(zlib.compress(bytes(raw), 9)).decode()
-        if len(text) <= limit or not runs:
+        if limit is None or len(text) <= limit or not runs:
             return text if runs else ""
         runs = runs[: len(runs) - max(1, len(runs) // 4)]
 
@@ -110,24 +129,31 @@ class PartitionOffsets:
 
     ``committable`` is the lowest received-but-unfinished offset, or one past the highest received when all
     are finished; offsets the broker never delivered (transaction markers, compaction gaps) are skipped.
+
+    Finished offsets above it are kept as sorted, disjoint runs ``[start, end)`` updated in place, so a finish is a
+    binary search plus a splice, and encoding the commit metadata costs the number of runs, not of finished jobs:
+    one slow job low in a partition with 100k finished behind it is one run.
     """
 
-    def __init__(self, start: int, done_ahead: set[int] | None = None) -> None:
+    def __init__(self, start: int, done_ahead: Iterable[int] = ()) -> None:
         self._start = start
         self._pending: list[int] = []  # sorted received, unfinished
-        self._done: set[int] = set()  # finished above the lowest pending
+        self._starts: list[int] = []  # finished runs above the committable offset: starts ...
+        self._ends: list[int] = []  # ... and ends (exclusive)
         self._high = start - 1  # highest offset received
-        self.recorded_done = set(done_ahead or ())  # finished before a crash, per the last commit
+        self._measured_runs, self._full = 0, False  # the last map-size measurement (see map_full)
+        for offset in sorted(done_ahead):  # finished before a crash, per the last commit
+            if offset >= start:
+                self._add_done(offset)
 
     def receive(self, offset: int) -> bool:
         """Register a delivered offset; False if it is a duplicate or was finished before (skip it)."""
-        if offset <= self._high and offset not in self.recorded_done:
+        if self._is_done(offset):
+            self._high = max(self._high, offset)
             return False
-        self._high = max(self._high, offset)
-        if offset in self.recorded_done:
-            self.recorded_done.discard(offset)
-            self._done.add(offset)
+        if offset <= self._high:
             return False
+        self._high = offset
         bisect.insort(self._pending, offset)
         return True
 
@@ -136,13 +162,33 @@ class PartitionOffsets:
         if i == len(self._pending) or self._pending[i] != offset:
             raise KeyError(offset)
         del self._pending[i]
-        self._done.add(offset)
+        self._add_done(offset)
         self._prune()
 
+    def _is_done(self, offset: int) -> bool:
+        i = bisect.bisect_right(self._starts, offset) - 1
+        return i >= 0 and offset < self._ends[i]
+
+    def _add_done(self, offset: int) -> None:
+        i = bisect.bisect_right(self._starts, offset)  # runs[:i] start at or below offset
+        joins_left = i > 0 and self._ends[i - 1] == offset
+        joins_right = i < len(self._starts) and self._starts[i] == offset + 1
+        if joins_left and joins_right:
+            self._ends[i - 1] = self._ends[i]
+            del self._starts[i], self._ends[i]
+        elif joins_left:
+            self._ends[i - 1] = offset + 1
+        elif joins_right:
+            self._starts[i] = offset
+        elif not (i > 0 and offset < self._ends[i - 1]):
+            self._starts.insert(i, offset)
+            self._ends.insert(i, offset + 1)
+
     def _prune(self) -> None:
-        floor = self.committable
-        if self._done and min(self._done) < floor:
-            self._done = {o for o in self._done if o >= floor}
+        """Drop runs wholly below the committable offset (they are covered by the commit itself)."""
+        k = bisect.bisect_right(self._ends, self.committable)
+        if k:
+            del self._starts[:k], self._ends[:k]
 
     @property
     def committable(self) -> int:
@@ -154,13 +200,40 @@ class PartitionOffsets:
     def in_flight(self) -> int:
         return len(self._pending)
 
+    @property
+    def runs(self) -> int:
+        """Runs of finished offsets above the committable one (what the commit metadata must carry)."""
+        return len(self._starts)
+
+    @property
+    def map_full(self) -> bool:
+        """The finished-ahead map is near what commit metadata can carry: stop taking this partition's jobs until
+        the low ones finish (truncating it would silently re-run finished work after a restart)."""
+        runs = self.runs
+        if runs <= MAP_RUNS_CHECKED:
+            return False
+        # Encoding costs O(runs): measure again only once the run count moved by a tenth since the last time.
+        if abs(runs - self._measured_runs) * 10 >= self._measured_runs:
+            self._measured_runs = runs
+            self._full = len(self.metadata(limit=None)) > MAP_SOFT_LIMIT_CHARS
+        return self._full
+
+    @property
+    def finished_ahead(self) -> int:
+        """How many offsets above the committable one have finished (O(runs))."""
+        return sum(end - start for start, end in self._runs_above())
+
     def done_ahead(self) -> list[int]:
         """Finished offsets above the committable one (what a restart must not run again)."""
-        floor = self.committable
-        return sorted(o for o in self._done | self.recorded_done if o > floor)
+        return [o for start, end in self._runs_above() for o in range(start, end)]
 
-    def metadata(self) -> str:
-        return encode_done(self.committable, self.done_ahead())
+    def _runs_above(self) -> list[tuple[int, int]]:
+        floor = self.committable
+        return [(max(start, floor + 1), end) for start, end in zip(self._starts, self._ends, strict=True)
+                if end > floor + 1]
+
+    def metadata(self, limit: int | None = MAX_METADATA_CHARS) -> str:
+        return encode_runs(self.committable, self._runs_above(), limit)
 
 
 def commit_position(topic: str, partition: int, offsets: PartitionOffsets) -> TopicPartition:

@@ -99,6 +99,7 @@ class Worker:
         self._last_commit: dict[TP, tuple[int, str]] = {}
         self._commands: queue.SimpleQueue[Callable[[Consumer], object]] = queue.SimpleQueue()
         self._stopping = threading.Event()
+        self.failure: str | None = None
         self._consumer_done = threading.Event()
         self._final_committed = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -136,8 +137,16 @@ class Worker:
                 server.shutdown()
             log.info("worker %s stopped", self.worker_id)
 
+    def fail(self, reason: str) -> None:
+        """Stop because this worker cannot make safe progress; it exits non-zero and health says why."""
+        if self.failure is None:
+            self.failure = reason
+        self.stop()
+
     def health(self) -> dict[str, Any]:
-        return {"status": "stopping" if self._stopping.is_set() else ("ok" if self.ready.is_set() else "starting"),
+        status = "failed" if self.failure else "stopping" if self._stopping.is_set() else (
+            "ok" if self.ready.is_set() else "starting")
+        return {"status": status, "reason": self.failure,
                 "stage": self.stage.name, "worker": self.worker_id, "busy_slots": self._running,
                 "slots": self.slots, "partitions": sorted(p for _, p in self._parts)}
 
@@ -179,9 +188,9 @@ class Worker:
                     self._update_queue_length(consumer)
             # Graceful stop: the loop has drained and queued the final commit.
             self._wait_final_commands(consumer)
-        except Exception:
+        except Exception as e:
             log.exception("consumer thread failed")
-            self._loop.call_soon_threadsafe(self.stop)
+            self._loop.call_soon_threadsafe(self.fail, f"consumer thread failed: {e!r}")
         finally:
             with contextlib.suppress(Exception):
                 consumer.close()
@@ -213,7 +222,7 @@ class Worker:
                 _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=1.0)
             except Exception:
                 continue
-            total += max(0, high - part.offsets.committable - len(part.offsets.done_ahead()))
+            total += max(0, high - part.offsets.committable - part.offsets.finished_ahead)
         self.metrics.queue_length.set(total)
         self.metrics.assigned_partitions.set(len(parts))
         self.metrics.paused_partitions.set(sum(1 for p in parts.values() if p.paused))
@@ -363,6 +372,15 @@ class Worker:
     def _take(self, part: _Partition) -> Message | None:
         if part.revoking or not part.backlog or part.running >= self.per_partition_cap:
             return None
+        if part.offsets.map_full:
+            # Back-pressure: its backlog fills and the partition pauses until the low jobs finish; only the lowest
+            # unfinished job may start (in keyed mode it can still be waiting here, and the map waits for it).
+            lowest = part.offsets.committable
+            for i, msg in enumerate(part.backlog):
+                if msg.offset() == lowest and msg.key() not in self._busy_keys:
+                    del part.backlog[i]
+                    return msg
+            return None
         if self.stage.spec.ordering != "keyed":
             return part.backlog.popleft()
         for i, msg in enumerate(part.backlog):
@@ -394,11 +412,11 @@ class Worker:
             self._commit_wake.set()
         except asyncio.CancelledError:
             pass  # abandoned on revoke/shutdown: stays uncommitted and is replayed by the next owner
-        except Exception:
+        except Exception as e:
             # Even the dead-letter record could not be delivered: this worker cannot make safe progress.
             # The offset stays unfinished, so the job replays on another worker after this one stops.
             log.exception("job at %s[%d]@%s could not be completed; stopping", tp[0], tp[1], msg.offset())
-            self.stop()
+            self.fail(f"job at {tp[0]}[{tp[1]}]@{msg.offset()} could not be completed: {e!r}")
         finally:
             task = asyncio.current_task()
             if task is not None:
