@@ -154,6 +154,9 @@ def worker(
             runner = Worker(load_stage(stage), settings, slots=slots or None, group_id=group, topic=topic,
                             max_in_flight_per_partition=per_partition, blob_store=open_blob_store(settings))
         asyncio.run(runner.run(install_signal_handlers=True))
+        if runner.failure:
+            out.print(f"[red]worker failed:[/] {runner.failure}")
+            raise typer.Exit(3)
     except KilnError as e:
         out.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from None

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kiln.schemas.envelope import ErrorInfo, RequestEnvelope, ResultEnvelope
 from kiln.streams import codec
@@ -29,6 +29,10 @@ from kiln.streams.middleware import Job, Middleware, Outcome, default_middleware
 from kiln.streams.offsets import coordinates
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import JobContext, Stage
+
+DLQ_VALUE_LIMIT = 900_000
+"""Largest request value copied into a dead letter as is (the producer refuses ~1 MB; headers need room): above
+it the dead letter carries a claim check (or, without a blob store, a truncated copy) and the source coordinates."""
 
 
 def new_worker_id() -> str:
@@ -57,6 +61,7 @@ class JobExecutor:
         self._chain = stage_chain(stage, middleware or default_middleware(metrics, settings.job_timeout_s),
                                   blob_store)
         self._producer: Producer | None = None
+        self._topic_partitions: dict[str, int] = {}  # reply topics seen to exist, with their partition counts
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = threading.Event()
         self._delivery_thread: threading.Thread | None = None
@@ -144,7 +149,22 @@ class JobExecutor:
                 break
             except BufferError:  # local queue full: let the delivery thread drain it
                 await asyncio.sleep(0.01)
+            except KafkaException as e:  # refused locally: too large, unknown partition, ...
+                raise KilnError(f"producing to {topic} failed: {e.args[0] if e.args else e}") from None
         await done
+
+    async def _check_destination(self, topic: str, partition: int | None) -> None:
+        """A reply's topic and partition exist (a request names them; a wrong one must fail fast, not after the
+        producer's metadata timeout)."""
+        assert self._producer is not None
+        if topic not in self._topic_partitions:
+            producer = self._producer
+            md = await asyncio.to_thread(lambda: producer.list_topics(topic, timeout=10).topics.get(topic))
+            if md is None or md.error is not None or not md.partitions:
+                raise KilnError(f"reply topic {topic!r} does not exist")
+            self._topic_partitions[topic] = len(md.partitions)
+        if partition is not None and partition >= self._topic_partitions[topic]:
+            raise KilnError(f"reply topic {topic!r} has no partition {partition}")
 
     async def _reply(self, envelope: RequestEnvelope, outcome: Outcome, started: datetime) -> None:
         if envelope.reply_to is None:
@@ -155,6 +175,7 @@ class JobExecutor:
             error=outcome.error, attempts=outcome.attempts, worker=self.worker_id, started_at=started,
         )
         value = codec.encode(result, self.blob_store, self.settings.claim_check_bytes)
+        await self._check_destination(envelope.reply_to.topic, envelope.reply_to.partition)
         await self.produce(envelope.reply_to.topic, value, key=envelope.reply_to.key,
                            partition=envelope.reply_to.partition)
 
@@ -176,9 +197,10 @@ class JobExecutor:
         result = ResultEnvelope(request_id=request_id, kind=str(raw.get("kind", self.stage.name)),
                                 client_id=str(raw.get("client_id", "anonymous")), status="error", error=error,
                                 attempts=0, worker=self.worker_id)
+        where = partition if isinstance(partition, int) and not isinstance(partition, bool) else None
         with contextlib.suppress(KilnError):
-            await self.produce(topic, result.model_dump_json().encode(), key=key,
-                               partition=partition if isinstance(partition, int) else None)
+            await self._check_destination(topic, where)
+            await self.produce(topic, result.model_dump_json().encode(), key=key, partition=where)
 
     async def dead_letter(self, msg: Message, error: ErrorInfo, attempts: int) -> None:
         headers = [
@@ -194,5 +216,15 @@ class JobExecutor:
         raw_headers = msg.headers() or []
         pairs = raw_headers.items() if isinstance(raw_headers, dict) else raw_headers
         original = [(k, v if isinstance(v, bytes) else str(v or "").encode()) for k, v in pairs]
-        await self.produce(self.dlq_topic, msg.value() or b"", key=msg.key(), headers=headers + original)
+        value = msg.value() or b""
+        if len(value) > DLQ_VALUE_LIMIT:
+            headers.append(("kiln-dlq-original-bytes", str(len(value)).encode()))
+            if self.blob_store is not None:
+                headers.append(("kiln-dlq-claim-check", (await asyncio.to_thread(self.blob_store.put, value))
+                                .digest.encode()))
+                value = b""
+            else:
+                headers.append(("kiln-dlq-truncated", b"true"))
+                value = value[:DLQ_VALUE_LIMIT]
+        await self.produce(self.dlq_topic, value, key=msg.key(), headers=headers + original)
         self.metrics.dead_lettered(error.type)

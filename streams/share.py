@@ -110,6 +110,7 @@ class ShareWorker:
         self.ready = threading.Event()
         self.metrics_port = 0
         self._stopping = threading.Event()
+        self.failure: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped: asyncio.Event | None = None
         self._busy = 0
@@ -124,8 +125,16 @@ class ShareWorker:
         if self._loop is not None and self._stopped is not None:
             self._loop.call_soon_threadsafe(self._stopped.set)
 
+    def fail(self, reason: str) -> None:
+        """Stop because this worker cannot make safe progress; it exits non-zero and health says why."""
+        if self.failure is None:
+            self.failure = reason
+        self.stop()
+
     def health(self) -> dict[str, Any]:
-        return {"status": "stopping" if self._stopping.is_set() else ("ok" if self.ready.is_set() else "starting"),
+        status = "failed" if self.failure else "stopping" if self._stopping.is_set() else (
+            "ok" if self.ready.is_set() else "starting")
+        return {"status": status, "reason": self.failure,
                 "stage": self.stage.name, "worker": self.worker_id, "mode": "queue", "busy_slots": self._busy,
                 "slots": self.slots}
 
@@ -206,9 +215,9 @@ class ShareWorker:
                         continue
                     consumer.acknowledge(msg, self._settle(msg, first=i == 0, polled_at=polled_at))
                 # The acknowledgements ride on the next poll's ShareFetch: no extra round trip per job.
-        except Exception:
+        except Exception as e:
             log.exception("share consumer %d failed", index)
-            self.stop()
+            self.fail(f"share consumer {index} failed: {e!r}")
         finally:
             try:
                 consumer.close()
