@@ -34,20 +34,33 @@ async def running_worker(stage: Stage, settings: KilnSettings, topic: str, **kwa
         await asyncio.wait_for(task, 60)
 
 
-def read_all(settings: KilnSettings, topic: str, expect: int, timeout: float = 30) -> list[Any]:
-    """Every record of ``topic`` from the start (at least ``expect`` of them, or whatever came in time)."""
+def read_all(settings: KilnSettings, topic: str, expect: int = 0, timeout: float = 30) -> list[Any]:
+    """Every record of ``topic``, from the start to its end offsets, once it holds at least ``expect`` records
+    (waiting up to ``timeout`` for them). Records beyond ``expect`` are returned too: callers assert exact counts,
+    so a duplicate cannot hide behind a reader that stopped early."""
     consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"reader-{time.time_ns()}",
                          "enable.auto.commit": False})
-    md = consumer.list_topics(topic, timeout=10).topics[topic]
-    consumer.assign([TopicPartition(topic, p, 0) for p in md.partitions])
-    got: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < expect and time.monotonic() < deadline:
-        for msg in consumer.consume(100, 0.2):
-            if msg.error() is None:
-                got.append(msg)
-    consumer.close()
-    return got
+    try:
+        md = consumer.list_topics(topic, timeout=10).topics[topic]
+        deadline = time.monotonic() + timeout
+        while True:
+            marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in md.partitions}
+            if sum(high - low for low, high in marks.values()) >= expect or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        ends = {p: high for p, (low, high) in marks.items() if high > low}
+        consumer.assign([TopicPartition(topic, p, marks[p][0]) for p in ends])
+        got: list[Any] = []
+        while ends and time.monotonic() < deadline + 30:
+            for msg in consumer.consume(500, 0.2):
+                if msg.error() is None:
+                    got.append(msg)
+                    if msg.offset() + 1 >= ends.get(msg.partition(), 0):
+                        ends.pop(msg.partition(), None)
+        assert not ends, f"could not read {topic} to its end offsets"
+        return got
+    finally:
+        consumer.close()
 
 
 def journal_events(path: Path) -> list[tuple[str, str, str]]:

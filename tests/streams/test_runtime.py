@@ -89,6 +89,7 @@ async def test_transient_failures_retry_then_succeed_or_dead_letter(kafka: KilnS
         with pytest.raises(RequestFailed, match="PermanentJobError"):
             await client.call("sleep", SleepRequest(fail="permanent", tag="poison"), topic=request_topic)
     dlq = read_all(kafka, f"{request_topic}.dlq", expect=2)
+    assert len(dlq) == 2
     headers = [dict(m.headers()) for m in dlq]
     by_type = {h["kiln-error-type"].decode(): h for h in headers}
     assert by_type["TransientJobError"]["kiln-attempts"] == b"3"
@@ -116,8 +117,9 @@ async def test_malformed_input_goes_to_dlq_and_worker_keeps_going(kafka: KilnSet
     dlq = read_all(kafka, f"{request_topic}.dlq", expect=3)
     assert next(m.value()[:9] for m in dlq) == b"\x00 not jso"
     assert {dict(m.headers())["kiln-error-type"] for m in dlq} == {b"MalformedRequest"}
-    # Garbage bytes are never attempted; an invalid payload fails on its first attempt and is not retried.
-    assert [dict(m.headers())["kiln-attempts"] for m in dlq] == [b"0", b"1", b"1"]
+    # Garbage bytes and an envelope missing its required fields are never attempted; an invalid payload fails on
+    # its first attempt and is not retried.
+    assert len(dlq) == 3 and [dict(m.headers())["kiln-attempts"] for m in dlq] == [b"0", b"0", b"1"]
 
 
 async def test_expired_requests_are_answered_not_run(kafka: KilnSettings, topics, unique: str,  # type: ignore[no-untyped-def]
@@ -132,6 +134,7 @@ async def test_expired_requests_are_answered_not_run(kafka: KilnSettings, topics
             client.result_of(await asyncio.wait_for(late, 10))
         await blocker
     raw = [json.loads(m.value()) for m in read_all(kafka, results, expect=2)]
+    assert len(raw) == 2
     late_result = next(r for r in raw if r["status"] == "expired")
     assert late_result["attempts"] == 0 and late_result["result"] is None
 

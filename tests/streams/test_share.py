@@ -168,6 +168,7 @@ async def test_poison_job_is_dead_lettered_at_the_delivery_limit(kafka: KilnSett
     # once for its sibling's pending fetch, in the same dead process.
     assert 1 <= crashes <= 4
     dlq = read_all(kafka, f"{request_topic}.dlq", expect=1)
+    assert len(dlq) == 1
     headers = dict(dlq[0].headers())
     assert headers["kiln-error-type"] == b"DeliveryLimitExceeded"
     assert 5 <= int(headers["kiln-attempts"]) < 10  # refused before the broker would archive it silently

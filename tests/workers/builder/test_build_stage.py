@@ -50,7 +50,7 @@ async def test_build_stage_publishes_events_and_the_failure_table(stage_topics: 
                                                        ("failed", "no_rule_matched")]
     published = [BuildEvent.model_validate_json(m.value())
                  for m in read_all(settings, settings.topic("image.events"), expect=3)]
-    assert sorted(e.repository for e in published) == sorted(f"demo/{n}" for n in names)
+    assert sorted(e.repository for e in published) == sorted(f"demo/{n}" for n in names)  # once each
     assert 'kiln_build_failures_total{reason="compile_failed",system="go"} 1.0' in metrics
     table = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "kiln.streams.cli", "builds", "failures"],

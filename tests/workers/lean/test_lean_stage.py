@@ -65,7 +65,8 @@ async def test_lean_requests_across_two_workers(stage_topics: Callable[..., Kiln
 
             search = await client.explore(code.sorries[1].state, ["intro h", "left", "right", "cases h",
                                                                   "exact h", "assumption"], max_depth=3)
-            assert search.proof is None or search.proof[0] == "intro h"
+            # The fake calculus has no case analysis: the search must exhaust its depth without a proof.
+            assert search.proof is None and search.depth == 3 and search.expanded >= 6 and search.lean_errors > 0
             search = await client.explore(state, ["intro h", "constructor", "exact h", "trivial"], max_depth=4)
             assert search.proof == ["intro h", "constructor", "exact h", "trivial"]
         text = await metrics(ports[0]) + await metrics(ports[1])
