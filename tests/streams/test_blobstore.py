@@ -109,3 +109,18 @@ def test_file_store_property(tmp_path_factory: pytest.TempPathFactory, data: byt
     store = FileBlobStore(tmp_path_factory.mktemp("prop"))
     ref = store.put(data)
     assert store.get(ref.digest) == data and ref.size == len(data)
+
+
+def test_s3_failures_are_typed_and_transient(s3_settings: KilnSettings, unique: str) -> None:
+    """A bucket that is gone (or an S3 outage) surfaces as ``BlobUnavailable``: a transient ``KilnError`` the
+    runtime retries, never a raw botocore exception that would stop a worker."""
+    from kiln.streams.errors import BlobUnavailable, TransientJobError
+
+    gone = S3BlobStore.from_settings(s3_settings, f"kiln-missing-{unique}")
+    with pytest.raises(BlobUnavailable) as raised:
+        gone.put(b"result too large for a message")
+    assert isinstance(raised.value, TransientJobError)
+    for call in (lambda: gone.get(digest_of(b"x")), lambda: gone.exists(digest_of(b"x")),
+                 lambda: gone.set_name("a/b", b"x"), lambda: gone.list_names("a")):
+        with pytest.raises(BlobUnavailable):
+            call()
