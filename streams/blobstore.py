@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlparse
 
-from kiln.streams.errors import BlobCorrupt, BlobError, BlobNotFound, ConfigError
+from kiln.streams.errors import BlobCorrupt, BlobError, BlobNotFound, BlobUnavailable, ConfigError
 from kiln.streams.settings import KilnSettings
 
 CHUNK = 1 << 20
@@ -202,6 +202,19 @@ class FileBlobStore(BlobStore):
         return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file())
 
 
+@contextlib.contextmanager
+def _s3_errors(what: str) -> Iterator[None]:
+    """Any failure of the S3 client (connection, refusal, a missing bucket, a failed upload) as
+    ``BlobUnavailable``; kiln's own errors (e.g. ``BlobNotFound``) pass through."""
+    from boto3.exceptions import Boto3Error
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except (BotoCoreError, ClientError, Boto3Error) as e:
+        raise BlobUnavailable(f"S3 {what}: {e}") from e
+
+
 class S3BlobStore(BlobStore):
     """Blobs as objects ``<prefix>sha256/<hex>`` in one bucket.
 
@@ -246,58 +259,64 @@ class S3BlobStore(BlobStore):
     def put_stream(self, stream: IO[bytes]) -> BlobRef:
         reader = _HashingReader(stream)
         tmp_key = f"{self.prefix}tmp/{uuid.uuid4().hex}"
-        self.client.upload_fileobj(reader, self.bucket, tmp_key, Config=self.transfer)
-        try:
-            final = self._key(reader.digest)
-            if not self.exists(reader.digest):
-                self.client.copy(
-                    {"Bucket": self.bucket, "Key": tmp_key}, self.bucket, final, Config=self.transfer
-                )
-        finally:
-            self.client.delete_object(Bucket=self.bucket, Key=tmp_key)
+        with _s3_errors("put"):
+            self.client.upload_fileobj(reader, self.bucket, tmp_key, Config=self.transfer)
+            try:
+                final = self._key(reader.digest)
+                if not self.exists(reader.digest):
+                    self.client.copy(
+                        {"Bucket": self.bucket, "Key": tmp_key}, self.bucket, final, Config=self.transfer
+                    )
+            finally:
+                self.client.delete_object(Bucket=self.bucket, Key=tmp_key)
         return BlobRef(reader.digest, reader.size)
 
     def open(self, digest: str) -> IO[bytes]:
         from botocore.exceptions import ClientError
 
-        try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key(digest))["Body"]
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                raise BlobNotFound(digest) from None
-            raise BlobError(f"S3 get {digest}: {e}") from e
+        with _s3_errors(f"get {digest}"):
+            try:
+                body = self.client.get_object(Bucket=self.bucket, Key=self._key(digest))["Body"]
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    raise BlobNotFound(digest) from None
+                raise
         return body  # type: ignore[no-any-return]
 
     def set_name(self, name: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=f"{self.prefix}names/{_check_name(name)}", Body=data)
+        with _s3_errors(f"put name {name}"):
+            self.client.put_object(Bucket=self.bucket, Key=f"{self.prefix}names/{_check_name(name)}", Body=data)
 
     def get_name(self, name: str) -> bytes:
         from botocore.exceptions import ClientError
 
-        try:
-            obj = self.client.get_object(Bucket=self.bucket, Key=f"{self.prefix}names/{_check_name(name)}")
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                raise BlobNotFound(name) from None
-            raise BlobError(f"S3 get name {name}: {e}") from e
-        return obj["Body"].read()  # type: ignore[no-any-return]
+        with _s3_errors(f"get name {name}"):
+            try:
+                obj = self.client.get_object(Bucket=self.bucket, Key=f"{self.prefix}names/{_check_name(name)}")
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    raise BlobNotFound(name) from None
+                raise
+            return obj["Body"].read()  # type: ignore[no-any-return]
 
     def list_names(self, prefix: str) -> list[str]:
         base = f"{self.prefix}names/{_check_name(prefix)}/"
         names: list[str] = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
-            names.extend(obj["Key"][len(base):] for obj in page.get("Contents", []))
+        with _s3_errors(f"list {prefix}"):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
+                names.extend(obj["Key"][len(base):] for obj in page.get("Contents", []))
         return sorted(names)
 
     def exists(self, digest: str) -> bool:
         from botocore.exceptions import ClientError
 
-        try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(digest))
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-                return False
-            raise BlobError(f"S3 head {digest}: {e}") from e
+        with _s3_errors(f"head {digest}"):
+            try:
+                self.client.head_object(Bucket=self.bucket, Key=self._key(digest))
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                    return False
+                raise
         return True
 
 

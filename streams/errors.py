@@ -4,8 +4,9 @@ KilnError
 ├── ConfigError            settings or topology are wrong; fix the deployment, retrying will not help
 ├── InfraError             a real component (broker, S3, Docker, registry) is missing or misbehaving
 ├── BlobError              the blob store failed
-│   └── BlobNotFound       no blob with that digest
-│   └── BlobCorrupt        stored bytes do not hash to their digest
+│   ├── BlobNotFound       no blob with that digest
+│   ├── BlobCorrupt        stored bytes do not hash to their digest
+│   └── BlobUnavailable    the store did not answer or refused (outage, missing bucket); also a TransientJobError
 ├── JobError               raised while running a job; the runtime decides retry vs. DLQ from the subclass
 │   ├── TransientJobError  worth retrying with backoff (timeouts, a lost connection)
 │   └── PermanentJobError  retrying cannot help: straight to the DLQ
@@ -73,3 +74,7 @@ class RequestFailed(ClientError):
         super().__init__(f"request {request_id} failed: {reason}")
         self.request_id = request_id
         self.reason = reason
+
+
+class BlobUnavailable(BlobError, TransientJobError):
+    """The blob store did not answer or refused the operation; retrying later may succeed."""

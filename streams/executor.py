@@ -23,13 +23,14 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from kiln.schemas.envelope import ErrorInfo, RequestEnvelope, ResultEnvelope
 from kiln.streams import codec
 from kiln.streams.blobstore import BlobStore
-from kiln.streams.errors import KilnError, MalformedRequest
+from kiln.streams.errors import BlobError, BlobUnavailable, KilnError, MalformedRequest
 from kiln.streams.metrics import WorkerMetrics
 from kiln.streams.middleware import Job, Middleware, Outcome, default_middleware, error_info, stage_chain
 from kiln.streams.offsets import coordinates
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import JobContext, Stage
 
+REPLY_ATTEMPTS = 4
 DLQ_VALUE_LIMIT = 900_000
 """Largest request value copied into a dead letter as is (the producer refuses ~1 MB; headers need room): above
 it the dead letter carries a claim check (or, without a blob store, a truncated copy) and the source coordinates."""
@@ -116,12 +117,27 @@ class JobExecutor:
         if outcome.dead_letter and outcome.error is not None:
             await self.dead_letter(msg, outcome.error, outcome.attempts)
         try:
-            await self._reply(envelope, outcome, started)
+            await self._reply_retrying(envelope, outcome, started)
             await self._publish_event(msg, outcome)
         except KilnError as e:
-            # An unreachable reply_to (e.g. a topic that does not exist) is the request's fault: record it.
-            await self.dead_letter(msg, ErrorInfo(type="ReplyDeliveryFailed", message=str(e)), outcome.attempts)
+            # An unreachable reply_to (a topic that does not exist) or a blob store that stayed down: record it,
+            # and tell the client (a small error result needs no claim check) rather than let it wait.
+            error = ErrorInfo(type=type(e).__name__ if isinstance(e, BlobError) else "ReplyDeliveryFailed",
+                              message=str(e))
+            await self.dead_letter(msg, error, outcome.attempts)
+            await self.reply_error(msg, error)
         return outcome
+
+    async def _reply_retrying(self, envelope: RequestEnvelope, outcome: Outcome, started: datetime) -> None:
+        """The reply, retried with backoff while the blob store (a large result's claim check) is unavailable."""
+        for attempt in range(REPLY_ATTEMPTS):
+            try:
+                await self._reply(envelope, outcome, started)
+                return
+            except BlobUnavailable:
+                if attempt == REPLY_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(0.5 * 2**attempt)
 
     async def produce(self, topic: str, value: bytes, key: bytes | str | None = None,
                       partition: int | None = None, headers: list[tuple[str, bytes]] | None = None) -> None:
@@ -174,7 +190,8 @@ class JobExecutor:
             status=outcome.status, result=outcome.result.model_dump(mode="json") if outcome.result else None,
             error=outcome.error, attempts=outcome.attempts, worker=self.worker_id, started_at=started,
         )
-        value = codec.encode(result, self.blob_store, self.settings.claim_check_bytes)
+        # A claim check is blob-store I/O: off the event loop.
+        value = await asyncio.to_thread(codec.encode, result, self.blob_store, self.settings.claim_check_bytes)
         await self._check_destination(envelope.reply_to.topic, envelope.reply_to.partition)
         await self.produce(envelope.reply_to.topic, value, key=envelope.reply_to.key,
                            partition=envelope.reply_to.partition)
