@@ -25,6 +25,7 @@ from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits
 from kiln.workers.exec.client import ExecClient, ExecSession, SpillOver
+from tests.streams.harness import read_all
 from tests.workers.builder.projects import python_project
 from tests.workers.conftest import worker_env
 
@@ -172,6 +173,8 @@ async def test_isolation_against_adversarial_commands(project_image: str, exec_s
         with pytest.raises(RequestFailed, match="not allowed"):
             await client.open_session("kiln-evil/image:latest")
         await client.close_session(s)
+    # Refused and lost sessions are answers, not poison: nothing of this went to the dead-letter topic.
+    assert read_all(exec_settings, exec_settings.topic("exec.requests.dlq")) == []
 
 
 async def test_worker_killed_mid_session_loses_it_cleanly(project_image: str, exec_settings: KilnSettings,

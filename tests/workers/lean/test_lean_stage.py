@@ -15,6 +15,7 @@ from kiln.streams.errors import RequestFailed
 from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.lean.client import LeanClient
+from tests.streams.harness import read_all
 from tests.workers.conftest import worker_env
 from tests.workers.lean.fake import FAKE_COMMAND, THEOREMS
 
@@ -97,6 +98,9 @@ async def test_misbehaving_repl_gives_typed_failures_and_the_worker_lives(
                 assert (await client.run_tactic(state, "intro h")).ok
         assert worker.proc.poll() is None
         text = await metrics(port)
+    # A tactic past its time or memory is an answer; only what crashed on every attempt is dead-lettered.
+    dead = read_all(settings, settings.topic("lean.requests.dlq"), expect=2)
+    assert sorted(dict(m.headers())["kiln-error-type"] for m in dead) == [b"ReplCrashed", b"ReplProtocolError"]
     for reason in ("timeout", "memory", "crash", "protocol", "recycled"):
         assert f'kiln_lean_repl_retired_total{{reason="{reason}"}}' in text, reason
 
