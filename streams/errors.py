@@ -10,7 +10,9 @@ KilnError
 ├── JobError               raised while running a job; the runtime decides retry vs. DLQ from the subclass
 │   ├── TransientJobError  worth retrying with backoff (timeouts, a lost connection)
 │   └── PermanentJobError  retrying cannot help: straight to the DLQ
-│       └── MalformedRequest  the message does not parse or validate
+│       ├── MalformedRequest  the message does not parse or validate
+│       └── RoutineJobError   an expected way for a request to fail (a lost session, a missing file, a tactic past
+│                             its time): answered as a typed error result, never dead-lettered
 └── ClientError            the trainer client was misused or a request failed
     ├── RequestExpired     the deadline passed before a result arrived
     └── RequestFailed      the job ended in the DLQ; carries its reason
@@ -57,6 +59,11 @@ class PermanentJobError(JobError):
 
 class MalformedRequest(PermanentJobError):
     """The message does not decode or validate against its schema."""
+
+
+class RoutineJobError(PermanentJobError):
+    """The request was understood and cannot succeed for an ordinary reason: the client gets the typed error, the
+    dead-letter topic (for malformed input, crashes after retries and bugs) stays clean."""
 
 
 class ClientError(KilnError):

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from kiln.schemas.envelope import ErrorInfo, ResultStatus
 from kiln.streams import codec
 from kiln.streams.blobstore import BlobStore
-from kiln.streams.errors import PermanentJobError, TransientJobError
+from kiln.streams.errors import PermanentJobError, RoutineJobError, TransientJobError
 from kiln.streams.metrics import WorkerMetrics
 from kiln.streams.stage import JobContext, Stage
 
@@ -98,6 +98,8 @@ class RetryMiddleware:
                 outcome = await call_next(job)
                 outcome.attempts = job.ctx.attempt
                 return outcome
+            except RoutineJobError as e:
+                return Outcome("error", error=error_info(e, False), attempts=job.ctx.attempt)
             except PermanentJobError as e:
                 return Outcome("error", error=error_info(e, False), attempts=job.ctx.attempt, dead_letter=True)
             except asyncio.CancelledError:

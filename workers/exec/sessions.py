@@ -33,15 +33,15 @@ from docker.errors import APIError, DockerException, NotFound
 
 from kiln.schemas.exec import CommandOutput, FileContent, SessionLimits
 from kiln.streams.blobstore import BlobStore
-from kiln.streams.errors import InfraError, PermanentJobError
+from kiln.streams.errors import InfraError, RoutineJobError
 from kiln.workers.common.containers import untar_files
 
 ROLE = "exec-session"
 MAX_READ_BYTES = 16 << 20
 
 
-class SessionError(PermanentJobError):
-    """The request cannot apply to the session (bad path, image not allowed, ...)."""
+class SessionError(RoutineJobError):
+    """The request cannot apply to the session (bad path, image not allowed, ...): an answer, not a dead letter."""
 
 
 class SessionDenied(SessionError):

@@ -3,13 +3,13 @@
 ReplError
 ├── ReplCrashed         (transient) the process exited mid-request; a retry gets a fresh process
 ├── ReplProtocolError   (transient) it wrote something that is not a reply; it is killed and replaced
-├── ReplTimeout         (permanent) the request ran past its time limit; the process tree was killed
-└── ReplMemoryExceeded  (permanent) the process grew past the memory bound; it was killed
+├── ReplTimeout         (routine: an error result) the request ran past its time limit; the process tree was killed
+└── ReplMemoryExceeded  (routine: an error result) the process grew past the memory bound; it was killed
 """
 
 from __future__ import annotations
 
-from kiln.streams.errors import JobError, PermanentJobError, TransientJobError
+from kiln.streams.errors import JobError, RoutineJobError, TransientJobError
 
 
 class ReplError(JobError):
@@ -24,9 +24,9 @@ class ReplProtocolError(ReplError, TransientJobError):
     pass
 
 
-class ReplTimeout(ReplError, PermanentJobError):
+class ReplTimeout(ReplError, RoutineJobError):
     pass
 
 
-class ReplMemoryExceeded(ReplError, PermanentJobError):
+class ReplMemoryExceeded(ReplError, RoutineJobError):
     pass
