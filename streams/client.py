@@ -24,12 +24,13 @@ import threading
 import time
 import uuid
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from prometheus_client import Counter
 from pydantic import BaseModel
 
 from kiln.schemas.envelope import ReplyTo, RequestEnvelope, ResultEnvelope
@@ -42,6 +43,9 @@ from kiln.streams.settings import KilnSettings, get_settings
 from kiln.streams.stage import RESULTS_TOPIC, StageSpec, stage_specs
 
 log = logging.getLogger("kiln.client")
+UNCLAIMED_SURFACED = Counter("kiln_client_unclaimed_surfaced_total",
+                             "Results for requests this process did not submit, handed to on_unclaimed (or logged) "
+                             "and committed past because unclaimed() did not take them in time.")
 
 
 class _ProcessState:
@@ -53,7 +57,10 @@ class _ProcessState:
         self.loop = loop
         self.pending: dict[str, asyncio.Future[ResultEnvelope]] = {}
         self.delivered: OrderedDict[str, None] = OrderedDict()
-        self.unclaimed: asyncio.Queue[tuple[ResultEnvelope, int]] = asyncio.Queue()
+        # Results for requests this process did not submit: (envelope, offset, arrival), oldest first.
+        self.unclaimed: deque[tuple[ResultEnvelope, int, float]] = deque()
+        self.unclaimed_ready = asyncio.Event()
+        self.unacked: dict[str, int] = {}  # ack mode: request id -> offset of a result handed over, not yet acked
         self.slots = asyncio.Semaphore(max_in_flight)
         self.producer: Producer | None = None
         self.queue_producer: Producer | None = None
@@ -97,7 +104,17 @@ class KilnClient:
         key_spread: int = 4,
         blob_store: BlobStore | None = None,
         child_client_id: Callable[[str, int], str] | None = None,
+        unclaimed_limit: int = 10_000,
+        unclaimed_max_age_s: float = 300.0,
+        on_unclaimed: Callable[[ResultEnvelope], None] | None = None,
+        ack_mode: bool = False,
     ) -> None:
+        """``unclaimed_limit`` / ``unclaimed_max_age_s``: results this process did not submit wait for
+        ``unclaimed()`` until there are more than the limit or the oldest is older than the age; then they are
+        handed to ``on_unclaimed`` (else logged), counted in ``kiln_client_unclaimed_surfaced_total``, and
+        committed past, so they can never pin the client's offset. ``ack_mode``: a result counts as delivered (and
+        is committed past) only when the application calls ``ack(request_id)``; a process that dies before that
+        gets it again, in its next life, from ``unclaimed()``."""
         self.settings = settings or get_settings()
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.results_topic = self.settings.topic(results_topic)
@@ -110,6 +127,10 @@ class KilnClient:
         self._start_lock: asyncio.Lock | None = None
         self._owner_pid = os.getpid()
         self._specs: dict[str, StageSpec] | None = None
+        self.unclaimed_limit = unclaimed_limit
+        self.unclaimed_max_age_s = unclaimed_max_age_s
+        self._on_unclaimed = on_unclaimed
+        self.ack_mode = ack_mode
 
     def spec(self, kind: str) -> StageSpec | None:
         """The registered spec of stage ``kind`` (entry point group ``kiln.stages``, read once per client)."""
@@ -176,6 +197,7 @@ class KilnClient:
         consumer.assign([TopicPartition(self.results_topic, state.partition, start.offset)])
         state.thread = threading.Thread(target=self._io_main, args=(state,), name="kiln-client-io", daemon=True)
         state.thread.start()
+        self._schedule_sweeps(state)
         return state
 
     async def close(self) -> None:
@@ -259,14 +281,57 @@ class KilnClient:
         """Results for requests this process did not submit (e.g. before a restart with the same client id)."""
         state = await self._ready()
         while True:
-            envelope, offset = await state.unclaimed.get()
+            while not state.unclaimed:
+                state.unclaimed_ready.clear()
+                await state.unclaimed_ready.wait()
+            envelope, offset, _arrived = state.unclaimed.popleft()
             if envelope.request_id in state.delivered:
                 self._finish(state, offset)
                 continue
-            # Handing it over is delivery (as resolving a future is): committed past, never yielded twice.
-            self._mark_delivered(state, envelope.request_id)
-            self._finish(state, offset)
+            # Handing it over is delivery (as resolving a future is): never yielded twice; committed past now, or
+            # in ack mode once acknowledged.
+            self._deliver(state, envelope.request_id, offset)
             yield envelope
+
+    def ack(self, request_id: str) -> None:
+        """Ack mode: the application is done with this result (e.g. stored it durably); commit past it."""
+        state = self._state
+        if state is None or state.pid != os.getpid():
+            raise ClientError("ack() from a process that did not receive the result")
+        offset = state.unacked.pop(request_id, None)
+        if offset is None:
+            raise ClientError(f"no unacknowledged result for request {request_id}")
+        self._finish(state, offset)
+
+    def _deliver(self, state: _ProcessState, request_id: str, offset: int) -> None:
+        self._mark_delivered(state, request_id)
+        if self.ack_mode:
+            state.unacked[request_id] = offset
+        else:
+            self._finish(state, offset)
+
+    def _sweep_unclaimed(self, state: _ProcessState) -> None:
+        """Surface (and commit past) unclaimed results over the limit or past the age: they must not pin the
+        client's offset when the application never drains ``unclaimed()``."""
+        oldest_allowed = time.monotonic() - self.unclaimed_max_age_s
+        while state.unclaimed and (len(state.unclaimed) > self.unclaimed_limit
+                                   or state.unclaimed[0][2] < oldest_allowed):
+            envelope, offset, _arrived = state.unclaimed.popleft()
+            if envelope.request_id not in state.delivered:
+                UNCLAIMED_SURFACED.inc()
+                if self._on_unclaimed is not None:
+                    self._on_unclaimed(envelope)
+                else:
+                    log.warning("result of request %s (%s, %s) was never claimed; committed past it",
+                                envelope.request_id, envelope.kind, envelope.status)
+                self._mark_delivered(state, envelope.request_id)
+            self._finish(state, offset)
+
+    def _schedule_sweeps(self, state: _ProcessState) -> None:
+        if state.stop.is_set():
+            return
+        self._sweep_unclaimed(state)
+        state.loop.call_later(min(1.0, self.unclaimed_max_age_s / 2), self._schedule_sweeps, state)
 
     async def _produce(self, state: _ProcessState, topic: str, value: bytes, key: str, request_id: str,
                        partition: int | None = None) -> None:
@@ -346,12 +411,13 @@ class KilnClient:
                 continue
             fut = state.pending.pop(envelope.request_id, None)
             if fut is None:
-                state.unclaimed.put_nowait((envelope, offset))
+                state.unclaimed.append((envelope, offset, time.monotonic()))
+                state.unclaimed_ready.set()
                 continue
-            self._mark_delivered(state, envelope.request_id)
+            self._deliver(state, envelope.request_id, offset)
             if not fut.done():
                 fut.set_result(envelope)
-            self._finish(state, offset)
+        self._sweep_unclaimed(state)
 
     def _expire(self, state: _ProcessState, request_id: str) -> None:
         if request_id in state.pending:
