@@ -4,6 +4,7 @@ worker no longer owns is never sent, and the health endpoint never trips over th
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import httpx
 from confluent_kafka import Consumer, TopicPartition
@@ -34,12 +35,11 @@ async def test_a_commit_for_a_partition_no_longer_owned_is_never_sent(kafka: Kil
         assert _committed(kafka, f"g-{request_topic}", request_topic) == 3
         # A commit queued earlier (here: an older position) that runs after the partition was revoked, as an async
         # commit queued before a revoke would: it must be dropped, not move the group's offset backwards.
-        worker.forget_ownership([(request_topic, 0)])
-        stale = [TopicPartition(request_topic, 0, 1)]
-        done = asyncio.get_running_loop().create_future()
-        worker.consumer_command(lambda c: worker.commit_owned(c, stale, asynchronous=False),
-                                lambda: done.get_loop().call_soon_threadsafe(done.set_result, None))
-        await asyncio.wait_for(done, 10)
+        done = threading.Event()
+        worker._commands.put(lambda c: worker._owned.discard((request_topic, 0)))  # as the revoke callback does
+        worker._commands.put(lambda c: worker._commit_owned(c, [TopicPartition(request_topic, 0, 1)], False))
+        worker._commands.put(lambda c: done.set())
+        assert await asyncio.to_thread(done.wait, 10)
     assert _committed(kafka, f"g-{request_topic}", request_topic) == 3
 
 
@@ -49,8 +49,8 @@ async def test_failed_commits_are_counted_and_the_worker_lives(kafka: KilnSettin
             KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
         # The broker refuses a commit for a partition that does not exist (as it refuses a fenced member's).
         bogus = (request_topic, 99)
-        worker.claim_ownership([bogus])
-        worker.consumer_command(lambda c: worker.commit_owned(c, [TopicPartition(*bogus, 1)], asynchronous=True))
+        worker._commands.put(lambda c: worker._owned.add(bogus))
+        worker._commands.put(lambda c: worker._commit_owned(c, [TopicPartition(*bogus, 1)], True))
         async with httpx.AsyncClient() as http:
             for _ in range(100):
                 text = (await http.get(f"http://127.0.0.1:{worker.metrics_port}/metrics")).text
