@@ -46,12 +46,19 @@ class WorkerMetrics:
                                 [*labels, "reason"], registry=self.registry)
         self.dead_letters = Counter("kiln_dlq_total", "Messages sent to the dead-letter topic, by reason.",
                                     [*labels, "reason"], registry=self.registry)
+        self.commit_failures = Counter("kiln_commit_failures_total", "Offset commits the broker refused, by error.",
+                                       [*labels, "reason"], registry=self.registry)
+        self.consumer_errors = Counter("kiln_consumer_errors_total", "Consumer-thread operations that raised.",
+                                       list(labels), registry=self.registry).labels(**labels)
         self.skipped = Counter("kiln_skipped_total", "Messages skipped because they finished before a restart.",
                                list(labels), registry=self.registry).labels(**labels)
         self.durations = Histogram("kiln_job_seconds", "Job duration including retries.", list(labels),
                                    registry=self.registry,
                                    buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 2, 10, 60, 300)).labels(**labels)
         self._labels = labels
+
+    def commit_failed(self, reason: str) -> None:
+        self.commit_failures.labels(**self._labels, reason=reason[:100]).inc()
 
     def job_finished(self, stage: str, status: str, seconds: float, reason: str | None, dead_letter: bool) -> None:
         del stage  # the labels already carry it

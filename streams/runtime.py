@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from kiln.streams import admin
 from kiln.streams.blobstore import BlobStore
@@ -98,6 +98,10 @@ class Worker:
         self._dirty: set[TP] = set()
         self._last_commit: dict[TP, tuple[int, str]] = {}
         self._commands: queue.SimpleQueue[Callable[[Consumer], object]] = queue.SimpleQueue()
+        # Partitions this worker owns, as the consumer thread sees them (only that thread reads or writes it): a
+        # commit for anything else is dropped, so a commit queued before a revoke can never land after it.
+        self._owned: set[TP] = set()
+        self._partition_ids: tuple[int, ...] = ()  # for /healthz (another thread): replaced, never mutated
         self._stopping = threading.Event()
         self.failure: str | None = None
         self._consumer_done = threading.Event()
@@ -148,7 +152,7 @@ class Worker:
             "ok" if self.ready.is_set() else "starting")
         return {"status": status, "reason": self.failure,
                 "stage": self.stage.name, "worker": self.worker_id, "busy_slots": self._running,
-                "slots": self.slots, "partitions": sorted(p for _, p in self._parts)}
+                "slots": self.slots, "partitions": list(self._partition_ids)}
 
     # ---- consumer thread ----------------------------------------------------------------------------------
 
@@ -165,6 +169,7 @@ class Worker:
             # Bounded prefetch: back-pressure is local pausing, and a revoked partition has little to drop.
             "queued.max.messages.kbytes": 4096,
             "fetch.wait.max.ms": 10,
+            "on_commit": self._on_commit,
         }
         if protocol == "classic":
             conf.update({"partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": 10000,
@@ -204,7 +209,8 @@ class Worker:
                 return
             try:
                 command(consumer)
-            except Exception as e:  # a failed commit is retried by the next one
+            except Exception as e:
+                self.metrics.consumer_errors.inc()
                 log.warning("consumer command failed: %s", e)
 
     def _wait_final_commands(self, consumer: Consumer) -> None:
@@ -215,17 +221,68 @@ class Worker:
         self._run_commands(consumer)
 
     def _update_queue_length(self, consumer: Consumer) -> None:
-        parts = self._parts.copy()
+        """High watermarks from the last fetches (cached by librdkafka: no round trip), handed to the loop, which
+        owns the offsets they are compared with."""
+        assert self._loop is not None
+        highs: dict[TP, int] = {}
+        for tp in consumer.assignment():
+            _low, high = consumer.get_watermark_offsets(tp, cached=True)
+            if high >= 0:
+                highs[(tp.topic, tp.partition)] = high
+        self._loop.call_soon_threadsafe(self._set_queue_length, highs)
+
+    def _set_queue_length(self, highs: dict[TP, int]) -> None:
         total = 0
-        for (topic, partition), part in parts.items():
-            try:
-                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=1.0)
-            except Exception:
-                continue
-            total += max(0, high - part.offsets.committable - part.offsets.finished_ahead)
+        for tp, high in highs.items():
+            part = self._parts.get(tp)
+            if part is not None:
+                total += max(0, high - part.offsets.committable - part.offsets.finished_ahead)
         self.metrics.queue_length.set(total)
-        self.metrics.assigned_partitions.set(len(parts))
-        self.metrics.paused_partitions.set(sum(1 for p in parts.values() if p.paused))
+        self.metrics.assigned_partitions.set(len(self._parts))
+        self.metrics.paused_partitions.set(sum(1 for p in self._parts.values() if p.paused))
+
+    # ---- consumer thread: commits -------------------------------------------------------------------------
+
+    def _commit_owned(self, consumer: Consumer, offsets: list[TopicPartition], asynchronous: bool) -> None:
+        """Commit the positions of partitions still owned; a synchronous commit is checked and retried."""
+        owned = [tp for tp in offsets if (tp.topic, tp.partition) in self._owned]
+        if not owned:
+            return
+        if asynchronous:
+            consumer.commit(offsets=owned, asynchronous=True)  # checked in _on_commit
+            return
+        for attempt in range(3):
+            error: object
+            try:
+                failed = [tp for tp in consumer.commit(offsets=owned, asynchronous=False) or [] if tp.error]
+                error = failed[0].error if failed else None
+            except KafkaException as e:
+                failed, error = owned, e.args[0] if e.args else e
+            if not failed:
+                return
+            self.metrics.commit_failed(str(error))
+            log.warning("commit of %s failed (attempt %d): %s", [(t.topic, t.partition) for t in failed],
+                        attempt + 1, error)
+            owned = [tp for tp in owned if any(f.topic == tp.topic and f.partition == tp.partition for f in failed)]
+            time.sleep(0.2 * (attempt + 1))
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """Delivery report of an asynchronous commit: failures are counted and the positions sent again."""
+        failed = [tp for tp in partitions if tp.error is not None] if err is None else partitions
+        if not failed:
+            return
+        reason = str(err or failed[0].error)
+        self.metrics.commit_failed(reason)
+        log.warning("commit of %s failed: %s", [(t.topic, t.partition) for t in failed], reason)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._recommit, [(t.topic, t.partition) for t in failed])
+
+    def _recommit(self, tps: list[TP]) -> None:
+        for tp in tps:
+            if tp in self._parts:
+                self._last_commit.pop(tp, None)  # identical states are otherwise never re-sent
+                self._dirty.add(tp)
+        self._commit_wake.set()
 
     def _call_in_loop(self, fn: Callable[[], Any], timeout: float) -> Any:
         """Run ``fn`` (sync, or returning a coroutine) on the event loop and wait for it from this thread."""
@@ -254,6 +311,7 @@ class Worker:
                 done = set()
             states[(tp.topic, tp.partition)] = PartitionOffsets(start, done)
         self._call_in_loop(lambda: self._add_partitions(states), timeout=30)
+        self._owned.update(states)
         log.info("assigned %s", sorted(p for _, p in states))
         self.ready.set()
 
@@ -262,12 +320,13 @@ class Worker:
         final: list[TopicPartition] = self._call_in_loop(lambda: self._drain_partitions(tps),
                                                          timeout=self.grace_s + 30)
         if final:
-            with contextlib.suppress(Exception):
-                consumer.commit(offsets=final, asynchronous=False)
+            self._commit_owned(consumer, final, asynchronous=False)
+        self._owned.difference_update(tps)  # from here on, no commit for them leaves this worker
         log.info("revoked %s", sorted(p for _, p in tps))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(tp.topic, tp.partition) for tp in partitions]
+        self._owned.difference_update(tps)
         self._call_in_loop(lambda: self._forget_partitions(tps), timeout=30)
         log.warning("lost %s", sorted(p for _, p in tps))
 
@@ -278,6 +337,7 @@ class Worker:
             self._parts[tp] = _Partition(offsets)
             if tp not in self._rr:
                 self._rr.append(tp)
+        self._partition_ids = tuple(sorted(p for _, p in self._parts))
 
     async def _drain_partitions(self, tps: list[TP]) -> list[TopicPartition]:
         """Stop intake on ``tps``, give their running jobs the grace period, return their final offsets."""
@@ -307,12 +367,13 @@ class Worker:
             self._last_commit.pop(tp, None)
             with contextlib.suppress(ValueError):
                 self._rr.remove(tp)
+        self._partition_ids = tuple(sorted(p for _, p in self._parts))
 
     async def _drain_all(self) -> None:
         """Graceful stop of the whole worker: no new jobs; running ones get the grace period; final commit."""
         final = await self._drain_partitions(list(self._parts))
         if final:
-            self._commands.put(lambda c: c.commit(offsets=final, asynchronous=False))
+            self._commands.put(lambda c: self._commit_owned(c, final, asynchronous=False))
         self._commands.put(lambda c: self._final_committed.set())
 
     # ---- event loop: dispatch -----------------------------------------------------------------------------
@@ -447,4 +508,4 @@ class Worker:
                 offsets.append(position)
         self._dirty.clear()
         if offsets:
-            self._commands.put(lambda c: c.commit(offsets=offsets, asynchronous=True))
+            self._commands.put(lambda c: self._commit_owned(c, offsets, asynchronous=True))
