@@ -16,6 +16,7 @@ Semantics (docs/architecture.md, "The runtime's guarantees"):
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -48,6 +49,9 @@ from kiln.streams.stage import Stage
 log = logging.getLogger("kiln.runtime")
 
 TP = tuple[str, int]
+FREEZE_S = 2.0
+"""A consumer thread silent this long was frozen (SIGSTOP, a stalled VM) or starved: no job starts until a
+commit proves this worker still owns its partitions (a zombie's group may have moved on)."""
 
 
 @dataclass
@@ -102,6 +106,8 @@ class Worker:
         # commit for anything else is dropped, so a commit queued before a revoke can never land after it.
         self._owned: set[TP] = set()
         self._partition_ids: tuple[int, ...] = ()  # for /healthz (another thread): replaced, never mutated
+        self._polled_at = time.monotonic()  # written by the consumer thread on every iteration
+        self._unconfirmed = threading.Event()  # set: ownership must be proven before another job starts
         self._stopping = threading.Event()
         self.failure: str | None = None
         self._consumer_done = threading.Event()
@@ -184,6 +190,12 @@ class Worker:
         next_lag_check = 0.0
         try:
             while not self._stopping.is_set():
+                now = time.monotonic()
+                if now - self._polled_at > FREEZE_S:
+                    self._unconfirmed.set()  # before the fresh timestamp below can let the loop dispatch
+                self._polled_at = now
+                if self._unconfirmed.is_set():
+                    self._confirm_ownership(consumer)
                 self._run_commands(consumer)
                 msgs = poll_batch(consumer, 0.05)
                 if msgs:
@@ -243,6 +255,32 @@ class Worker:
 
     # ---- consumer thread: commits -------------------------------------------------------------------------
 
+    def _confirm_ownership(self, consumer: Consumer) -> None:
+        """After a freeze: a synchronous commit of the current positions succeeds only for a member the group still
+        counts (generation / member epoch checked by the coordinator). Success lets jobs start again; a fenced
+        member forgets its partitions at once (their backlog is stale) and waits for the rebalance."""
+        positions: list[TopicPartition] = self._call_in_loop(
+            lambda: [commit_position(t, p, part.offsets) for (t, p), part in self._parts.items()], timeout=30)
+        positions = [tp for tp in positions if (tp.topic, tp.partition) in self._owned]
+        if positions:
+            try:
+                refused = [tp for tp in consumer.commit(offsets=positions, asynchronous=False) or [] if tp.error]
+            except KafkaException as e:
+                refused, reason = positions, str(e.args[0] if e.args else e)
+            else:
+                reason = str(refused[0].error) if refused else ""
+            if refused:
+                lost = [(tp.topic, tp.partition) for tp in refused]
+                log.warning("after a %.0fs freeze the group no longer counts this worker (%s): dropping %s",
+                            FREEZE_S, reason, sorted(p for _, p in lost))
+                self.metrics.commit_failed(reason)
+                self._owned.difference_update(lost)
+                self._call_in_loop(lambda: self._forget_partitions(lost), timeout=30)
+        log.info("ownership confirmed after a freeze: %s", sorted(p for _, p in self._owned))
+        self._unconfirmed.clear()
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._dispatch)
+
     def _commit_owned(self, consumer: Consumer, offsets: list[TopicPartition], asynchronous: bool) -> None:
         """Commit the positions of partitions still owned; a synchronous commit is checked and retried."""
         owned = [tp for tp in offsets if (tp.topic, tp.partition) in self._owned]
@@ -294,7 +332,15 @@ class Worker:
                 result = await result
             return result
 
-        return asyncio.run_coroutine_threadsafe(runner(), self._loop).result(timeout)
+        future = asyncio.run_coroutine_threadsafe(runner(), self._loop)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return future.result(min(0.5, max(0.0, deadline - time.monotonic())))
+            except concurrent.futures.TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+                self._polled_at = time.monotonic()  # waiting (e.g. a revoke's grace period), not frozen
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if not partitions:
@@ -407,6 +453,10 @@ class Worker:
 
     def _dispatch(self) -> None:
         if self._stopping.is_set():
+            return
+        if time.monotonic() - self._polled_at > FREEZE_S:
+            self._unconfirmed.set()  # the loop resumed first: the consumer thread confirms before any start
+        if self._unconfirmed.is_set():
             return
         idle_rounds = 0
         while self._running < self.slots and self._rr and idle_rounds < len(self._rr):
