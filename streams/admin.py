@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
 import time
@@ -12,6 +13,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kiln.streams.errors import InfraError
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec, topology
+
+log = logging.getLogger("kiln.admin")
 
 
 def delete_topics(settings: KilnSettings, names: list[str], timeout: float = 30.0) -> list[str]:
@@ -178,8 +181,17 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def resolve_group_protocol(settings: KilnSettings) -> str:
-    """'consumer' (KIP-848) where the broker supports it, else 'classic'; an explicit setting wins."""
+def resolve_group_protocol(settings: KilnSettings, wait_s: float = 300.0) -> str:
+    """'consumer' (KIP-848) where the broker supports it, else 'classic'; an explicit setting wins. A worker that
+    starts while the broker is away (a restart, an outage) waits for it up to ``wait_s`` rather than exiting."""
     if settings.group_protocol != "auto":
         return settings.group_protocol
-    return "consumer" if broker_features(settings.bootstrap_servers).consumer_protocol else "classic"
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return "consumer" if broker_features(settings.bootstrap_servers).consumer_protocol else "classic"
+        except InfraError as e:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("%s; waiting for the broker", e)
+            time.sleep(1.0)

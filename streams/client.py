@@ -43,6 +43,8 @@ from kiln.streams.settings import KilnSettings, get_settings
 from kiln.streams.stage import RESULTS_TOPIC, StageSpec, stage_specs
 
 log = logging.getLogger("kiln.client")
+COMMIT_FAILURES = Counter("kiln_client_commit_failures_total", "Commits of the client's results position the broker "
+                          "refused (re-sent).")
 UNCLAIMED_SURFACED = Counter("kiln_client_unclaimed_surfaced_total",
                              "Results for requests this process did not submit, handed to on_unclaimed (or logged) "
                              "and committed past because unclaimed() did not take them in time.")
@@ -173,6 +175,7 @@ class KilnClient:
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "fetch.wait.max.ms": 10,
+            "on_commit": lambda err, parts: self._on_commit(state, err, parts),
         })
         state.consumer = consumer
 
@@ -385,13 +388,32 @@ class KilnClient:
 
     @staticmethod
     def _send_commit(state: _ProcessState, asynchronous: bool) -> None:
+        """Send the latest wanted commit. Asynchronous ones are checked in ``_on_commit``; the final synchronous
+        one is checked and retried (a lost final commit makes the next life re-read results)."""
         tp, state.commit_to = state.commit_to, None
-        if tp is not None and state.consumer is not None:
-            with contextlib.suppress(Exception):
-                if asynchronous:
-                    state.consumer.commit(offsets=[tp], asynchronous=True)
-                else:
-                    state.consumer.commit(offsets=[tp], asynchronous=False)
+        if tp is None or state.consumer is None:
+            return
+        if asynchronous:
+            with contextlib.suppress(KafkaException):  # a local refusal: the next wanted commit supersedes it
+                state.consumer.commit(offsets=[tp], asynchronous=True)
+            return
+        for attempt in range(5):
+            try:
+                if not any(p.error for p in state.consumer.commit(offsets=[tp], asynchronous=False) or []):
+                    return
+            except KafkaException as e:
+                log.warning("final commit of results failed (attempt %d): %s", attempt + 1, e)
+            COMMIT_FAILURES.inc()
+            time.sleep(0.5 * (attempt + 1))
+
+    def _on_commit(self, state: _ProcessState, err: KafkaError | None, parts: list[TopicPartition]) -> None:
+        """A refused asynchronous commit (e.g. while the coordinator moves after a broker restart) is counted and
+        sent again with the latest position, even if no further result arrives to trigger one."""
+        if err is None and not any(p.error for p in parts):
+            return
+        COMMIT_FAILURES.inc()
+        with contextlib.suppress(RuntimeError):  # the loop is gone: close() sends the final commit
+            state.loop.call_soon_threadsafe(state.loop.call_later, 0.5, self._queue_commit, state)
 
     def _on_results(self, state: _ProcessState, msgs: list[Message]) -> None:
         assert state.offsets is not None

@@ -108,6 +108,7 @@ class Worker:
         self._partition_ids: tuple[int, ...] = ()  # for /healthz (another thread): replaced, never mutated
         self._polled_at = time.monotonic()  # written by the consumer thread on every iteration
         self._unconfirmed = threading.Event()  # set: ownership must be proven before another job starts
+        self._next_confirm = 0.0
         self._stopping = threading.Event()
         self.failure: str | None = None
         self._consumer_done = threading.Event()
@@ -194,10 +195,11 @@ class Worker:
                 if now - self._polled_at > FREEZE_S:
                     self._unconfirmed.set()  # before the fresh timestamp below can let the loop dispatch
                 self._polled_at = now
-                if self._unconfirmed.is_set():
+                if self._unconfirmed.is_set() and now >= self._next_confirm:
                     self._confirm_ownership(consumer)
                 self._run_commands(consumer)
-                msgs = poll_batch(consumer, 0.05)
+                # Short: queued commands (commits right after a finish) wait at most this long for the thread.
+                msgs = poll_batch(consumer, 0.01)
                 if msgs:
                     self._loop.call_soon_threadsafe(self._on_messages, msgs)
                 if time.monotonic() >= next_lag_check:
@@ -257,29 +259,30 @@ class Worker:
 
     def _confirm_ownership(self, consumer: Consumer) -> None:
         """After a freeze: a synchronous commit of the current positions succeeds only for a member the group still
-        counts (generation / member epoch checked by the coordinator). Success lets jobs start again; a fenced
-        member forgets its partitions at once (their backlog is stale) and waits for the rebalance."""
+        counts (generation / member epoch checked by the coordinator). Success lets jobs start again. On a refusal
+        nothing starts: a fenced member waits for the group to take its partitions (on_lost / on_revoke drop them
+        with their stale backlog) and hand out new ones (on_assign); any other refusal (a coordinator moving, a
+        broker restarting) is retried every second."""
         positions: list[TopicPartition] = self._call_in_loop(
             lambda: [commit_position(t, p, part.offsets) for (t, p), part in self._parts.items()], timeout=30)
         positions = [tp for tp in positions if (tp.topic, tp.partition) in self._owned]
+        refused: list[TopicPartition] = []
+        error: object = None
         if positions:
             try:
                 refused = [tp for tp in consumer.commit(offsets=positions, asynchronous=False) or [] if tp.error]
+                error = refused[0].error if refused else None
             except KafkaException as e:
-                refused, reason = positions, str(e.args[0] if e.args else e)
-            else:
-                reason = str(refused[0].error) if refused else ""
-            if refused:
-                lost = [(tp.topic, tp.partition) for tp in refused]
-                log.warning("after a %.0fs freeze the group no longer counts this worker (%s): dropping %s",
-                            FREEZE_S, reason, sorted(p for _, p in lost))
-                self.metrics.commit_failed(reason)
-                self._owned.difference_update(lost)
-                self._call_in_loop(lambda: self._forget_partitions(lost), timeout=30)
-        log.info("ownership confirmed after a freeze: %s", sorted(p for _, p in self._owned))
-        self._unconfirmed.clear()
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._dispatch)
+                refused, error = positions, e.args[0] if e.args else e
+        if not refused:
+            log.info("ownership confirmed after a freeze: %s", sorted(p for _, p in self._owned))
+            self._unconfirmed.clear()
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._dispatch)
+            return
+        self.metrics.commit_failed(str(error))
+        self._next_confirm = time.monotonic() + 1.0
+        log.warning("ownership not confirmed after a freeze (%s): no job starts until it is", error)
 
     def _commit_owned(self, consumer: Consumer, offsets: list[TopicPartition], asynchronous: bool) -> None:
         """Commit the positions of partitions still owned; a synchronous commit is checked and retried."""
@@ -358,6 +361,7 @@ class Worker:
             states[(tp.topic, tp.partition)] = PartitionOffsets(start, done)
         self._call_in_loop(lambda: self._add_partitions(states), timeout=30)
         self._owned.update(states)
+        self._unconfirmed.clear()  # the group just handed these out: ownership is fresh
         log.info("assigned %s", sorted(p for _, p in states))
         self.ready.set()
 

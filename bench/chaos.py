@@ -1,0 +1,234 @@
+"""Chaos storm: SIGKILLed workers, a broker restart, a client restarted with the same id, and poison of every class
+mixed in; then count what was lost, delivered twice, re-run, and whether the stage ever halted.
+
+It runs on a broker of its own (``--port``, default 19092, data under the kiln run directory), so the restart never
+disturbs anything else. ``sleep`` workers journal every start and end; the client submits open loop and never
+stops on errors; poison goes straight to the request topic (a deadline without a timezone, 5 MB of bytes, a
+reply_to partition or topic that does not exist, garbage, an envelope without its payload). Every ``--kill-every``
+seconds one worker is SIGKILLed and replaced; halfway the broker is stopped for 5 s; at two thirds the client closes
+and a new process-local client with the same id takes over (what the old one had not received comes through
+``unclaimed()``).
+
+Prints ``chaos_lost_results`` (good requests never delivered), ``chaos_duplicate_deliveries`` (request ids
+delivered more than once, across both client lives), ``chaos_reexecuted_per_kill`` (extra starts ÷ kills),
+``chaos_reexecuted_finished`` (jobs started again after they had ended), ``chaos_stage_halts`` (workers that exited
+without being killed), and the counts behind them.
+Usage: python -m bench.chaos [--seconds 300] [--kill-every 5] [--workers 3] [--rate 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from bench.common import console, report
+from kiln.schemas.builtin import SleepRequest
+from kiln.schemas.envelope import RequestEnvelope, ResultEnvelope, new_request_id
+from kiln.streams import admin
+from kiln.streams.client import KilnClient
+from kiln.streams.errors import KilnError
+from kiln.streams.processes import WorkerProcess
+from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import TopicSpec
+
+KAFKA = Path(__file__).resolve().parents[1] / "infra" / "kafka" / "kafka.sh"
+
+
+def broker(port: int, action: str) -> None:
+    subprocess.run(["bash", str(KAFKA), action], env={**os.environ, "KILN_KAFKA_PORT": str(port)}, check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def poison(results: str) -> list[bytes]:
+    """One message of each poison class."""
+    def envelope(**changes: object) -> bytes:
+        body = json.loads(RequestEnvelope(kind="sleep", client_id="mallory", payload={}).model_dump_json())
+        body["reply_to"] = {"topic": results, "key": "mallory", "partition": 0}
+        body.update(changes)
+        return json.dumps(body).encode()
+
+    no_payload = json.loads(envelope().decode())
+    del no_payload["payload"]
+    return [envelope(deadline="2030-01-01T00:00:00"), b"x" * 5_000_000,
+            envelope(reply_to={"topic": results, "key": "m", "partition": 999}),
+            envelope(reply_to={"topic": "no-such-topic", "key": "m"}), b"\x00garbage", json.dumps(no_payload).encode()]
+
+
+class Storm:
+    def __init__(self, settings: KilnSettings, args: argparse.Namespace, request: str, results: str,
+                 journal: Path) -> None:
+        self.settings, self.args, self.request, self.results, self.journal = settings, args, request, results, journal
+        self.workers: list[WorkerProcess] = []
+        self.killed = 0
+        self.halts = 0
+        self.sent: set[str] = set()
+        self.delivered: Counter[str] = Counter()
+        self.poisoned = 0
+
+    def spawn(self) -> None:
+        self.workers.append(WorkerProcess("sleep", self.settings, self.request, slots=self.args.slots,
+                                          journal=self.journal, grace_s=5))
+
+    async def supervise(self, kill_until: float, stop: asyncio.Event) -> None:
+        """Replace workers that exit by themselves (counted as halts) until ``stop``; SIGKILL one every
+        ``--kill-every`` seconds until ``kill_until``."""
+        rng = random.Random(1)
+        next_kill = time.monotonic() + self.args.kill_every
+        while not stop.is_set():
+            await asyncio.sleep(0.2)
+            for w in list(self.workers):
+                if w.proc.poll() is not None:  # exited without being killed: the stage halted here
+                    self.halts += 1
+                    console.print(f"[red]worker exited by itself ({w.proc.returncode}):[/] {w.log}")
+                    self.workers.remove(w)
+                    self.spawn()
+            if time.monotonic() >= next_kill and time.monotonic() < kill_until and self.workers:
+                victim = rng.choice(self.workers)
+                victim.kill()
+                self.workers.remove(victim)
+                self.killed += 1
+                self.spawn()
+                next_kill += self.args.kill_every
+
+    async def submit(self, client: KilnClient, until: float,
+                     rng: random.Random) -> list[asyncio.Future[ResultEnvelope]]:
+        futures = []
+        producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "compression.type": "zstd",
+                             "message.max.bytes": 10_000_000})
+        bad = poison(self.results)
+        while time.monotonic() < until:
+            request_id = new_request_id()
+            try:
+                fut = await client.submit("sleep", SleepRequest(seconds=rng.uniform(0.02, 0.3)), topic=self.request,
+                                          request_id=request_id)
+            except KilnError:
+                await asyncio.sleep(0.1)
+                continue
+            self.sent.add(request_id)
+            futures.append(fut)
+            if rng.random() < self.args.poison_share:
+                producer.produce(self.request, bad[self.poisoned % len(bad)])
+                self.poisoned += 1
+            producer.poll(0)
+            await asyncio.sleep(1 / self.args.rate)
+        producer.flush(30)
+        return futures
+
+    def record(self, envelope: ResultEnvelope) -> None:
+        self.delivered[envelope.request_id] += 1
+
+
+async def run(args: argparse.Namespace) -> dict[str, float]:
+    broker(args.port, "start")
+    settings = KilnSettings(bootstrap_servers=f"127.0.0.1:{args.port}",
+                            cache=Path(os.environ.get("KILN_CACHE", Path.home() / ".cache/kiln")) / "chaos")
+    admin.wait_for_broker(settings)
+    tag = uuid.uuid4().hex[:8]
+    request, results = f"chaos-{tag}", f"chaos-{tag}-results"
+    admin.create_topics(settings, [TopicSpec(request, 8), TopicSpec(f"{request}.dlq", 1), TopicSpec(results, 4)])
+    journal = settings.cache / f"journal-{tag}"
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    storm = Storm(settings, args, request, results, journal)
+    for _ in range(args.workers):
+        storm.spawn()
+    for w in storm.workers:
+        w.wait_assigned(120)
+    rng = random.Random(7)
+    started = time.monotonic()
+    end = started + args.seconds
+    stop_supervising = asyncio.Event()
+    supervisor = asyncio.create_task(storm.supervise(end, stop_supervising))
+
+    async def restart_broker() -> None:
+        await asyncio.sleep(args.seconds / 2)
+        console.print("broker: stop")
+        await asyncio.to_thread(broker, args.port, "stop")
+        await asyncio.sleep(5)
+        await asyncio.to_thread(broker, args.port, "start")
+        console.print("broker: started again")
+
+    restart = asyncio.create_task(restart_broker())
+    client_id = f"chaos-trainer-{tag}"
+    first = KilnClient(settings, client_id, results_topic=results, max_in_flight=100_000)
+    futures = await storm.submit(first, started + args.seconds * 2 / 3, rng)
+    await asyncio.sleep(2)
+    for fut in futures:
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
+            storm.record(fut.result())
+    await first.close()  # a planned restart: what it had not received goes to the next life
+
+    second = KilnClient(settings, client_id, results_topic=results, max_in_flight=100_000)
+
+    async def drain_unclaimed() -> None:
+        async for envelope in second.unclaimed():
+            if envelope.client_id == client_id:
+                storm.record(envelope)
+
+    drainer = asyncio.create_task(drain_unclaimed())
+    futures = await storm.submit(second, end, rng)
+    await restart
+    settle_until = time.monotonic() + args.settle
+    while time.monotonic() < settle_until and len(storm.delivered) < len(storm.sent):
+        for fut in futures:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                storm.record(fut.result())
+        futures = [f for f in futures if not f.done()]
+        await asyncio.sleep(1)
+    drainer.cancel()
+    stop_supervising.set()
+    await supervisor
+    await second.close()
+    for w in storm.workers:
+        w.stop()
+    admin.delete_topics(settings, [request, f"{request}.dlq", results])
+
+    starts: Counter[str] = Counter()
+    reruns_after_end = 0
+    ended: set[str] = set()
+    for line in journal.read_text().splitlines():
+        event, rid = line.split()[:2]
+        if event == "start":
+            starts[rid] += 1
+            reruns_after_end += rid in ended
+        else:
+            ended.add(rid)
+    extra_starts = sum(starts.values()) - len(starts)
+    return {
+        "chaos_lost_results": float(len(storm.sent - set(storm.delivered))),
+        "chaos_duplicate_deliveries": float(sum(1 for n in storm.delivered.values() if n > 1)),
+        "chaos_reexecuted_per_kill": round(extra_starts / max(1, storm.killed), 3),
+        "chaos_reexecuted_finished": float(reruns_after_end),
+        "chaos_stage_halts": float(storm.halts),
+        "chaos_requests": float(len(storm.sent)),
+        "chaos_kills": float(storm.killed),
+        "chaos_poison_messages": float(storm.poisoned),
+        "chaos_extra_starts": float(extra_starts),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=300)
+    parser.add_argument("--kill-every", type=float, default=5)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--rate", type=float, default=20, help="good requests per second")
+    parser.add_argument("--poison-share", type=float, default=0.02)
+    parser.add_argument("--settle", type=float, default=120, help="seconds to wait for the last results")
+    parser.add_argument("--port", type=int, default=19092)
+    args = parser.parse_args()
+    report("chaos storm", asyncio.run(run(args)))
+
+
+if __name__ == "__main__":
+    main()
