@@ -112,6 +112,9 @@ async def test_broken_projects_get_their_failure_class(name: str, failure: str, 
     event = await build(store, docker_engine, name, tmp_path)
     assert (event.status, event.failure, event.usable) == ("failed", failure, False)
     assert event.detail
+    # A dependency install can fail for a passing reason (a registry hiccup): that outcome is not cached forever.
+    again = await build(store, docker_engine, name, tmp_path)
+    assert again.cached == (failure != "dependency_install_failed")
 
 
 @pytest.mark.docker
