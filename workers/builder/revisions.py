@@ -66,7 +66,7 @@ async def image_for(repository: str, commit: str, store: SaucerStore, client: An
                                                  the_plan.build_script) if s)
                 await asyncio.to_thread(client.images.pull, parent.reference)
                 layer = await asyncio.to_thread(layers.rebuild_layer, client, parent.reference, repo, d, script,
-                                                the_plan.env)
+                                                the_plan.env, limits.timeout_s)
             else:
                 layer = await asyncio.to_thread(layers.source_layer, repo, d)
             ref, size = await asyncio.to_thread(layers.stack_layer, registry, name, parent.reference, layer,

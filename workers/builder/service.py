@@ -186,8 +186,13 @@ def _go_module(checkout: Path) -> str:
     return ""
 
 
+# Failures that may pass on their own (a registry hiccup, a loaded machine): asked again, the build is redone.
+NOT_CACHED = {"timeout", "dependency_install_failed", "infrastructure"}
+
+
 def _remember(store: SaucerStore, event: BuildEvent) -> BuildEvent:
-    """Record the outcome under (repository, commit, rules version): it is not built again unless forced."""
-    if event.commit:
+    """Record the outcome under (repository, commit, rules version): it is not built again unless forced (outcomes
+    in ``NOT_CACHED`` are not recorded)."""
+    if event.commit and event.failure not in NOT_CACHED:
         store.blobs.set_name(cache_name(event.repository, event.commit), event.model_dump_json().encode())
     return event
