@@ -54,6 +54,15 @@ FREEZE_S = 2.0
 commit proves this worker still owns its partitions (a zombie's group may have moved on)."""
 
 
+def _commit_now(consumer: Consumer, offsets: list[TopicPartition]) -> tuple[list[TopicPartition], object]:
+    """A synchronous commit: the partitions the broker refused (all, if the request failed) and why."""
+    try:
+        refused = [tp for tp in consumer.commit(offsets=offsets, asynchronous=False) or [] if tp.error]
+    except KafkaException as e:
+        return offsets, e.args[0] if e.args else e
+    return refused, refused[0].error if refused else None
+
+
 @dataclass
 class _Partition:
     offsets: PartitionOffsets
@@ -266,14 +275,7 @@ class Worker:
         positions: list[TopicPartition] = self._call_in_loop(
             lambda: [commit_position(t, p, part.offsets) for (t, p), part in self._parts.items()], timeout=30)
         positions = [tp for tp in positions if (tp.topic, tp.partition) in self._owned]
-        refused: list[TopicPartition] = []
-        error: object = None
-        if positions:
-            try:
-                refused = [tp for tp in consumer.commit(offsets=positions, asynchronous=False) or [] if tp.error]
-                error = refused[0].error if refused else None
-            except KafkaException as e:
-                refused, error = positions, e.args[0] if e.args else e
+        refused, error = _commit_now(consumer, positions) if positions else ([], None)
         if not refused:
             log.info("ownership confirmed after a freeze: %s", sorted(p for _, p in self._owned))
             self._unconfirmed.clear()
@@ -293,12 +295,7 @@ class Worker:
             consumer.commit(offsets=owned, asynchronous=True)  # checked in _on_commit
             return
         for attempt in range(3):
-            error: object
-            try:
-                failed = [tp for tp in consumer.commit(offsets=owned, asynchronous=False) or [] if tp.error]
-                error = failed[0].error if failed else None
-            except KafkaException as e:
-                failed, error = owned, e.args[0] if e.args else e
+            failed, error = _commit_now(consumer, owned)
             if not failed:
                 return
             self.metrics.commit_failed(str(error))
