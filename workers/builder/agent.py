@@ -23,6 +23,7 @@ import httpx
 
 from kiln.schemas.builder import Decision
 from kiln.workers.builder.rules import ci_commands
+from kiln.workers.builder.sandbox import BuildSandbox
 
 _FENCE = re.compile(r"```(?:sh|bash|shell|console|)\s*\n(.*?)```", re.DOTALL)
 _TEST = re.compile(r"\b(test|tests|check|pytest|ctest)\b")
@@ -163,8 +164,12 @@ def run_loop(plan: AgentPlan, run: Runner, root: Path, budget: int,
 
 def agent_image(client: Any, toolchain: str, checkout: Path, tag: str, labels: dict[str, str], budget: int,
                 model: ModelClient | None, timeout_s: float) -> tuple[bool, str | None, list[Decision], str]:
-    """Run the loop in a container (host network, the checkout in /work); on success commit it as ``tag``."""
-    container = client.containers.create(toolchain, ["sleep", "infinity"], network_mode="host", working_dir="/work")
+    """Run the loop in a container of the build sandbox (the checkout in /work; root with a minimal capability set, as
+    the agent's commands install system packages); on success commit it as ``tag``."""
+    sandbox = BuildSandbox()
+    sandbox.verify(client)
+    container = client.containers.create(toolchain, ["sleep", "infinity"], working_dir="/work",
+                                         **sandbox.container_options(root=True))
     try:
         container.start()
         buffer = io.BytesIO()
@@ -173,7 +178,9 @@ def agent_image(client: Any, toolchain: str, checkout: Path, tag: str, labels: d
         container.put_archive("/", buffer.getvalue())
 
         def run(command: str) -> tuple[int, str]:
-            result = container.exec_run(["timeout", f"{timeout_s:g}", "bash", "-c", command], workdir="/work")
+            # The proxy reaches the commands only (never the committed image: tests run without network).
+            result = container.exec_run(["timeout", "-s", "KILL", f"{timeout_s:g}", "bash", "-c", command],
+                                        workdir="/work", environment=sandbox.proxy_env())
             return int(result.exit_code), result.output.decode(errors="replace")
 
         plan = classify(checkout)

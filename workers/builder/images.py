@@ -1,6 +1,7 @@
 """Real images with the Docker SDK: a dependency image keyed by the hash of the dependency manifests, then the
-project image (sources + build) on top of it, or the repository's own Dockerfile. Builds use the host network
-(dependency downloads); tests never do."""
+project image (sources + build) on top of it, or the repository's own Dockerfile. Every step runs in the build
+sandbox (``sandbox.py``: kiln's egress network, registries only through the allowlisting proxy, bounded); the
+project's own build runs as the unprivileged user; tests run without any network."""
 
 from __future__ import annotations
 
@@ -19,9 +20,16 @@ from docker.errors import APIError, DockerException, ImageNotFound
 from kiln.streams.errors import InfraError
 from kiln.workers.builder.errors import StepFailed
 from kiln.workers.builder.rules import LOCAL_IMAGE_MARK, RULES_VERSION, Plan
+from kiln.workers.builder.sandbox import UNPRIVILEGED, BuildSandbox
 
 # Give what the build created to the test user without touching (and so copying into the layer) the rest.
 HAND_OVER = "find /work ! -user 1000 -exec chown -h 1000:1000 {} +"
+# Where the dependency step (root: package managers install system-wide) leaves tools and caches; handed to the
+# unprivileged user in the same step, so the project's build, later rebuilds and tests use them as that user.
+TOOL_DIRS = "/opt/venv /opt/c8 /opt/gopath /opt/cargo-home"
+HAND_OVER_TOOLS = f"for d in {TOOL_DIRS}; do [ -e $d ] && chown -R 1000:1000 $d; done; {HAND_OVER}"
+# Go's module cache outside any home directory, so root (dependencies) and uid 1000 (build, tests) share it.
+TOOL_ENV = "ENV GOPATH=/opt/gopath GOFLAGS=-modcacherw\n"
 
 
 def repository_slug(repository: str, limit: int) -> str:
@@ -50,18 +58,28 @@ def _env_lines(env: dict[str, str]) -> str:
 
 
 def _run(script: str) -> str:
-    return f"RUN bash -c {json.dumps(script)}\n"
+    # The exec form: the shell form would hand the script to /bin/sh inside double quotes, expanding its $ first.
+    return f"RUN {json.dumps(['bash', '-c', script])}\n"
 
 
 def build(client: Any, context: Path, dockerfile: str, tag: str, timeout_s: float,
           labels: dict[str, str] | None = None, nocache: bool = False) -> str:
-    """``docker build`` with host networking; returns the image id. Raises StepFailed with the build log."""
+    """``docker build`` in the build sandbox; returns the image id. Raises StepFailed with the build log."""
+    sandbox = BuildSandbox()
+    sandbox.verify(client)
     (context / "Dockerfile.kiln").write_text(dockerfile)
-    api = docker.from_env(timeout=max(1, int(timeout_s))).api  # its own read timeout bounds the build
+    # Its own read timeout bounds the build; the engine cancels a build whose client went away.
+    api = docker.from_env(timeout=max(1, int(timeout_s))).api
     log: list[str] = []
     try:
-        for chunk in api.build(path=str(context), dockerfile="Dockerfile.kiln", tag=tag, network_mode="host",
-                               rm=True, forcerm=True, decode=True, labels=labels or {}, nocache=nocache):
+        # The engine's /build endpoint directly: the SDK's build() has no parameter for the parent cgroup.
+        params = {"t": tag, "dockerfile": "Dockerfile.kiln", "rm": True, "forcerm": True, "nocache": nocache,
+                  "labels": json.dumps(labels or {}), **sandbox.build_params()}
+        with docker.utils.tar(str(context), gzip=False) as archive:
+            response = api._post(api._url("/build"), data=archive, params=params, stream=True,
+                                 headers={"Content-Type": "application/tar"})
+        api._raise_for_status(response)
+        for chunk in api._stream_helper(response, decode=True):
             if "stream" in chunk:
                 log.append(str(chunk["stream"]))
             if "error" in chunk:
@@ -85,7 +103,10 @@ def dependency_image(client: Any, plan: Plan, checkout: Path, bases: BaseImages,
     """The dependency image for ``plan`` (built unless one with the same key exists, or ``fresh``); returns
     (tag, cached)."""
     toolchain_id = client.images.get(bases.toolchain).id  # the tag moves when the toolchain image is rebuilt
-    key = hashlib.sha256(json.dumps([RULES_VERSION, plan.system, toolchain_id, plan.deps_script, plan.env,
+    dockerfile = (f"FROM {bases.toolchain}\n{TOOL_ENV}{_env_lines(plan.env)}WORKDIR /work\n"
+                  f"COPY manifests/ /work/\n{_run(f'{plan.deps_script} && {{ {HAND_OVER_TOOLS}; }}')}")
+    # The recipe itself is part of the key: a change to how dependency images are made never reuses old ones.
+    key = hashlib.sha256(json.dumps([RULES_VERSION, plan.system, toolchain_id, dockerfile,
                                      [(m, hashlib.sha256((checkout / m).read_bytes()).hexdigest())
                                       for m in sorted(plan.manifests)]]).encode()).hexdigest()[:20]
     tag = f"kiln/deps-{plan.system}:{key}"
@@ -98,8 +119,6 @@ def dependency_image(client: Any, plan: Plan, checkout: Path, bases: BaseImages,
             target = ctx / "manifests" / m
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(checkout / m, target)
-        dockerfile = (f"FROM {bases.toolchain}\n{_env_lines(plan.env)}WORKDIR /work\nCOPY manifests/ /work/\n"
-                      f"{_run(plan.deps_script)}")
         build(client, ctx, dockerfile, tag, timeout_s, {"kiln.role": "dependencies", "kiln.system": plan.system},
               nocache=fresh)
     return tag, False
@@ -107,12 +126,12 @@ def dependency_image(client: Any, plan: Plan, checkout: Path, bases: BaseImages,
 
 def project_image(client: Any, plan: Plan, checkout: Path, base_tag: str, tag: str, labels: dict[str, str],
                   timeout_s: float, fresh: bool = False) -> str:
-    """Sources and the build on top of the dependency image; the work tree is handed to the test user."""
+    """Sources and the build on top of the dependency image, built by the unprivileged user who owns the tree."""
     with tempfile.TemporaryDirectory(prefix="kiln-src-") as tmp:
         ctx = Path(tmp)
         shutil.copytree(checkout, ctx / "src", symlinks=True)
         dockerfile = (f"FROM {base_tag}\n{_env_lines(plan.env)}WORKDIR /work\nCOPY --chown=1000:1000 src/ /work/\n"
-                      f"{_run(plan.build_script + ' && ' + HAND_OVER)}")
+                      f"USER {UNPRIVILEGED}\n{_run(plan.build_script)}")
         return build(client, ctx, dockerfile, tag, timeout_s, labels, nocache=fresh)
 
 

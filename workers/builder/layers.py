@@ -14,7 +14,6 @@ import fnmatch
 import gzip
 import io
 import json
-import shlex
 import tarfile
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -26,8 +25,9 @@ from kiln.ingest.reader import Repository, TreeEntry
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import BlobNotFound, InfraError
 from kiln.workers.builder.errors import StepFailed
-from kiln.workers.builder.images import HAND_OVER, repository_slug
+from kiln.workers.builder.images import repository_slug
 from kiln.workers.builder.registry import CONFIG_V1, LAYER_GZIP, Registry, sha256_digest
+from kiln.workers.builder.sandbox import UNPRIVILEGED, BuildSandbox
 
 # Files that cannot change a build or its tests (overridable per call).
 INERT = ("*.md", "*.rst", "docs/*", "doc/*", ".github/*", ".gitlab-ci.yml", ".travis.yml", "LICENSE*", "COPYING*",
@@ -173,25 +173,29 @@ def stack_layer(registry: Registry, name: str, parent_ref: str, layer: bytes, ta
 
 def rebuild_layer(client: Any, parent_image: str, repo: Repository, d: Diff, script: str,
                   env: dict[str, str], timeout_s: float) -> bytes:
-    """Changed files + a rebuild (``script``, host network) in a container of the parent image; what the container
-    changed (``docker diff``) becomes the layer: added trees and files, whiteouts for deletions."""
+    """Changed files + a rebuild (``script``, as the unprivileged user, in the build sandbox) in a container of the
+    parent image; what the container changed (``docker diff``) becomes the layer: added trees and files, whiteouts
+    for deletions."""
+    sandbox = BuildSandbox()
+    sandbox.verify(client)
     try:
-        container = client.containers.create(parent_image, ["bash", "-c", "sleep infinity"], network_mode="host",
-                                             user="0:0", environment=env, working_dir="/work")
+        container = client.containers.create(parent_image, ["sleep", "infinity"], working_dir="/work",
+                                             environment={**env, **sandbox.proxy_env()},
+                                             **sandbox.container_options(root=False))
     except (APIError, DockerException) as e:
         raise InfraError(f"creating the rebuild container from {parent_image}: {e}") from e
     try:
         container.start()
         container.put_archive("/", source_layer(repo, Diff(d.changed, []), "work"))
-        removals = " ".join(shlex.quote(f"/work/{p.decode(errors='replace')}") for p in d.deleted)
-        steps = [f"rm -rf -- {removals}" if removals else "true", script, HAND_OVER]
+        removals = ["rm", "-rf", "--", *(f"/work/{p.decode(errors='replace')}" for p in d.deleted)]
         # The SDK's exec has no time limit: the command carries its own (KILL, so nothing can ignore it).
-        result = container.exec_run(["timeout", "-s", "KILL", str(max(1, int(timeout_s))), "bash", "-c",
-                                     " && ".join(steps)], user="0:0", workdir="/work")
-        if result.exit_code == 137:
-            raise StepFailed(f"revision rebuild ran past {timeout_s:.0f}s", timed_out=True)
-        if result.exit_code != 0:
-            raise StepFailed(f"revision rebuild failed: {result.output.decode(errors='replace')}")
+        rebuild = ["timeout", "-s", "KILL", str(max(1, int(timeout_s))), "bash", "-c", script]
+        for command in ([removals] if d.deleted else []) + [rebuild]:
+            result = container.exec_run(command, user=UNPRIVILEGED, workdir="/work")
+            if result.exit_code == 137:
+                raise StepFailed(f"revision rebuild ran past {timeout_s:.0f}s", timed_out=True)
+            if result.exit_code != 0:
+                raise StepFailed(f"revision rebuild failed: {result.output.decode(errors='replace')}")
         changes = sorted(container.diff() or [], key=lambda c: c["Path"])
         return _layer_from_changes(container, changes)
     except (APIError, DockerException) as e:

@@ -22,7 +22,7 @@ import yaml
 from kiln.schemas.builder import Decision
 from kiln.workers.builder.errors import PlanError
 
-RULES_VERSION = 1
+RULES_VERSION = 2
 REPORTS = "/tmp/kiln-reports"
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
 LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# The egress boundary for builds: a kiln-owned Docker network whose only reachable address is a forward proxy
+# (Debian's tinyproxy) that lets CONNECT/GET through to an allowlist of package registries and nothing else.
+#   egress.sh start | stop | status | env
+# Enforced by the host's packet filter (dockerd runs with --iptables=false, so kiln writes its own rules):
+#   - from the bridge, only tcp to <gateway>:<port> (the proxy) is accepted; everything else is rejected, and
+#     nothing is forwarded off the bridge (no route to the internet, other hosts or private ranges);
+#   - the proxy runs as its own user, and that user's connections to loopback, link-local and private ranges are
+#     rejected (the resolver excepted), so an allowed name that resolves inward still goes nowhere.
+# Env: KILN_EGRESS_NETWORK (kiln-egress), KILN_EGRESS_SUBNET (172.31.250.0/24), KILN_EGRESS_PORT (3128),
+#      KILN_EGRESS_ALLOW (space-separated host names; suffix match; default: the language registries below).
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+
+NETWORK="${KILN_EGRESS_NETWORK:-kiln-egress}"
+SUBNET="${KILN_EGRESS_SUBNET:-172.31.250.0/24}"
+PORT="${KILN_EGRESS_PORT:-3128}"
+BRIDGE="${NETWORK:0:12}0"
+GATEWAY="${SUBNET%.*}.1"
+DEFAULT_ALLOW="pypi.org files.pythonhosted.org registry.npmjs.org registry.yarnpkg.com crates.io index.crates.io
+static.crates.io proxy.golang.org sum.golang.org storage.googleapis.com repo.maven.apache.org repo1.maven.org
+deb.debian.org"
+ALLOW="${KILN_EGRESS_ALLOW:-$DEFAULT_ALLOW}"
+# Not under $KILN_RUN: the proxy drops to its own user, which must reach its log and pid files.
+DATA="${KILN_EGRESS_DATA:-/var/lib/kiln-egress/$NETWORK}"
+PIDFILE="$DATA/tinyproxy.pid"
+PROXY_USER=kiln-egress
+CHAIN=KILN-EGRESS
+OUT_CHAIN=KILN-EGRESS-OUT
+BUILD_CGROUP="${KILN_BUILD_CGROUP:-kiln-builds}"
+BUILD_PIDS="${KILN_BUILD_CGROUP_PIDS:-8192}"
+INWARD="127.0.0.0/8 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 169.254.0.0/16 100.64.0.0/10 0.0.0.0/8"
+
+network() {
+  DOCKER="$(command -v /usr/bin/docker || command -v docker)"
+  if ! "$DOCKER" network inspect "$NETWORK" >/dev/null 2>&1; then
+    log "creating docker network $NETWORK ($SUBNET, bridge $BRIDGE)"
+    "$DOCKER" network create --driver bridge --subnet "$SUBNET" --gateway "$GATEWAY" \
+      -o "com.docker.network.bridge.name=$BRIDGE" -o com.docker.network.bridge.enable_ip_masquerade=false \
+      --label kiln.role=egress "$NETWORK" >/dev/null
+  fi
+}
+
+# Rules are rebuilt from scratch every start: a half-written set from an earlier run never survives.
+rules() {
+  apt_install iptables
+  iptables -N "$CHAIN" 2>/dev/null || iptables -F "$CHAIN"
+  iptables -A "$CHAIN" -p tcp -d "$GATEWAY" --dport "$PORT" -j ACCEPT
+  iptables -A "$CHAIN" -j REJECT --reject-with icmp-port-unreachable
+  iptables -C INPUT -i "$BRIDGE" -j "$CHAIN" 2>/dev/null || iptables -I INPUT 1 -i "$BRIDGE" -j "$CHAIN"
+  iptables -C FORWARD -i "$BRIDGE" -j REJECT 2>/dev/null || iptables -I FORWARD 1 -i "$BRIDGE" -j REJECT
+  iptables -C FORWARD -o "$BRIDGE" -j REJECT 2>/dev/null || iptables -I FORWARD 1 -o "$BRIDGE" -j REJECT
+  if command -v ip6tables >/dev/null; then
+    ip6tables -C INPUT -i "$BRIDGE" -j REJECT 2>/dev/null || ip6tables -I INPUT 1 -i "$BRIDGE" -j REJECT
+    ip6tables -C FORWARD -i "$BRIDGE" -j REJECT 2>/dev/null || ip6tables -I FORWARD 1 -i "$BRIDGE" -j REJECT
+  fi
+  local uid; uid=$(id -u "$PROXY_USER")
+  iptables -N "$OUT_CHAIN" 2>/dev/null || iptables -F "$OUT_CHAIN"
+  # Only new connections are checked: the proxy's replies to its clients on the bridge stay allowed.
+  iptables -A "$OUT_CHAIN" -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN
+  local resolver
+  for resolver in $(awk '/^nameserver/ && $2 ~ /^[0-9.]+$/ {print $2}' /etc/resolv.conf); do
+    iptables -A "$OUT_CHAIN" -d "$resolver" -p udp --dport 53 -j RETURN
+    iptables -A "$OUT_CHAIN" -d "$resolver" -p tcp --dport 53 -j RETURN
+  done
+  local range
+  for range in $INWARD; do iptables -A "$OUT_CHAIN" -d "$range" -j REJECT; done
+  iptables -C OUTPUT -m owner --uid-owner "$uid" -j "$OUT_CHAIN" 2>/dev/null \
+    || iptables -I OUTPUT 1 -m owner --uid-owner "$uid" -j "$OUT_CHAIN"
+}
+
+config() {
+  mkdir -p "$DATA"
+  local host
+  : >"$DATA/allow.txt"
+  # fnmatch patterns: the host itself and its subdomains.
+  for host in $ALLOW; do printf '%s\n*.%s\n' "$host" "$host" >>"$DATA/allow.txt"; done
+  cat >"$DATA/tinyproxy.conf" <<EOF
+User $PROXY_USER
+Group nogroup
+Listen $GATEWAY
+Port $PORT
+Timeout 300
+MaxClients 200
+LogLevel Connect
+LogFile "$DATA/tinyproxy.log"
+PidFile "$PIDFILE"
+Allow $SUBNET
+ViaProxyName "kiln-egress"
+DisableViaHeader Yes
+Filter "$DATA/allow.txt"
+FilterType fnmatch
+FilterURLs Off
+FilterDefaultDeny Yes
+ConnectPort 443
+ConnectPort 80
+EOF
+  chown -R "$PROXY_USER" "$DATA"
+}
+
+# The parent cgroup of `docker build` steps (KILN_BUILD_CGROUP): the classic builder takes memory and CPU limits
+# per build but no pids limit, so a fork bomb in a build step meets this one instead.
+build_cgroup() {
+  local dir
+  if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then dir="/sys/fs/cgroup/$BUILD_CGROUP"
+  else dir="/sys/fs/cgroup/pids/$BUILD_CGROUP"; fi
+  mkdir -p "$dir" 2>/dev/null && echo "$BUILD_PIDS" >"$dir/pids.max" 2>/dev/null \
+    || log "warning: could not bound pids of $dir (build steps keep their memory/CPU limits)"
+}
+
+proxy_ready() { tcp_open "$GATEWAY" "$PORT"; }
+
+start() {
+  apt_install tinyproxy
+  # Debian's package starts its own instance on 8888: kiln runs its own, so that one stays off.
+  if command -v systemctl >/dev/null && systemctl is-active --quiet tinyproxy 2>/dev/null; then
+    systemctl disable --now tinyproxy >/dev/null 2>&1 || true
+  fi
+  pkill -u tinyproxy -x tinyproxy 2>/dev/null || true
+  id -u "$PROXY_USER" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$PROXY_USER"
+  network
+  rules
+  build_cgroup
+  local wanted; wanted=$(printf '%s %s %s' "$ALLOW" "$GATEWAY" "$PORT" | sha256sum | cut -c1-12)
+  if pid_alive "$PIDFILE" && [[ $(cat "$DATA/config.key" 2>/dev/null) == "$wanted" ]] && proxy_ready; then
+    log "egress proxy already running on $GATEWAY:$PORT"; return 0
+  fi
+  pid_alive "$PIDFILE" && stop_pidfile "$PIDFILE" tinyproxy
+  config
+  echo "$wanted" >"$DATA/config.key"
+  log "starting tinyproxy on $GATEWAY:$PORT (allow: $(echo $ALLOW | wc -w) registries)"
+  tinyproxy -c "$DATA/tinyproxy.conf"
+  wait_for tinyproxy 20 proxy_ready
+  log "egress proxy ready on http://$GATEWAY:$PORT"
+}
+
+status() {
+  if pid_alive "$PIDFILE" && proxy_ready; then echo "egress proxy running on http://$GATEWAY:$PORT ($NETWORK)"
+  else echo "egress proxy not running"; return 1; fi
+}
+
+print_env() {
+  printf 'KILN_BUILD_NETWORK=%s\nKILN_BUILD_PROXY=http://%s:%s\n' "$NETWORK" "$GATEWAY" "$PORT"
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop_pidfile "$PIDFILE" tinyproxy ;;
+  status) status ;;
+  env) print_env ;;
+  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+esac
