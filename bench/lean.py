@@ -50,7 +50,8 @@ async def tactic_throughput(settings: KilnSettings, args: argparse.Namespace) ->
     port = free_port()
     worker = WorkerProcess("lean", settings, "lean.requests", slots=args.slots,
                         env={"KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_LEAN_REPL": FAKE_COMMAND,
-                             "FAKE_LEAN_TACTIC_MS": str(args.tactic_ms), "KILN_METRICS_PORT": str(port)})
+                             "FAKE_LEAN_TACTIC_MS": str(args.tactic_ms), "KILN_METRICS_PORT": str(port),
+                             "KILN_LEAN_PASS_ENV": '["FAKE_LEAN_TACTIC_MS"]'})
     try:
         worker.wait_assigned()
         async with KilnClient(settings, f"bench-{uuid.uuid4().hex[:6]}") as kiln:
@@ -88,7 +89,8 @@ async def tactic_throughput(settings: KilnSettings, args: argparse.Namespace) ->
 
 async def code_throughput(settings: KilnSettings, args: argparse.Namespace, reuse: bool, requests: int) -> float:
     env = {"KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_LEAN_REPL": FAKE_COMMAND,
-           "FAKE_LEAN_IMPORT_S": str(args.import_s), "KILN_METRICS_PORT": str(free_port())}
+           "FAKE_LEAN_IMPORT_S": str(args.import_s), "KILN_METRICS_PORT": str(free_port()),
+           "KILN_LEAN_PASS_ENV": '["FAKE_LEAN_IMPORT_S"]'}
     if not reuse:
         env["KILN_LEAN_RECYCLE_AFTER"] = "1"
     worker = WorkerProcess("lean", settings, "lean.requests", slots=args.slots, env=env)

@@ -48,6 +48,7 @@ COMPONENT_STEPS: dict[str, list[Step]] = {
     "s3": [Step("s3: build versitygw", "s3/s3.sh", ("install",)),
            Step("s3: start", "s3/s3.sh", ("start",))],
     "registry": [Step("registry: start on s3", "registry/registry.sh", ("start",))],
+    "lean": [Step("lean: REPL sandbox (bubblewrap)", "lean/sandbox.sh", ("install",))],
 }
 
 

@@ -13,7 +13,9 @@ Headers matter: ``import ...`` lines at the top of a command cost FAKE_LEAN_IMPO
 processed (as real imports do), and a pickled state can only be unpickled where the same imports are loaded.
 Misbehaviour on demand, in a command (``-- fake: crash``) or as a tactic (``fake_crash``): ``sleep S``,
 ``crash``, ``crash_once MARKER`` (crash unless MARKER exists, then create it), ``hang``, ``garbage`` (malformed
-output), ``grow MB`` (memory growth). FAKE_LEAN_TACTIC_MS adds a fixed cost to every tactic; FAKE_LEAN_PICKLE_KB
+output), ``grow MB`` (memory growth). Test-only, in a command: ``-- fake: io {JSON}`` attempts IO the way ``#eval``
+can (read files, connect, write files, signal pids, run a program) and reports each outcome in an info message.
+FAKE_LEAN_TACTIC_MS adds a fixed cost to every tactic; FAKE_LEAN_PICKLE_KB
 pads pickles to a realistic size (they compress well, as real ones do).
 """
 
@@ -22,6 +24,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -170,6 +174,36 @@ class Repl:
                 block[i] = 1
             _hog.append(block)
 
+    @staticmethod
+    def attempt_io(spec: dict[str, list[str | int]]) -> dict[str, object]:
+        """What an ``#eval`` with IO could do from here: every attempt's outcome ("ok" or the error)."""
+        def outcome(action: object) -> str:
+            try:
+                action()  # type: ignore[operator]
+                return "ok"
+            except Exception as e:
+                return f"{type(e).__name__}: {e}"
+
+        def connect(address: str) -> None:
+            host, port = str(address).rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=3):
+                pass
+
+        def write(path: str) -> None:
+            with open(path, "w") as f:
+                f.write("written by Lean input")
+
+        def read(path: str) -> None:
+            with open(path, "rb") as f:
+                f.read(1)
+
+        run = subprocess.run(["id", "-u"], capture_output=True, text=True, check=False)
+        return {"uid": os.getuid(), "run": run.stdout.strip(), "env": sorted(os.environ),
+                "read": {str(p): outcome(lambda p=p: read(str(p))) for p in spec.get("read", [])},
+                "connect": {str(a): outcome(lambda a=a: connect(str(a))) for a in spec.get("connect", [])},
+                "write": {str(p): outcome(lambda p=p: write(str(p))) for p in spec.get("write", [])},
+                "signal": {str(p): outcome(lambda p=p: os.kill(int(p), 0)) for p in spec.get("signal", [])}}
+
     def new_state(self, state: State) -> int:
         sid = len(self.states)
         self.states[sid] = state
@@ -177,11 +211,15 @@ class Repl:
 
     def command(self, req: dict[str, object]) -> dict[str, object]:
         code = str(req["cmd"])
+        io_reports: list[dict[str, object]] = []
         for directive in re.findall(r"--\s*fake:\s*(.+)", code):
-            self.misbehave(directive)
+            if directive.startswith("io "):
+                io_reports.append(self.attempt_io(json.loads(directive[3:])))
+            else:
+                self.misbehave(directive)
         lines = code.split("\n")
         imports = [ln.strip()[len("import "):].strip() for ln in lines if ln.strip().startswith("import ")]
-        messages: list[dict[str, object]] = []
+        messages: list[dict[str, object]] = [self._msg("info", 1, 0, json.dumps(r)) for r in io_reports]
         if "env" in req:
             if int(str(req["env"])) not in self.envs:
                 return {"message": f"unknown environment {req['env']}"}

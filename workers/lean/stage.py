@@ -3,7 +3,8 @@
 Configuration (``KILN_LEAN_*``): ``REPL`` (the command: a ``repl`` binary, or any program speaking its protocol),
 ``PROJECT`` (a Lake project: its ``LEAN_PATH`` is taken once from ``lake env`` and the REPL runs there),
 ``MEMORY_MB``, ``RECYCLE_AFTER``, ``IDLE_TTL_S``, ``PREWARM`` (headers to load at start, JSON list of lists),
-``INLINE_STATE_KB`` (larger states travel as claim checks).
+``INLINE_STATE_KB`` (larger states travel as claim checks), ``SANDBOX`` (on: every REPL in bubblewrap, see
+``sandbox.py``), ``SANDBOX_READONLY``/``SANDBOX_WRITABLE`` (extra binds), ``PASS_ENV`` (extra variables for the REPL).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from kiln.streams.blobstore import open_blob_store
 from kiln.streams.errors import ConfigError
 from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
-from kiln.workers.lean import spec
+from kiln.workers.lean import sandbox, spec
 from kiln.workers.lean.pool import ReplPool
 from kiln.workers.lean.repl import Header, ReplLimits, ReplProcess
 from kiln.workers.lean.session import LeanSession, StateCodec
@@ -42,6 +43,15 @@ class LeanSettings(BaseSettings):
     idle_ttl_s: float = Field(600.0, gt=0)
     prewarm: list[list[str]] = Field(default_factory=list, description="Headers to load at start.")
     inline_state_kb: int = Field(192, ge=0)
+    sandbox: bool = Field(True, description="Run each REPL in a bubblewrap sandbox (sandbox.py). Off only for "
+                                            "trusted input: `#eval` can run IO.")
+    sandbox_readonly: list[Path] = Field(default_factory=list, description="Extra paths bound read-only into the "
+                                                                           "sandbox (toolchain, project and the "
+                                                                           "REPL's own tree are bound already).")
+    sandbox_writable: list[Path] = Field(default_factory=list, description="Extra paths bound writable (none by "
+                                                                           "default).")
+    pass_env: list[str] = Field(default_factory=list, description="Worker variables passed into the REPL besides "
+                                                                  "Lean's own (LEAN_PATH, ...).")
 
 
 registry = CollectorRegistry()
@@ -68,9 +78,20 @@ class _LeanService:
         limits = ReplLimits(memory_bytes=settings.memory_mb << 20, recycle_after=settings.recycle_after)
         command = shlex.split(settings.repl)
         counter = itertools.count()
+        if not settings.sandbox:
+            return lambda header: ReplProcess(command, header, root / f"p{next(counter)}", limits,
+                                              cwd=settings.project, env=env)
+        repl_env = sandbox.repl_environment(env, settings.pass_env)
+        readonly = [*sandbox.command_paths(command), *settings.sandbox_readonly,
+                    *([settings.project] if settings.project else []),
+                    *(Path(p) for p in repl_env.get("LEAN_PATH", "").split(":") if p and Path(p).exists())]
 
         def make(header: Header) -> ReplProcess:
-            return ReplProcess(command, header, root / f"p{next(counter)}", limits, cwd=settings.project, env=env)
+            scratch = root / f"p{next(counter)}"
+            scratch.mkdir(parents=True, exist_ok=True)
+            argv = sandbox.bwrap_command(command, scratch=scratch, readonly=readonly,
+                                         writable=settings.sandbox_writable, env=repl_env, cwd=settings.project)
+            return ReplProcess(argv, header, scratch, limits, env={"PATH": env.get("PATH", "/usr/bin:/bin")})
 
         return make
 
@@ -85,6 +106,8 @@ class _LeanService:
                 text=True, timeout=600)
             if lean_path.returncode == 0:
                 env["LEAN_PATH"] = lean_path.stdout.strip()
+        if settings.sandbox:
+            await asyncio.to_thread(sandbox.check_available)
         self._workdir = tempfile.TemporaryDirectory(prefix="kiln-lean-")
         self.pool = ReplPool(self._factory(settings, env, Path(self._workdir.name)), size=slots,
                              idle_ttl_s=settings.idle_ttl_s, on_retire=lambda reason: RETIRED.labels(reason).inc())

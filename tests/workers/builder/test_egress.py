@@ -13,7 +13,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import boto3
 import httpx
@@ -39,15 +39,15 @@ FORGED = "forged-by-build"
 
 
 class _Counting(http.server.BaseHTTPRequestHandler):
-    hits: list[str] = []
+    hits: ClassVar[list[str]] = []
 
-    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+    def do_GET(self) -> None:
         self.hits.append(self.path)
         self.send_response(200)
         self.end_headers()
         self.wfile.write(b"secret")
 
-    do_PUT = do_POST = do_DELETE = do_GET  # noqa: N815
+    do_PUT = do_POST = do_DELETE = do_GET
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -57,7 +57,7 @@ class _Counting(http.server.BaseHTTPRequestHandler):
 def off_list_server() -> Iterator[tuple[int, list[str]]]:
     """An HTTP server on every address of this machine, left off the proxy's allowlist."""
     port = free_port()
-    hits: list[str] = []
+    hits: ClassVar[list[str]] = []
     handler = type("Handler", (_Counting,), {"hits": hits})
     server = http.server.ThreadingHTTPServer(("0.0.0.0", port), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -79,7 +80,9 @@ async def test_misbehaving_repl_gives_typed_failures_and_the_worker_lives(
         stage_topics: Callable[..., KilnSettings], tmp_path: Path) -> None:
     settings = stage_topics(("lean.requests", 1))
     port = free_port()
-    with lean_worker(settings, 2, port, KILN_LEAN_MEMORY_MB="200", KILN_LEAN_RECYCLE_AFTER="6") as worker:
+    # The crash-once marker must outlive the REPL process: its folder is bound writable into every sandbox.
+    with lean_worker(settings, 2, port, KILN_LEAN_MEMORY_MB="200", KILN_LEAN_RECYCLE_AFTER="6",
+                     KILN_LEAN_SANDBOX_WRITABLE=json.dumps([str(tmp_path)])) as worker:
         worker.wait_assigned()
         async with KilnClient(settings, "prover") as kiln:
             client = LeanClient(kiln)
