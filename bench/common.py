@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -18,6 +20,8 @@ from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec
 
 console = Console(stderr=True)
+# Benches ingest scratch repositories they create under the temp dir; a deployment allows no local path.
+os.environ.setdefault("KILN_INGEST_LOCAL_ROOTS", json.dumps([tempfile.gettempdir()]))
 
 
 def broker() -> KilnSettings:

@@ -11,10 +11,11 @@ import fnmatch
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.ingest.errors import DownloadFailed, InvalidLocation
+from kiln.ingest.policy import Vetted
 from kiln.schemas.ingest import FailureReason
 
 _SCP_LIKE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^:]")
@@ -57,14 +58,17 @@ GIT_QUIET_CONFIG = ["-c", "gc.auto=0", "-c", "maintenance.auto=false", "-c", "co
 
 @dataclass
 class Git:
-    """Runs git in one bare repository with the scrubbed environment and a time limit per command."""
+    """Runs git in one bare repository with the scrubbed environment and a time limit per command; ``config`` and
+    ``env`` carry what the ingest policy decided for the location (pinned address, ssh key)."""
 
     repo: Path
     timeout_s: float
+    config: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
 
     async def run(self, *args: str, stdin: bytes | None = None, timeout_s: float | None = None) -> bytes:
         proc = await asyncio.create_subprocess_exec(
-            "git", *GIT_QUIET_CONFIG, *args, cwd=self.repo, env=git_env(self.repo),
+            "git", *GIT_QUIET_CONFIG, *self.config, *args, cwd=self.repo, env={**git_env(self.repo), **self.env},
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
@@ -91,9 +95,13 @@ def _classify(stderr: bytes) -> FailureReason:
     return "error"
 
 
-async def init_bare(repo: Path) -> Git:
+def is_scp_like(location: str) -> bool:
+    return bool(_SCP_LIKE.match(location))
+
+
+async def init_bare(repo: Path, source: Vetted | None = None) -> Git:
     await asyncio.to_thread(repo.mkdir, parents=True, exist_ok=True)
-    git = Git(repo, 600)
+    git = Git(repo, 600, source.git_config, source.env) if source else Git(repo, 600)
     await git.run("init", "--quiet", "--bare", ".")
     return git
 
@@ -120,13 +128,14 @@ async def _fetch(git: Git, location: str, refspecs: list[str]) -> None:
     await git.run("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--", location, *refspecs)
 
 
-async def download(repo: Path, location: str, patterns: list[str], pin: dict[str, str] | None,
+async def download(repo: Path, source: Vetted, patterns: list[str], pin: dict[str, str] | None,
                    runners: int = 4) -> tuple[str, dict[str, str], str | None]:
     """Fetch into the bare repo ``repo``; returns (strategy, refs name -> id as stored, remote HEAD branch).
 
     Raises DownloadFailed with the reason of the last failed strategy.
     """
-    git = await init_bare(repo)
+    location = source.location
+    git = await init_bare(repo, source)
     try:
         remote, head = await list_remote(git, location, patterns)
         wanted = sorted(pin) if pin is not None else sorted(remote)
@@ -141,7 +150,7 @@ async def download(repo: Path, location: str, patterns: list[str], pin: dict[str
             raise
     # One plain fetch of everything into a fresh repository, then keep only the wanted refs.
     await asyncio.to_thread(_wipe, repo)
-    git = await init_bare(repo)
+    git = await init_bare(repo, source)
     await git.run("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--", location, "+refs/*:refs/*",
                   timeout_s=1800)
     refs = await _settle_refs(git, location, patterns, pin)

@@ -12,8 +12,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kiln.ingest.download import Git, check_location, download
+from kiln.ingest.download import Git, check_location, download, is_scp_like
 from kiln.ingest.errors import DownloadFailed, InvalidLocation, InvalidReference, NotFound
+from kiln.ingest.policy import IngestPolicy, Vetted, shown_form, vet
 from kiln.ingest.repack import repack
 from kiln.ingest.rewrite import RewriteFailed, rewrite_into
 from kiln.ingest.store import SaucerStore
@@ -21,9 +22,12 @@ from kiln.schemas.ingest import FailureReason, IngestEvent, IngestRequest
 
 
 async def ingest(request: IngestRequest, request_id: str, store: SaucerStore, work_root: Path, *,
-                 pin: dict[str, str] | None = None, runners: int = 4) -> IngestEvent:
+                 pin: dict[str, str] | None = None, runners: int = 4,
+                 policy: IngestPolicy | None = None) -> IngestEvent:
     started = time.monotonic()
-    location = request.location or f"saucer:{request.root}"
+    # Only the credential-free form is ever recorded, published or served.
+    location = shown_form(request.location) if request.location else f"saucer:{request.root}"
+    source: Vetted | None = None
     event = IngestEvent(repository=request.name, request_id=request_id, status="failed", location=location)
 
     def failed(reason: FailureReason, detail: str) -> IngestEvent:
@@ -39,14 +43,16 @@ async def ingest(request: IngestRequest, request_id: str, store: SaucerStore, wo
                 git, head = await rewrite_into(source, request.rewrite, repo_dir)
                 strategy = "rewrite"
             else:
-                strategy, _, head = await download(repo_dir, check_location(request.location or ""), request.refs,
+                raw = check_location(request.location or "")
+                source = await asyncio.to_thread(vet, raw, is_scp_like(raw), policy or IngestPolicy())
+                strategy, _, head = await download(repo_dir, source, request.refs,
                                                    pin if pin is not None else request.pin, runners)
                 git = Git(repo_dir, 1800)
             repacked = await repack(git, Path(tmp) / "out", head)
         except InvalidLocation as e:
             return failed("invalid_location", str(e))
         except DownloadFailed as e:
-            return failed(e.reason, e.detail)
+            return failed(e.reason, source.scrub(e.detail) if source else e.detail)
         except NotFound as e:
             return failed("source_missing", str(e))
         except (RewriteFailed, InvalidReference) as e:

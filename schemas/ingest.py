@@ -47,7 +47,7 @@ class IngestRequest(BaseModel):
     name: str = Field(pattern=REPO_NAME, max_length=200)
     location: str | None = Field(None, min_length=1, max_length=4096)
     refs: list[str] = Field(default_factory=lambda: list(DEFAULT_REFS), min_length=1, max_length=64)
-    pin: dict[str, str] | None = Field(None, description="ref name -> 40-hex commit id")
+    pin: dict[str, str] | None = Field(None, max_length=4096, description="ref name -> 40-hex commit id")
     rewrite: HistoryRewrite | None = None
 
     @model_validator(mode="after")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 
@@ -10,6 +12,9 @@ import pytest
 
 # testcontainers' reaper image comes from a hub this machine cannot reach; tests clean up after themselves.
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+# Tests ingest repositories they create under the temp dir (worker processes inherit this); a deployment allows no
+# local path unless configured.
+os.environ.setdefault("KILN_INGEST_LOCAL_ROOTS", json.dumps([tempfile.gettempdir()]))
 
 from kiln.streams import admin
 from kiln.streams.infra import COMPONENT_STEPS, run_script, run_steps
