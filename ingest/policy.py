@@ -125,9 +125,9 @@ def shown_form(location: str) -> str:
 def vet(location: str, scp_like: bool, policy: IngestPolicy) -> Vetted:
     """``location`` (already checked for form by ``download.check_location``) under the policy."""
     if scp_like:  # user@host:path is ssh
-        env = _ssh(policy)
+        ssh_env = _ssh(policy)
         _resolve(location.split("@", 1)[1].split(":", 1)[0], 22, policy)
-        return Vetted(location, location, env=env)
+        return Vetted(location, location, env=ssh_env)
     if location.startswith("/"):
         return Vetted(str(_local(location, policy)), location)
     parts = urlsplit(location)

@@ -39,8 +39,7 @@ async def ingest(request: IngestRequest, request_id: str, store: SaucerStore, wo
         repo_dir = Path(tmp) / "repo"
         try:
             if request.rewrite is not None:
-                source = store.repository(request.rewrite.source)
-                git, head = await rewrite_into(source, request.rewrite, repo_dir)
+                git, head = await rewrite_into(store.repository(request.rewrite.source), request.rewrite, repo_dir)
                 strategy = "rewrite"
             else:
                 raw = check_location(request.location or "")
