@@ -40,6 +40,19 @@ def new_request_id() -> str:
     return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
 
 
+def request_id_ms(request_id: str) -> int | None:
+    """The millisecond timestamp of a ULID request id (``new_request_id``); None for any other id."""
+    if len(request_id) != 26:
+        return None
+    value = 0
+    for ch in request_id.upper():
+        digit = _CROCKFORD.find(ch)
+        if digit < 0:
+            return None
+        value = value * 32 + digit
+    return value >> 80
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 

@@ -1,7 +1,12 @@
-"""The exec stage's messages: sessions on built images, addressed by an unguessable token.
+"""The exec stage's messages: sessions on built images, whose capability never travels on a topic.
 
-Every request but ``open`` names a session and presents its token; requests of one session are keyed by the
-session id and sent to the partition the session lives on, so they run in the order sent.
+``open`` (and ``fork``) carry the client's X25519 public key; the worker makes a session key and returns it only
+sealed to that key (``sealed_key``), so a reader of the shared results topic learns nothing usable. Every later
+request names its session and carries ``auth``, an HMAC under the session key over (request id, op, digest of the
+request), so it can be neither forged nor altered; a request id already executed gets its first result again.
+Opening from a snapshot needs the same proof from the session that took it (``snapshot_session``/
+``snapshot_auth``). Requests of one session are keyed by the session id and sent to the partition the session lives
+on, so they run in the order sent. See ``kiln.workers.exec.auth``.
 """
 
 from __future__ import annotations
@@ -53,7 +58,12 @@ class ExecRequest(BaseModel):
 
     op: ExecOp
     session_id: str | None = Field(None, max_length=64)
-    token: str | None = Field(None, max_length=128)
+    auth: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="HMAC-SHA256 under the session key.")
+    client_key: str | None = Field(None, min_length=40, max_length=64,
+                                   description="open/fork: the client's X25519 public key (base64).")
+    snapshot_session: str | None = Field(None, max_length=64, description="open from a snapshot: who took it")
+    snapshot_auth: str | None = Field(None, pattern=r"^[0-9a-f]{64}$",
+                                      description="open from a snapshot: HMAC under that session's key")
     image: str | None = Field(None, max_length=300, description="open: the image (a kiln build, or allowed prefix)")
     repository: str | None = Field(None, max_length=200)
     limits: SessionLimits = Field(default_factory=SessionLimits)
@@ -69,8 +79,12 @@ class ExecRequest(BaseModel):
     def _operands(self) -> ExecRequest:
         if self.op == "open" and not (self.image or self.snapshot):
             raise ValueError("open needs an image")
-        if self.op not in ("open",) and (not self.session_id or not self.token):
-            raise ValueError(f"{self.op} needs session_id and token")
+        if self.op in ("open", "fork") and not self.client_key:
+            raise ValueError(f"{self.op} needs the client's public key (client_key)")
+        if self.op == "open" and self.snapshot and not (self.snapshot_session and self.snapshot_auth):
+            raise ValueError("open from a snapshot needs snapshot_session and snapshot_auth")
+        if self.op != "open" and (not self.session_id or not self.auth):
+            raise ValueError(f"{self.op} needs session_id and auth")
         if self.op == "run" and not self.command:
             raise ValueError("run needs a command")
         if self.op == "apply_patch" and not self.patch:
@@ -105,7 +119,7 @@ class ExecResult(BaseModel):
 
     op: ExecOp
     session_id: str
-    token: str | None = Field(None, description="Only in the reply to open/fork: keep it secret.")
+    sealed_key: str | None = Field(None, description="open/fork: the session key, sealed to the client's key.")
     partition: int | None = Field(None, description="Where this session's requests must be sent.")
     image: str | None = None
     warm: bool = Field(False, description="open: a ready container was taken from the warm pool")

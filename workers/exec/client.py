@@ -15,18 +15,30 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.schemas.envelope import ResultEnvelope
+from kiln.schemas.envelope import ResultEnvelope, new_request_id
 from kiln.schemas.exec import CommandOutput, ExecOp, ExecRequest, ExecResult, SessionLimits, file_content
 from kiln.streams.client import KilnClient
+from kiln.workers.exec.auth import ClientKeyPair, prove
+
+_UNSIGNED = "0" * 64  # a placeholder proof: the digest a proof covers leaves the proofs out
 
 
 @dataclass(frozen=True)
 class ExecSession:
+    """A session handle: ``key`` (the session key, unsealed here) signs every request and never leaves the
+    process."""
+
     session_id: str
-    token: str
+    key: bytes = field(repr=False)
     partition: int
     image: str
     repository: str = ""
+
+
+def signed(key: bytes, request_id: str, **fields: Any) -> ExecRequest:
+    """``fields`` as a request carrying its proof under ``key`` for ``request_id``."""
+    request = ExecRequest(auth=_UNSIGNED, **fields)
+    return request.model_copy(update={"auth": prove(key, request_id, request)})
 
 
 @dataclass
@@ -51,23 +63,41 @@ class ExecClient:
     def __init__(self, kiln: KilnClient, *, sessions_per_key: int = 4) -> None:
         self.kiln = kiln
         self._spill = SpillOver(sessions_per_key)
+        self._keys = ClientKeyPair()  # session keys come back sealed to it
 
     async def open_session(self, image: str, *, repository: str = "", limits: SessionLimits | None = None,
-                           snapshot: str | None = None) -> ExecSession:
-        """A fresh isolated session on ``image`` (a kiln build); keep the returned handle (its token is the
-        capability every later request presents)."""
+                           snapshot: str | None = None, snapshot_of: ExecSession | None = None) -> ExecSession:
+        """A fresh isolated session on ``image`` (a kiln build), or from ``snapshot`` (taken by ``snapshot_of``,
+        whose key proves the right to it). The returned handle's key is the session's capability."""
         key = self._spill.key_for(repository or image)
-        request = ExecRequest(op="open", image=image, repository=repository or None, snapshot=snapshot,
-                              limits=limits or SessionLimits())
-        result: ExecResult = await self.kiln.call("exec", request, key=key)
+        request_id = new_request_id()
+        fields: dict[str, Any] = {"op": "open", "image": image, "repository": repository or None,
+                                  "snapshot": snapshot, "limits": limits or SessionLimits(),
+                                  "client_key": self._keys.public_b64}
+        if snapshot is not None:
+            if snapshot_of is None:
+                raise ValueError("opening from a snapshot needs the session that took it (snapshot_of)")
+            draft = ExecRequest(snapshot_session=snapshot_of.session_id, snapshot_auth=_UNSIGNED, **fields)
+            request = draft.model_copy(update={"snapshot_auth": prove(snapshot_of.key, request_id, draft)})
+        else:
+            request = ExecRequest(**fields)
+        result: ExecResult = await self.kiln.call("exec", request, key=key, request_id=request_id)
         self._spill.opened(repository or image)
-        assert result.token is not None and result.partition is not None
-        return ExecSession(result.session_id, result.token, result.partition, image, repository or image)
+        return self._session(result, image, repository or image)
+
+    def _session(self, result: ExecResult, image: str, repository: str) -> ExecSession:
+        assert result.sealed_key is not None and result.partition is not None
+        return ExecSession(result.session_id, self._keys.unseal(result.sealed_key), result.partition, image,
+                           repository)
 
     async def submit(self, session: ExecSession, op: ExecOp, **fields: Any) -> asyncio.Future[ResultEnvelope]:
         """Send one session request without waiting (pipelining): results of a session come back in order."""
-        request = ExecRequest(op=op, session_id=session.session_id, token=session.token, **fields)
-        return await self.kiln.submit("exec", request, key=session.session_id, partition=session.partition)
+        request_id = new_request_id()
+        if op == "fork":
+            fields.setdefault("client_key", self._keys.public_b64)
+        request = signed(session.key, request_id, op=op, session_id=session.session_id, **fields)
+        return await self.kiln.submit("exec", request, key=session.session_id, partition=session.partition,
+                                      request_id=request_id)
 
     async def _exec(self, session: ExecSession, op: ExecOp, **fields: Any) -> ExecResult:
         result: ExecResult = self.kiln.result_of(await (await self.submit(session, op, **fields)))
@@ -92,11 +122,15 @@ class ExecClient:
     async def lint(self, session: ExecSession, *, timeout_s: float = 300.0) -> ExecResult:
         return await self._exec(session, "lint", timeout_s=timeout_s)
 
+    async def snapshot(self, session: ExecSession) -> str:
+        result = await self._exec(session, "snapshot")
+        assert result.snapshot is not None
+        return result.snapshot
+
     async def fork(self, session: ExecSession) -> ExecSession:
         result = await self._exec(session, "fork")
-        assert result.token is not None and result.partition is not None
         self._spill.opened(session.repository)
-        return ExecSession(result.session_id, result.token, result.partition, session.image, session.repository)
+        return self._session(result, session.image, session.repository)
 
     async def close_session(self, session: ExecSession) -> None:
         await self._exec(session, "close")

@@ -3,8 +3,11 @@ coverage, linters, snapshots and forks.
 
 Requests are keyed by session (ordered per session, sessions concurrent) and sent to the partition the session
 lives on; ``open`` is keyed by repository. A warm pool keeps ready containers for recently opened images. Every
-worker holds a lock file while alive; its reaper removes session containers whose worker is gone (after a crash)
-and sessions idle past their limit. Configuration: ``KILN_EXEC_*`` (see ``ExecSettings``).
+limit a request asks for is checked against this deployment's caps (``KILN_EXEC_MAX_*``). Every worker holds a
+lock file while alive and labels its containers with that file's path and its mount namespace; a reaper judges
+only containers whose lock it can see (same namespace) and never creates the lock it checks; containers of workers
+it cannot see are removed only past the longest a session may live. Configuration: ``KILN_EXEC_*``
+(see ``ExecSettings``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import asyncio
 import contextlib
 import fcntl
 import json
+import logging
+import os
 import shlex
 import time
 from collections import OrderedDict
@@ -32,7 +37,7 @@ from kiln.streams.stage import JobContext, Stage
 from kiln.workers.common import reports
 from kiln.workers.common.containers import docker_client
 from kiln.workers.exec import spec
-from kiln.workers.exec.sessions import ROLE, Session, SessionError, SessionManager, safe_path
+from kiln.workers.exec.sessions import ROLE, LimitExceeded, Session, SessionError, SessionManager, safe_path
 
 
 class ExecSettings(BaseSettings):
@@ -43,8 +48,30 @@ class ExecSettings(BaseSettings):
     warm_images: int = Field(4, ge=0, description="How many recently opened images get a warm pool.")
     reap_interval_s: float = Field(30.0, gt=0)
     lock_dir: Path = Field(Path("/run/kiln/exec"), description="Liveness lock files of the exec workers of a host.")
+    max_memory_mb: int = Field(4096, ge=32, description="Cap on a session's memory.")
+    max_cpus: float = Field(2.0, gt=0, description="Cap on a session's CPUs.")
+    max_pids: int = Field(1024, ge=16, description="Cap on a session's processes.")
+    max_disk_mb: int = Field(2048, ge=8, description="Cap on a session's work area (/work + /tmp).")
+    max_idle_timeout_s: float = Field(3600.0, gt=0, description="Cap on how long a session may sit idle.")
+    max_timeout_s: float = Field(3600.0, gt=0, description="Cap on one command's time limit.")
+    max_output_bytes: int = Field(4 << 20, ge=0, description="Cap on the output kept per stream of a command.")
+    max_session_age_s: float = Field(24 * 3600.0, gt=0, description="Containers of workers this one cannot see "
+                                                                    "are reaped past this age.")
+
+    def check(self, request: ExecRequest) -> None:
+        """Refuse (visibly) a request asking for more than this deployment allows."""
+        asked = [("memory_mb", request.limits.memory_mb, self.max_memory_mb),
+                 ("cpus", request.limits.cpus, self.max_cpus), ("pids", request.limits.pids, self.max_pids),
+                 ("disk_mb", request.limits.disk_mb, self.max_disk_mb),
+                 ("idle_timeout_s", request.limits.idle_timeout_s, self.max_idle_timeout_s),
+                 ("timeout_s", request.timeout_s, self.max_timeout_s),
+                 ("max_output_bytes", request.max_output_bytes, self.max_output_bytes)]
+        over = [f"{name}={value:g} (cap {cap:g})" for name, value, cap in asked if value > cap]
+        if over:
+            raise LimitExceeded(f"limits above this deployment's caps: {', '.join(over)}")
 
 
+log = logging.getLogger(__name__)
 registry = CollectorRegistry()
 SESSIONS = Gauge("kiln_exec_sessions", "Open sessions on this worker.", registry=registry)
 OPENED = Counter("kiln_exec_sessions_opened_total", "Sessions opened, by whether the warm pool served them.",
@@ -75,14 +102,18 @@ class ExecService:
         # One id per process: the lock file proves this process is alive to the reapers of other workers.
         self.worker_id = f"exec-{int(time.time() * 1000):x}-{id(self) & 0xFFFF:x}"
         await asyncio.to_thread(self._hold_liveness_lock)
+        labels = {"kiln.lock": str(self._lock_path()), "kiln.lockns": _namespace()}
         self.manager = SessionManager(client, self.worker_id, open_blob_store(get_settings()),
-                                      self.settings.image_prefixes)
+                                      self.settings.image_prefixes, labels)
         await asyncio.to_thread(self.reap)
         self._tasks = [asyncio.create_task(self._housekeeping())]
 
+    def _lock_path(self) -> Path:
+        return (self.settings.lock_dir / f"{self.worker_id}.lock").resolve()
+
     def _hold_liveness_lock(self) -> None:
         self.settings.lock_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_file = (self.settings.lock_dir / f"{self.worker_id}.lock").open("w")
+        self._lock_file = self._lock_path().open("w")
         fcntl.flock(self._lock_file, fcntl.LOCK_EX)
 
     async def teardown(self) -> None:
@@ -105,7 +136,7 @@ class ExecService:
             try:
                 await asyncio.to_thread(self.reap)
             except Exception:  # the next round tries again; housekeeping must never die
-                continue
+                log.exception("exec housekeeping failed; retrying next round")
 
     def reap(self) -> None:
         """Remove session containers of dead workers, our own strays, and idle sessions."""
@@ -120,13 +151,18 @@ class ExecService:
             containers = manager.client.containers.list(all=True, filters={"label": f"kiln.role={ROLE}"})
         except (APIError, DockerException):
             return
+        namespace = _namespace()
         for container in containers:
-            owner = container.labels.get("kiln.worker", "")
-            if owner == self.worker_id:
-                if container.id not in ours and time.time() - _created(container) > 60:
+            labels = container.labels
+            age = time.time() - _created(container)
+            if labels.get("kiln.worker", "") == self.worker_id:
+                if container.id not in ours and age > 60:
                     self._reap(container, "stray")
-            elif not _owner_alive(self.settings.lock_dir / f"{owner}.lock"):
-                self._reap(container, "worker_gone")
+            elif labels.get("kiln.lockns") == namespace and labels.get("kiln.lock"):
+                if not _owner_alive(Path(labels["kiln.lock"])):
+                    self._reap(container, "worker_gone")
+            elif age > self.settings.max_session_age_s:  # a worker this one cannot see: only the age tells
+                self._reap(container, "expired")
         SESSIONS.set(len(manager.sessions))
 
     def _reap(self, container: Any, reason: str) -> None:
@@ -156,7 +192,7 @@ class ExecService:
                 self.manager.remove(container, volumes)
         while image in self.warm and len(self.warm[image]) < self.settings.warm:
             container, volumes, keeper, init_pid = self.manager.create_container(image, SessionLimits())
-            self.manager.populate(container, image, None)
+            self.manager.populate(container, image, None, SessionLimits())
             self.warm[image].append((container, volumes, keeper, init_pid))
 
     async def prewarm(self, image: str) -> None:
@@ -176,7 +212,8 @@ class ExecService:
             SESSIONS.set(len(self.manager.sessions))
 
     async def _open(self, request: ExecRequest, ctx: JobContext, image: str) -> ExecResult:
-        assert self.manager is not None
+        """A new session for ``request`` (open, or fork: then ``request.snapshot`` is the parent's state)."""
+        assert self.manager is not None and request.client_key is not None
         manager = self.manager
         manager.check_image(image)
         entry = self._take_warm(image) if request.limits == SessionLimits() and request.snapshot is None else None
@@ -184,23 +221,44 @@ class ExecService:
         if entry is None:
             entry = await asyncio.to_thread(manager.create_container, image, request.limits)
             try:
-                await asyncio.to_thread(manager.populate, entry[0], image, request.snapshot)
+                await asyncio.to_thread(manager.populate, entry[0], image, request.snapshot, request.limits)
             except BaseException:
                 await asyncio.to_thread(manager.remove, entry[0], entry[1])
                 raise
-        session, token = manager.adopt(*entry, image=image, limits=request.limits, client_id=ctx.envelope.client_id)
+        try:
+            session, sealed = await asyncio.to_thread(manager.adopt, *entry, image=image, limits=request.limits,
+                                                      client_id=ctx.envelope.client_id, client_key=request.client_key)
+        except BaseException:
+            await asyncio.to_thread(manager.remove, entry[0], entry[1])
+            raise
         OPENED.labels(str(warm).lower()).inc()
         refill = asyncio.create_task(asyncio.to_thread(self._refill, image))
         refill.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
-        return ExecResult(op=request.op, session_id=session.id, token=token, partition=ctx.partition, image=image,
-                          warm=warm)
+        return ExecResult(op=request.op, session_id=session.id, sealed_key=sealed, partition=ctx.partition,
+                          image=image, warm=warm)
 
     async def _dispatch(self, request: ExecRequest, ctx: JobContext) -> ExecResult:
         assert self.manager is not None
         manager = self.manager
+        self.settings.check(request)
+        request_id = ctx.envelope.request_id
         if request.op == "open":
+            if request.snapshot is not None:
+                await asyncio.to_thread(manager.check_snapshot, request_id, request)
             return await self._open(request, ctx, request.image or "")
-        session = await asyncio.to_thread(manager.get, request.session_id, request.token)
+        session = await asyncio.to_thread(manager.get, request.session_id, request_id, request)
+        with session.lock:
+            first = session.answered(request_id)
+        if first is not None:  # a replay (or a redelivery): the first result again, never a second execution
+            return first
+        result = await self._execute(request, ctx, session)
+        with session.lock:
+            session.remember(request_id, result)
+        return result
+
+    async def _execute(self, request: ExecRequest, ctx: JobContext, session: Session) -> ExecResult:
+        assert self.manager is not None
+        manager = self.manager
         result = ExecResult(op=request.op, session_id=session.id, partition=ctx.partition, image=session.image)
         if request.op == "close":
             await asyncio.to_thread(manager.close, session)
@@ -235,6 +293,8 @@ class ExecService:
             command = request.command or labels.get("kiln.test")
             if not command:
                 raise SessionError(f"image {session.image} records no test command: pass one")
+            # The run ends with every session process gone (swept from outside), so the reports read below were
+            # written by this run and nothing can rewrite them.
             output = await self._run(session, f"rm -rf /tmp/kiln-reports; {command}", request,
                                      env=json.loads(labels.get("kiln.env") or "{}"))
             files = await asyncio.to_thread(manager.collect, session, "/tmp/kiln-reports")
@@ -277,18 +337,25 @@ def _created(container: Any) -> float:
         return 0.0
 
 
+def _namespace() -> str:
+    """Where lock paths mean the same file: this boot's id and this process's mount namespace."""
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return f"{boot}/{os.readlink('/proc/self/ns/mnt')}"
+
+
 def _owner_alive(lock_path: Path) -> bool:
-    """A worker is alive while it holds the exclusive lock on its lock file."""
+    """A worker is alive while it holds the exclusive lock on its lock file. The file is opened read-only, never
+    created: a missing file means its worker is gone."""
     try:
-        handle = lock_path.open("a")
+        fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return False
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
     with contextlib.suppress(OSError):
         lock_path.unlink()
     return False

@@ -1,71 +1,27 @@
 """The exec stage on the real broker and real Docker: pipelined sessions, tests with coverage, lint, forks,
-isolation against adversarial commands, tokens, and a worker killed mid-session."""
+isolation against adversarial commands, session proofs, and a worker killed mid-session."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kiln.ingest.service import ingest
-from kiln.ingest.store import SaucerStore
-from kiln.schemas.builder import BuildRequest
 from kiln.schemas.exec import ExecResult, SessionLimits
-from kiln.schemas.ingest import IngestRequest
-from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
-from kiln.streams.processes import WorkerProcess, free_port
+from kiln.streams.processes import WorkerProcess
 from kiln.streams.settings import KilnSettings
-from kiln.workers.builder.images import BaseImages
-from kiln.workers.builder.service import build_revision
-from kiln.workers.common.containers import Limits
+from kiln.workers.exec.auth import ClientKeyPair
 from kiln.workers.exec.client import ExecClient, ExecSession, SpillOver
 from tests.streams.harness import read_all
-from tests.workers.builder.projects import python_project
-from tests.workers.conftest import worker_env
+from tests.workers.exec.conftest import exec_worker, session_containers
 
 pytestmark = pytest.mark.docker
 
-
-@pytest.fixture(scope="module")
-def project_image(docker_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
-    root = tmp_path_factory.mktemp("exec-image")
-    store = SaucerStore(FileBlobStore(root / "blobs"), root / "cache")
-    python_project(root / "src")
-    assert asyncio.run(ingest(IngestRequest(name="demo/exec", location=str(root / "src")), "r", store,
-                              root / "w")).status == "ingested"
-    event = asyncio.run(build_revision(BuildRequest(repository="demo/exec"), store, docker_engine,
-                                       BaseImages("kiln/base:latest", "kiln/toolchain:latest"), root / "w",
-                                       Limits(timeout_s=300)))
-    assert event.usable and event.image, event.detail
-    return event.image
-
-
-@pytest.fixture
-def exec_settings(stage_topics: Callable[..., KilnSettings]) -> KilnSettings:
-    return stage_topics(("exec.requests", 4))
-
-
-def exec_worker(settings: KilnSettings, lock_dir: Path, **env: str) -> WorkerProcess:
-    return WorkerProcess("exec", settings, "exec.requests", slots=4, env=worker_env(
-        settings, KILN_EXEC_LOCK_DIR=str(lock_dir), KILN_EXEC_REAP_INTERVAL_S="1", KILN_EXEC_WARM="1",
-        KILN_METRICS_PORT=str(free_port()), **env))
-
-
-@pytest.fixture
-def worker(exec_settings: KilnSettings, tmp_path: Path) -> Iterator[WorkerProcess]:
-    with exec_worker(exec_settings, tmp_path / "locks") as w:
-        w.wait_assigned()
-        yield w
-
-
-def session_containers(docker: Any) -> list[Any]:
-    return list(docker.containers.list(all=True, filters={"label": "kiln.role=exec-session"}))
 
 
 async def test_pipelined_session_lint_tests_and_coverage(project_image: str, exec_settings: KilnSettings,
@@ -123,13 +79,16 @@ async def test_sessions_run_concurrently_and_forks_carry_tmpfs_state(project_ima
         await client.run(fork, "echo changed > /work/state.txt")
         assert (await client.run(a, "cat /work/state.txt")).stdout == "work\n"
         await asyncio.sleep(2)  # the warm pool refills after an open
-        warm = kiln.result_of(await (await kiln.submit("exec", {"op": "open", "image": project_image}, key="w")))
-        assert warm.warm
+        pair = ClientKeyPair()
+        warm = kiln.result_of(await (await kiln.submit("exec", {"op": "open", "image": project_image,
+                                                                "client_key": pair.public_b64}, key="w")))
+        assert warm.warm and warm.sealed_key
         brief = await client.open_session(project_image, limits=SessionLimits(idle_timeout_s=1))
         await asyncio.sleep(3.5)  # the reaper runs every second here
         with pytest.raises(RequestFailed, match="SessionLost"):
             await client.run(brief, "true")
-        for s in (a, b, fork, ExecSession(warm.session_id, warm.token or "", warm.partition or 0, project_image)):
+        for s in (a, b, fork, ExecSession(warm.session_id, pair.unseal(warm.sealed_key), warm.partition or 0,
+                                          project_image)):
             await client.close_session(s)
 
 
@@ -165,11 +124,11 @@ async def test_isolation_against_adversarial_commands(project_image: str, exec_s
         assert privileged.stdout.startswith("1000\n") and "do not read" not in privileged.stdout
         assert "Read-only file system" in privileged.stdout
         assert (await client.run(s, "echo still alive")).stdout == "still alive\n"
-        forged = ExecSession(s.session_id, "guessed-token", s.partition, s.image)
+        forged = ExecSession(s.session_id, b"a guessed session key of 32 byte", s.partition, s.image)
         with pytest.raises(RequestFailed, match="SessionDenied"):
             await client.run(forged, "id")
         with pytest.raises(RequestFailed, match="SessionLost"):
-            await client.run(ExecSession("0" * 32, s.token, s.partition, s.image), "id")
+            await client.run(ExecSession("0" * 32, s.key, s.partition, s.image), "id")
         with pytest.raises(RequestFailed, match="not allowed"):
             await client.open_session("kiln-evil/image:latest")
         await client.close_session(s)
@@ -188,7 +147,9 @@ async def test_worker_killed_mid_session_loses_it_cleanly(project_image: str, ex
             pending = await client.submit(session, "run", command="sleep 20; echo done", timeout_s=60)
             await asyncio.sleep(2)
             doomed.kill()
-            owner = {c.labels["kiln.worker"] for c in session_containers(docker_engine)}
+            owner = {c.labels["kiln.worker"] for c in session_containers(docker_engine)
+                     if c.labels.get("kiln.lock", "").startswith(str(locks.resolve()))}
+            assert owner
             with exec_worker(exec_settings, locks) as survivor:
                 survivor.wait_assigned()
                 with pytest.raises(RequestFailed, match="SessionLost"):
