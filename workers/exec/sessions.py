@@ -32,7 +32,7 @@ from typing import Any
 
 import zstandard
 from docker.errors import APIError, DockerException, NotFound
-from docker.utils.socket import consume_socket_output, frames_iter
+from docker.utils.socket import consume_socket_output, demux_adaptor, frames_iter
 
 from kiln.schemas.envelope import request_id_ms
 from kiln.schemas.exec import CommandOutput, ExecRequest, ExecResult, FileContent, SessionLimits
@@ -421,7 +421,8 @@ class SessionManager:
                 try:
                     raw.sendall(stdin)
                     raw.shutdown(socket.SHUT_WR)
-                    out, err = consume_socket_output(frames_iter(sock, tty=False), demux=True)
+                    frames = (demux_adaptor(*frame) for frame in frames_iter(sock, tty=False))
+                    out, err = consume_socket_output(frames, demux=True)
                 finally:
                     sock.close()
             code = int(api.exec_inspect(exec_id).get("ExitCode") or 0)
