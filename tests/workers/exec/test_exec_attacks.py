@@ -37,7 +37,7 @@ async def test_limits_are_capped_server_side(project_image: str, exec_settings: 
             with pytest.raises(RequestFailed, match="LimitExceeded"):
                 await client.open_session(project_image, limits=limits)
         session = await client.open_session(project_image)
-        with pytest.raises(RequestFailed, match="LimitExceeded.*timeout_s"):
+        with pytest.raises(RequestFailed, match=r"LimitExceeded.*timeout_s"):
             await client.run(session, "true", timeout_s=24 * 3600)
         await client.close_session(session)
 
