@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import struct
 import time
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ def delete_topics(settings: KilnSettings, names: list[str], timeout: float = 30.
 
 
 def admin_client(settings: KilnSettings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    return AdminClient(settings.kafka())
 
 
 def create_topics(settings: KilnSettings, specs: list[TopicSpec] | None = None,
@@ -130,18 +131,37 @@ class _Reader:
             self.pos += self.uvarint()
 
 
-def broker_features(bootstrap_servers: str, timeout: float = 10.0) -> BrokerFeatures:
-    """API keys and finalized features of the first bootstrap broker, from a raw ApiVersions v3 request.
+def _probe_socket(settings: KilnSettings, host: str, port: int, timeout: float) -> socket.socket:
+    """A connection speaking the configured security protocol's transport: TLS for SSL/SASL_SSL (verified against
+    ``ssl.ca.location``, with the client certificate when configured). ApiVersions needs no SASL step: brokers
+    answer it before authentication."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    conf = settings.kafka_config
+    if str(conf.get("security.protocol", "PLAINTEXT")).upper() not in ("SSL", "SASL_SSL"):
+        return sock
+    context = ssl.create_default_context(cafile=str(conf["ssl.ca.location"]) if "ssl.ca.location" in conf else None)
+    if str(conf.get("ssl.endpoint.identification.algorithm", "https")).lower() == "none":
+        context.check_hostname = False
+    if "ssl.certificate.location" in conf:
+        context.load_cert_chain(str(conf["ssl.certificate.location"]), str(conf.get("ssl.key.location", "")) or None,
+                                str(conf.get("ssl.key.password", "")) or None)
+    return context.wrap_socket(sock, server_hostname=host)
+
+
+def broker_features(settings: KilnSettings, timeout: float = 10.0) -> BrokerFeatures:
+    """API keys and finalized features of the first bootstrap broker, from a raw ApiVersions v3 request over the
+    configured transport (plaintext or TLS; see ``_probe_socket``).
 
     librdkafka exposes neither to Python; kiln needs them to choose the group protocol (KIP-848) and to refuse
     queue mode where share groups are absent (Redpanda) or not enabled (a Kafka formatted without share.version).
     """
+    bootstrap_servers = settings.bootstrap_servers
     host, _, port = bootstrap_servers.split(",")[0].strip().rpartition(":")
     client_id, software, version = b"kiln-probe", b"kiln", b"1"
     header = struct.pack(">hhih", 18, 3, 1, len(client_id)) + client_id + b"\x00"
     body = bytes([len(software) + 1]) + software + bytes([len(version) + 1]) + version + b"\x00"
     try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout) as sock:
+        with _probe_socket(settings, host or "127.0.0.1", int(port), timeout) as sock:
             sock.sendall(struct.pack(">i", len(header + body)) + header + body)
             size = struct.unpack(">i", _recv_exact(sock, 4))[0]
             reader = _Reader(_recv_exact(sock, size))
@@ -189,7 +209,7 @@ def resolve_group_protocol(settings: KilnSettings, wait_s: float = 300.0) -> str
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return "consumer" if broker_features(settings.bootstrap_servers).consumer_protocol else "classic"
+            return "consumer" if broker_features(settings).consumer_protocol else "classic"
         except InfraError as e:
             if time.monotonic() > deadline:
                 raise

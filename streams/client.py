@@ -169,19 +169,21 @@ class KilnClient:
         # requests would hand one slot many jobs while others idle. (It costs throughput, so only for them.)
         state.queue_producer = Producer(producer_config(
             self.settings, **{"client.id": f"{self.client_id}.queue", "batch.num.messages": 1}))
-        consumer = Consumer({
-            "bootstrap.servers": self.settings.bootstrap_servers,
+        consumer = Consumer(self.settings.kafka(**{
             "group.id": f"kiln-client.{self.client_id}",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "fetch.wait.max.ms": 10,
             "on_commit": lambda err, parts: self._on_commit(state, err, parts),
-        })
+        }))
         state.consumer = consumer
 
         def position() -> TopicPartition:
             md = consumer.list_topics(self.results_topic, timeout=15).topics.get(self.results_topic)
-            if md is None or md.error is not None or not md.partitions:
+            if md is not None and md.error is not None:
+                raise ConfigError(f"results topic {self.results_topic}: {md.error.str()} (does it exist, and may "
+                                  f"this principal describe it?)")
+            if md is None or not md.partitions:
                 raise ConfigError(f"results topic {self.results_topic} does not exist (kiln topics create)")
             state.partition = zlib.crc32(self.client_id.encode()) % len(md.partitions)
             tp = TopicPartition(self.results_topic, state.partition)

@@ -43,8 +43,8 @@ def new_worker_id() -> str:
 
 def producer_config(settings: KilnSettings, **extra: Any) -> dict[str, Any]:
     """Idempotent producer: retries never duplicate or reorder a partition's records."""
-    return {"bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True, "acks": "all",
-            "linger.ms": 2, "compression.type": "zstd", "message.timeout.ms": 120000, **extra}
+    return settings.kafka(**{"enable.idempotence": True, "acks": "all", "linger.ms": 2, "compression.type": "zstd",
+                             "message.timeout.ms": 120000, **extra})
 
 
 class JobExecutor:

@@ -39,9 +39,9 @@ class ReplayStats:
 def _open_to_end(settings: KilnSettings, name: str) -> tuple[Consumer, dict[int, int], int]:
     """A consumer assigned to every non-empty partition of ``name`` from the start; the end offsets seen now and
     the number of records before them."""
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers,
-                         "group.id": f"kiln-replay-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    consumer = Consumer(settings.kafka(**{"group.id": f"kiln-replay-{uuid.uuid4().hex[:8]}",
+                                          "enable.auto.commit": False, "enable.partition.eof": True,
+                                          "auto.offset.reset": "earliest"}))
     md = consumer.list_topics(name, timeout=15).topics.get(name)
     if md is None or md.error is not None:
         consumer.close()

@@ -174,8 +174,7 @@ class Worker:
 
     def _consumer_config(self) -> dict[str, Any]:
         protocol = admin.resolve_group_protocol(self.settings)
-        conf: dict[str, Any] = {
-            "bootstrap.servers": self.settings.bootstrap_servers,
+        conf: dict[str, Any] = self.settings.kafka(**{
             "group.id": self.group_id,
             "client.id": self.worker_id,
             "enable.auto.commit": False,
@@ -186,7 +185,7 @@ class Worker:
             "queued.max.messages.kbytes": 4096,
             "fetch.wait.max.ms": 10,
             "on_commit": self._on_commit,
-        }
+        })
         if protocol == "classic":
             conf.update({"partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": 10000,
                          "heartbeat.interval.ms": 1000, "max.poll.interval.ms": 300000})

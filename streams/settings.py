@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,6 +25,9 @@ class KilnSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KILN_", extra="ignore")
 
     bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka/Redpanda bootstrap servers.")
+    kafka_config: dict[str, str | int | bool] = Field(
+        default_factory=dict, description="librdkafka settings added to every Kafka client kiln makes (JSON): "
+        "security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.ca.location, ...")
     topic_prefix: str = Field("", description="Prefix for every topic name, to share one cluster.")
     cache: Path = Field(default_factory=_default_cache, description="Cache and state directory (outside repo).")
     blob_store: str = Field(
@@ -47,6 +51,11 @@ class KilnSettings(BaseSettings):
 
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}{name}"
+
+    def kafka(self, **kiln: Any) -> dict[str, Any]:
+        """A client configuration: the servers, the deployment's own settings (security), then kiln's (which keep
+        its guarantees, so they win)."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_config, **kiln}
 
 
 @lru_cache(maxsize=1)

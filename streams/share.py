@@ -54,7 +54,7 @@ DEFAULT_DELIVERY_LIMIT = 5
 def share_group_settings(settings: KilnSettings, group_id: str) -> tuple[float, int]:
     """Make the share group start at the earliest offset (requests queued before any worker existed must run) and
     return its record lock duration (s) and delivery-count limit, as the broker will apply them."""
-    if not admin.broker_features(settings.bootstrap_servers).share_groups:
+    if not admin.broker_features(settings).share_groups:
         raise ConfigError(f"the broker at {settings.bootstrap_servers} has no share groups (KIP-932): queue mode "
                           "needs Apache Kafka >= 4.2 with share.version=1; use group mode (Redpanda)")
     client = admin.admin_client(settings)
@@ -192,13 +192,12 @@ class ShareWorker:
             self.metrics.busy_slots.set(self._busy)
 
     def _consumer_main(self, index: int) -> None:
-        consumer = ShareConsumer({
-            "bootstrap.servers": self.settings.bootstrap_servers,
+        consumer = ShareConsumer(self.settings.kafka(**{
             "group.id": self.group_id,
             "client.id": f"{self.worker_id}-{index}",
             "share.acknowledgement.mode": "explicit",
             "max.poll.records": 1,
-        })
+        }))
         consumer.subscribe([self.topic])
         try:
             while not self._stopping.is_set():

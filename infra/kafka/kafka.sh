@@ -4,8 +4,12 @@
 #   kafka.sh start     install, write config, format once, start, wait until it serves requests (idempotent)
 #   kafka.sh stop      stop the broker (idempotent)
 #   kafka.sh status    exit 0 when the broker answers on its port
-# Env: KILN_KAFKA_PORT (9092), KILN_KAFKA_CONTROLLER_PORT (port+1), KILN_KAFKA_HEAP (512m), KILN_KAFKA_DATA,
+# Env: KILN_KAFKA_PORT (9092), KILN_KAFKA_CONTROLLER_PORT (port+1), KILN_KAFKA_SASL_PORT (port+2),
+#      KILN_KAFKA_HEAP (512m), KILN_KAFKA_DATA,
 #      KILN_KAFKA_SHARE_GROUPS (1; 0 formats without share.version, like a broker that lacks share groups).
+# Two client listeners: PLAINTEXT on the port (loopback only: the local admin path, a super user) and
+# SASL_PLAINTEXT with SCRAM-SHA-256 on port+2, where the StandardAuthorizer lets a principal do only what its ACLs
+# allow (nothing by default). Users and ACLs are made through the admin API (tests/streams/test_sasl.py shows how).
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 KAFKA_VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$INFRA_DIR/kafka/pom.xml")
@@ -13,6 +17,7 @@ POM_HASH=$(sha256sum "$INFRA_DIR/kafka/pom.xml" | cut -c1-12)
 KAFKA_HOME="$KILN_CACHE/kafka-$KAFKA_VERSION-$POM_HASH"
 PORT="${KILN_KAFKA_PORT:-9092}"
 CONTROLLER_PORT="${KILN_KAFKA_CONTROLLER_PORT:-$((PORT + 1))}"
+SASL_PORT="${KILN_KAFKA_SASL_PORT:-$((PORT + 2))}"
 HEAP="${KILN_KAFKA_HEAP:-512m}"
 DATA="${KILN_KAFKA_DATA:-$KILN_RUN/kafka-$PORT}"
 PIDFILE="$DATA/kafka.pid"
@@ -34,11 +39,16 @@ write_config() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+sasl.enabled.mechanisms=SCRAM-SHA-256
+listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS
+allow.everyone.if.no.acl.found=false
 log.dirs=$DATA/data
 num.partitions=1
 auto.create.topics.enable=false
@@ -97,6 +107,7 @@ format() {
 start() {
   if pid_alive "$PIDFILE"; then log "kafka already running on 127.0.0.1:$PORT"; return 0; fi
   tcp_open 127.0.0.1 "$PORT" && die "port $PORT is taken by another process"
+  tcp_open 127.0.0.1 "$SASL_PORT" && die "port $SASL_PORT (SASL listener) is taken by another process"
   install
   write_config
   format

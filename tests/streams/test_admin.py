@@ -27,7 +27,7 @@ def test_stage_topics_are_created_with_their_partitions_and_retention(kafka: Kil
 
 
 def test_broker_features_are_probed(kafka: KilnSettings) -> None:
-    features = admin.broker_features(kafka.bootstrap_servers)
+    features = admin.broker_features(kafka)
     assert admin.CONSUMER_GROUP_HEARTBEAT_API in features.api_keys
     assert features.finalized["share.version"] == 1 and features.share_groups
     assert admin.resolve_group_protocol(kafka) == "consumer"
