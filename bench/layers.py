@@ -33,7 +33,7 @@ from kiln.ingest.service import ingest
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
-from kiln.streams.infra import COMPONENT_STEPS, run_steps
+from kiln.streams.infra import COMPONENT_STEPS, run_script, run_steps
 from kiln.workers.builder import images, layers
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.registry import Registry
@@ -42,8 +42,6 @@ from kiln.workers.builder.rules import plan
 from kiln.workers.common.containers import Limits, docker_client
 from tests.ingest.gitrepos import write
 from tests.workers.builder.projects import python_project
-
-REGISTRY = "127.0.0.1:5000"
 
 
 def module(i: int, version: int, rng: random.Random) -> str:
@@ -106,7 +104,9 @@ async def main() -> None:
     for component in ("docker", "s3", "registry"):
         run_steps(COMPONENT_STEPS[component])
     client: Any = docker_client()
-    registry = Registry(REGISTRY)
+    env = dict(line.split("=", 1) for line in run_script("registry/registry.sh", "env").split())
+    registry = Registry(env["KILN_BUILDER_REGISTRY"], env["KILN_BUILDER_REGISTRY_USER"],
+                        env["KILN_BUILDER_REGISTRY_PASSWORD"])
     bases = BaseImages("kiln/base:latest", "kiln/toolchain:latest")
     limits = Limits(memory_bytes=1 << 30, timeout_s=600)
     with tempfile.TemporaryDirectory() as tmp:

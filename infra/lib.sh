@@ -53,3 +53,23 @@ apt_install() {
   fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
 }
+
+# installation_secret NAME: a random secret made once per installation ($KILN_CACHE/secrets/NAME, mode 600), so no
+# credential of a local service is a committed default.
+installation_secret() {
+  local dir="$KILN_CACHE/secrets" file="$KILN_CACHE/secrets/$1"
+  if [[ ! -s $file ]]; then
+    mkdir -p "$dir" && chmod 700 "$dir"
+    (umask 077; head -c 64 /dev/urandom | base64 -w0 | tr -dc 'A-Za-z0-9' | cut -c1-32 >"$file.tmp" && mv "$file.tmp" "$file")
+  fi
+  cat "$file"
+}
+
+# same_config_running PIDFILE KEYFILE KEY: the service runs, started with configuration KEY (when it runs with
+# another, the caller stops it and starts it again: new credentials take effect).
+same_config_running() {
+  local pidfile=$1 keyfile=$2 key=$3
+  pid_alive "$pidfile" || return 1
+  [[ $(cat "$keyfile" 2>/dev/null) == "$key" ]] && return 0
+  return 1
+}

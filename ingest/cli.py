@@ -17,15 +17,27 @@ out = Console()
 
 
 @app.command()
-def serve(host: str = "127.0.0.1", port: int = 8700, workers: int = 1) -> None:
+def serve(host: Annotated[str, typer.Option(help="Bind address: loopback unless a token protects the API.")] =
+          "127.0.0.1", port: int = 8700, workers: int = 1,
+          token: Annotated[str | None, typer.Option(envvar="KILN_SAUCER_TOKEN", help="Bearer token every API "
+                                                    "request must present.")] = None) -> None:
     """Serve every stored repository over HTTP (FastAPI; /healthz, /metrics, /docs)."""
+    import ipaddress
+
     import uvicorn
 
     from kiln.ingest.http import create_app
     from kiln.ingest.store import SaucerStore
 
-    uvicorn.run(create_app(SaucerStore.from_settings(get_settings())), host=host, port=port, workers=workers,
-                log_level="warning")
+    try:
+        private = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        private = host == "localhost"
+    if not private and not token:
+        raise typer.BadParameter(f"serving on {host} needs a token (KILN_SAUCER_TOKEN): the API lists every "
+                                 "repository and serves its files", param_hint="--host")
+    uvicorn.run(create_app(SaucerStore.from_settings(get_settings()), token), host=host, port=port,
+                workers=workers, log_level="warning")
 
 
 def _submit(request: IngestRequest) -> None:

@@ -9,6 +9,7 @@ tree id).
 
 from __future__ import annotations
 
+import hmac
 import time
 from typing import Any, Literal
 from urllib.parse import quote, unquote, unquote_to_bytes
@@ -62,7 +63,15 @@ def _not_modified(request: Request, etag: str) -> bool:
     return f'"{etag}"' in [t.strip().removeprefix("W/") for t in header.split(",")] or header.strip() == "*"
 
 
-def create_app(store: SaucerStore) -> FastAPI:
+def _bearer_ok(scope: Scope, token: str) -> bool:
+    headers = dict(scope.get("headers") or [])
+    presented = headers.get(b"authorization", b"").decode(errors="replace").removeprefix("Bearer ").strip()
+    return hmac.compare_digest(presented.encode(), token.encode())
+
+
+def create_app(store: SaucerStore, token: str | None = None) -> FastAPI:
+    """The app; with ``token``, every route but /healthz and /metrics needs ``Authorization: Bearer <token>``
+    (repository names, locations and files are not for whoever can reach the port)."""
     app = FastAPI(title="kiln Saucer", description="Any file of any ingested repository at any revision.")
     registry = CollectorRegistry()
     served = Counter("kiln_saucer_requests_total", "HTTP requests, by route and status.", ["route", "status"],
@@ -88,6 +97,11 @@ def create_app(store: SaucerStore) -> FastAPI:
                 return
             started = time.perf_counter()
             status = [500]
+            if token is not None and scope.get("path") not in ("/healthz", "/metrics") and not _bearer_ok(scope, token):
+                await JSONResponse({"detail": "a bearer token is required"}, status_code=401,
+                                   headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                served.labels("unauthorized", "401").inc()
+                return
 
             async def sending(message: Message) -> None:
                 if message["type"] == "http.response.start":

@@ -20,6 +20,7 @@ from kiln.streams import admin
 from kiln.streams.infra import COMPONENT_STEPS, run_script, run_steps
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec
+from kiln.workers.builder.registry import Registry
 
 
 def _ensure(component: str) -> None:
@@ -60,10 +61,12 @@ def s3_settings() -> KilnSettings:
 
 
 @pytest.fixture(scope="session")
-def registry(s3_settings: KilnSettings, docker_engine: object) -> str:
-    """Address of the registry (storage on the S3 server)."""
+def registry(s3_settings: KilnSettings, docker_engine: object) -> Registry:
+    """The registry (storage on the S3 server) with its per-installation credentials."""
     _ensure("registry")
-    return f"127.0.0.1:{os.environ.get('KILN_REGISTRY_PORT', '5000')}"
+    env = dict(line.split("=", 1) for line in run_script("registry/registry.sh", "env").split())
+    return Registry(env["KILN_BUILDER_REGISTRY"], env["KILN_BUILDER_REGISTRY_USER"],
+                    env["KILN_BUILDER_REGISTRY_PASSWORD"])
 
 
 @pytest.fixture

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Debian's docker-registry (CNCF distribution 2.8) on 127.0.0.1, storing into the S3 server (infra/s3).
-#   registry.sh start | stop | status
+# Every request needs credentials (htpasswd, bcrypt): user kiln, password generated once per installation
+# ($KILN_CACHE/secrets/registry-password); `registry.sh env` prints them for kiln (KILN_BUILDER_REGISTRY_USER/
+# _PASSWORD) and for `docker login`.
+#   registry.sh start | stop | status | env
 # Env: KILN_REGISTRY_PORT (5000), KILN_REGISTRY_BUCKET (kiln-registry); S3 settings as in infra/s3/s3.sh.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
@@ -8,9 +11,11 @@ PORT="${KILN_REGISTRY_PORT:-5000}"
 BUCKET="${KILN_REGISTRY_BUCKET:-kiln-registry}"
 DATA="$KILN_RUN/registry-$PORT"
 PIDFILE="$DATA/registry.pid"
+USER_NAME=kiln
+PASSWORD="$(installation_secret registry-password)"
 eval "$("$INFRA_DIR/s3/s3.sh" env)"
 
-registry_ready() { curl -sf "http://127.0.0.1:$PORT/v2/" >/dev/null; }
+registry_ready() { curl -sf -u "$USER_NAME:$PASSWORD" "http://127.0.0.1:$PORT/v2/" >/dev/null; }
 
 create_bucket() {
   local code
@@ -43,21 +48,32 @@ storage:
   redirect: { disable: true }
   delete: { enabled: true }
   cache: { blobdescriptor: inmemory }
+auth:
+  htpasswd:
+    realm: kiln-registry
+    path: $DATA/htpasswd
 http:
   addr: 127.0.0.1:$PORT
-  secret: kiln-loopback-registry
+  secret: $(installation_secret registry-http-secret)
 health:
   storagedriver: { enabled: true, interval: 10s, threshold: 3 }
 CFG
 }
 
 start() {
-  if pid_alive "$PIDFILE"; then log "registry already running on 127.0.0.1:$PORT"; return 0; fi
+  "$INFRA_DIR/s3/s3.sh" start
+  local key; key=$(printf '%s:%s:%s' "$PASSWORD" "$KILN_S3_ACCESS_KEY" "$KILN_S3_SECRET_KEY" | sha256sum | cut -c1-16)
+  if same_config_running "$PIDFILE" "$DATA/config.key" "$key"; then
+    log "registry already running on 127.0.0.1:$PORT"; return 0
+  fi
+  pid_alive "$PIDFILE" && stop_pidfile "$PIDFILE" docker-registry  # other credentials: restart with these
   tcp_open 127.0.0.1 "$PORT" && die "port $PORT is taken by another process"
   command -v docker-registry >/dev/null || apt_install docker-registry
-  "$INFRA_DIR/s3/s3.sh" start
+  command -v htpasswd >/dev/null || apt_install apache2-utils
   create_bucket
   write_config
+  (umask 077; htpasswd -Bbn "$USER_NAME" "$PASSWORD" >"$DATA/htpasswd")
+  echo "$key" >"$DATA/config.key"
   log "starting docker-registry on 127.0.0.1:$PORT (storage: s3://$BUCKET at $KILN_S3_ENDPOINT)"
   # AWS_CA_BUNDLE (set on these machines) makes the registry's AWS SDK panic on its custom transport.
   nohup env -u AWS_CA_BUNDLE docker-registry serve "$DATA/config.yml" >"$DATA/registry.log" 2>&1 </dev/null &
@@ -71,9 +87,15 @@ status() {
   else echo "registry not running on 127.0.0.1:$PORT"; return 1; fi
 }
 
+print_env() {
+  printf 'KILN_BUILDER_REGISTRY=127.0.0.1:%s\nKILN_BUILDER_REGISTRY_USER=%s\nKILN_BUILDER_REGISTRY_PASSWORD=%s\n' \
+    "$PORT" "$USER_NAME" "$PASSWORD"
+}
+
 case "${1:-}" in
   start) start ;;
   stop) stop_pidfile "$PIDFILE" docker-registry ;;
   status) status ;;
-  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+  env) print_env ;;
+  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
 esac

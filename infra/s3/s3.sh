@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # A real S3-compatible server on loopback: versitygw (Apache-2.0) with its POSIX backend, built from the Go module proxy.
 #   s3.sh install | start | stop | status | env
-# Env: KILN_S3_PORT (7070), KILN_S3_ACCESS_KEY / KILN_S3_SECRET_KEY (test credentials below), KILN_S3_DATA.
+# Env: KILN_S3_PORT (7070), KILN_S3_ACCESS_KEY / KILN_S3_SECRET_KEY (default: generated once per installation
+#      under $KILN_CACHE/secrets), KILN_S3_DATA.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 VERSITYGW_VERSION=v1.8.0
 BIN_DIR="$KILN_CACHE/versitygw-$VERSITYGW_VERSION"
 BIN="$BIN_DIR/versitygw"
 PORT="${KILN_S3_PORT:-7070}"
-ACCESS_KEY="${KILN_S3_ACCESS_KEY:-kilnaccess}"
-SECRET_KEY="${KILN_S3_SECRET_KEY:-kilnsecret-for-loopback-tests}"
+ACCESS_KEY="${KILN_S3_ACCESS_KEY:-kiln$(installation_secret s3-access-key | cut -c1-12)}"
+SECRET_KEY="${KILN_S3_SECRET_KEY:-$(installation_secret s3-secret-key)}"
 DATA="${KILN_S3_DATA:-$KILN_RUN/s3-$PORT}"
 PIDFILE="$DATA/versitygw.pid"
 
@@ -23,7 +24,9 @@ install() {
 s3_ready() { curl -s -o /dev/null "http://127.0.0.1:$PORT/"; }
 
 start() {
-  if pid_alive "$PIDFILE"; then log "s3 already running on 127.0.0.1:$PORT"; return 0; fi
+  local key; key=$(printf '%s:%s' "$ACCESS_KEY" "$SECRET_KEY" | sha256sum | cut -c1-16)
+  if same_config_running "$PIDFILE" "$DATA/config.key" "$key"; then log "s3 already running on 127.0.0.1:$PORT"; return 0; fi
+  pid_alive "$PIDFILE" && stop_pidfile "$PIDFILE" versitygw  # other credentials: restart with these
   tcp_open 127.0.0.1 "$PORT" && die "port $PORT is taken by another process"
   install
   mkdir -p "$DATA/buckets" "$DATA/versions"
@@ -31,6 +34,7 @@ start() {
   ROOT_ACCESS_KEY="$ACCESS_KEY" ROOT_SECRET_KEY="$SECRET_KEY" nohup "$BIN" --port "127.0.0.1:$PORT" --quiet \
     posix "$DATA/buckets" >"$DATA/versitygw.log" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
+  echo "$key" >"$DATA/config.key"
   wait_for versitygw 30 s3_ready
   log "s3 ready on http://127.0.0.1:$PORT"
 }

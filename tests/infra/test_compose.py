@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
 import time
@@ -25,8 +26,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_compose_file_is_valid_and_complete() -> None:
     compose = shutil.which("docker-compose")
     assert compose, "Debian's docker-compose is installed by kiln setup docker"
+    # No credential has a committed default: without them the file refuses to render.
+    refused = subprocess.run([compose, "-f", str(ROOT / "docker-compose.yml"), "config"], capture_output=True,
+                             text=True, check=False, env={"PATH": os.environ["PATH"]})
+    assert refused.returncode != 0 and "KILN_S3_SECRET_KEY" in refused.stderr + refused.stdout
+    env = {"PATH": os.environ["PATH"], "KILN_S3_ACCESS_KEY": "k" * 8, "KILN_S3_SECRET_KEY": "s" * 24,
+           "KILN_SAUCER_TOKEN": "t" * 24}
     rendered = subprocess.run([compose, "-f", str(ROOT / "docker-compose.yml"), "config"], capture_output=True,
-                              text=True, check=True).stdout
+                              text=True, check=True, env=env).stdout
     services = yaml.safe_load(rendered)["services"]
     assert {"redpanda", "s3", "registry", "prometheus", "worker-echo", "worker-sleep", "topics",
             "worker-ingest", "saucer", "worker-build", "worker-exec"} <= set(services)

@@ -12,6 +12,7 @@ import httpx
 from botocore.config import Config
 
 from kiln.streams.settings import KilnSettings
+from kiln.workers.builder.registry import Registry
 
 MANIFEST_TYPES = ",".join([
     "application/vnd.docker.distribution.manifest.v2+json",
@@ -30,17 +31,22 @@ def _tiny_image_context(payload: bytes) -> io.BytesIO:
     return buf
 
 
-def test_push_pull_with_blobs_in_s3(docker_engine: Any, registry: str, s3_settings: KilnSettings,
+def test_push_pull_with_blobs_in_s3(docker_engine: Any, registry: Registry, s3_settings: KilnSettings,
                                      unique: str) -> None:
-    repo = f"{registry}/kiln-test/img-{unique}"
+    repo = f"{registry.address}/kiln-test/img-{unique}"
     payload = f"kiln registry test {unique}\n".encode() * 1000
     image, _ = docker_engine.images.build(fileobj=_tiny_image_context(payload), custom_context=True,
                                           tag=f"{repo}:v1", network_mode="host", rm=True)
-    for line in docker_engine.images.push(repo, tag="v1", stream=True, decode=True):
+    # Without credentials the registry refuses pushes (and everything else).
+    refused = list(docker_engine.images.push(repo, tag="v1", stream=True, decode=True))
+    assert any("error" in line for line in refused), refused
+    assert httpx.get(f"http://{registry.address}/v2/_catalog").status_code == 401
+    for line in docker_engine.images.push(repo, tag="v1", stream=True, decode=True,
+                                          auth_config=registry.docker_auth()):
         assert "error" not in line, line
 
-    manifest_resp = httpx.get(f"http://{registry}/v2/kiln-test/img-{unique}/manifests/v1",
-                              headers={"Accept": MANIFEST_TYPES})
+    manifest_resp = httpx.get(f"http://{registry.address}/v2/kiln-test/img-{unique}/manifests/v1",
+                              headers={"Accept": MANIFEST_TYPES}, auth=(registry.user, registry.password))
     manifest_resp.raise_for_status()
     digest = manifest_resp.headers["Docker-Content-Digest"]
     layer_digest = manifest_resp.json()["layers"][0]["digest"]
@@ -54,6 +60,6 @@ def test_push_pull_with_blobs_in_s3(docker_engine: Any, registry: str, s3_settin
     assert "sha256:" + hashlib.sha256(body["Body"].read()).hexdigest() == layer_digest
 
     docker_engine.images.remove(image.id, force=True)
-    pulled = docker_engine.images.pull(f"{repo}@{digest}")
+    pulled = docker_engine.images.pull(f"{repo}@{digest}", auth_config=registry.docker_auth())
     assert pulled.id == image.id
     docker_engine.images.remove(pulled.id, force=True)

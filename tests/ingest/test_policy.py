@@ -15,7 +15,9 @@ from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from typer.testing import CliRunner
 
+from kiln.ingest.cli import app as saucer_cli
 from kiln.ingest.http import create_app
 from kiln.ingest.policy import IngestPolicy, shown_form
 from kiln.ingest.service import ingest
@@ -132,3 +134,13 @@ def test_shown_form_never_carries_a_password_query_or_fragment(scheme: str, user
                                                                 path: str) -> None:
     shown = shown_form(f"{scheme}://{user}:{secret}@{host}/{path}?token={secret}#{secret}")
     assert secret not in shown and "?" not in shown and "#" not in shown
+
+
+def test_saucer_api_needs_its_token_and_binds_publicly_only_with_one(store: SaucerStore) -> None:
+    api = TestClient(create_app(store, token=TOKEN))
+    assert api.get("/repos").status_code == 401
+    assert api.get("/repos", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert api.get("/repos", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    assert api.get("/healthz").status_code == 200  # probes and metrics stay open (they reveal no repository)
+    refused = CliRunner().invoke(saucer_cli, ["serve", "--host", "0.0.0.0"], env={"KILN_SAUCER_TOKEN": ""})
+    assert refused.exit_code != 0 and "needs a token" in refused.output

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -24,52 +24,65 @@ def sha256_digest(data: bytes) -> str:
 
 @dataclass
 class Registry:
-    """``host:port`` of a registry reachable over plain HTTP on loopback (what Docker treats as insecure-allowed)."""
+    """``host:port`` of a registry reachable over plain HTTP on loopback (what Docker treats as insecure-allowed),
+    with the credentials it requires (``infra/registry/registry.sh env``)."""
 
     address: str
+    user: str = ""
+    password: str = field(default="", repr=False)
     timeout_s: float = 300.0
+
+    @property
+    def _auth(self) -> tuple[str, str] | None:
+        return (self.user, self.password) if self.user else None
+
+    def docker_auth(self) -> dict[str, str] | None:
+        """The ``auth_config`` of the Docker SDK's push and pull."""
+        return {"username": self.user, "password": self.password} if self.user else None
 
     def _url(self, path: str) -> str:
         return f"http://{self.address}/v2/{path}"
 
-    def _check(self, response: httpx.Response, what: str) -> httpx.Response:
+    def _call(self, method: str, url: str, what: str, **kwargs: Any) -> httpx.Response:
+        response = httpx.request(method, url, timeout=self.timeout_s, auth=self._auth, **kwargs)
         if response.status_code >= 400:
             raise InfraError(f"registry {what}: HTTP {response.status_code} {response.text[:300]}")
         return response
 
     def manifest(self, name: str, reference: str) -> tuple[dict[str, Any], str]:
         """The schema-2 manifest and its digest."""
-        r = self._check(httpx.get(self._url(f"{name}/manifests/{reference}"), headers={"Accept": MANIFEST_V2},
-                                  timeout=self.timeout_s), f"manifest {name}:{reference}")
+        r = self._call("GET", self._url(f"{name}/manifests/{reference}"), f"manifest {name}:{reference}",
+                       headers={"Accept": MANIFEST_V2})
         return r.json(), r.headers.get("Docker-Content-Digest") or sha256_digest(r.content)
 
     def blob(self, name: str, digest: str) -> bytes:
-        data = self._check(httpx.get(self._url(f"{name}/blobs/{digest}"), timeout=self.timeout_s,
-                                     follow_redirects=True), f"blob {digest}").content
+        data = self._call("GET", self._url(f"{name}/blobs/{digest}"), f"blob {digest}", follow_redirects=True).content
         if sha256_digest(data) != digest:
             raise InfraError(f"registry blob {digest} does not match its digest")
         return data
 
     def has_blob(self, name: str, digest: str) -> bool:
-        return httpx.head(self._url(f"{name}/blobs/{digest}"), timeout=self.timeout_s).status_code == 200
+        response = httpx.head(self._url(f"{name}/blobs/{digest}"), timeout=self.timeout_s, auth=self._auth)
+        if response.status_code == 401:
+            raise InfraError(f"registry {self.address}: credentials refused")
+        return response.status_code == 200
 
     def put_blob(self, name: str, data: bytes) -> str:
         digest = sha256_digest(data)
         if self.has_blob(name, digest):
             return digest
-        start = self._check(httpx.post(self._url(f"{name}/blobs/uploads/"), timeout=self.timeout_s), "upload start")
-        location = start.headers["Location"]
+        location = self._call("POST", self._url(f"{name}/blobs/uploads/"), "upload start").headers["Location"]
         if location.startswith("/"):
             location = f"http://{self.address}{location}"
         joiner = "&" if "?" in location else "?"
-        self._check(httpx.put(f"{location}{joiner}digest={digest}", content=data, timeout=self.timeout_s,
-                              headers={"Content-Type": "application/octet-stream"}), f"upload {digest}")
+        self._call("PUT", f"{location}{joiner}digest={digest}", f"upload {digest}", content=data,
+                   headers={"Content-Type": "application/octet-stream"})
         return digest
 
     def put_manifest(self, name: str, reference: str, manifest: dict[str, Any]) -> str:
         body = json.dumps(manifest, indent=3).encode()
-        r = self._check(httpx.put(self._url(f"{name}/manifests/{reference}"), content=body, timeout=self.timeout_s,
-                                  headers={"Content-Type": MANIFEST_V2}), f"put manifest {name}:{reference}")
+        r = self._call("PUT", self._url(f"{name}/manifests/{reference}"), f"put manifest {name}:{reference}",
+                       content=body, headers={"Content-Type": MANIFEST_V2})
         return r.headers.get("Docker-Content-Digest") or sha256_digest(body)
 
 

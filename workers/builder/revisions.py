@@ -27,7 +27,8 @@ async def push(client: Any, registry: Registry, local: str, name: str, tag: str)
     """Push a local image; returns its pullable ``registry/name@digest`` reference."""
     target = f"{registry.address}/{name}"
     await asyncio.to_thread(client.images.get(local).tag, target, tag)
-    for line in await asyncio.to_thread(lambda: list(client.images.push(target, tag=tag, stream=True, decode=True))):
+    for line in await asyncio.to_thread(lambda: list(client.images.push(target, tag=tag, stream=True, decode=True,
+                                                                             auth_config=registry.docker_auth()))):
         if "error" in line:
             raise InfraError(f"push {target}:{tag}: {line['error']}")
     _, digest = await asyncio.to_thread(registry.manifest, name, tag)
@@ -64,7 +65,7 @@ async def image_for(repository: str, commit: str, store: SaucerStore, client: An
             if deps_changed or the_plan.system != "python":
                 script = " && ".join(s for s in (the_plan.deps_script if deps_changed else "",
                                                  the_plan.build_script) if s)
-                await asyncio.to_thread(client.images.pull, parent.reference)
+                await asyncio.to_thread(client.images.pull, parent.reference, auth_config=registry.docker_auth())
                 layer = await asyncio.to_thread(layers.rebuild_layer, client, parent.reference, repo, d, script,
                                                 the_plan.env, limits.timeout_s)
             else:
@@ -93,7 +94,7 @@ async def build_layered(request: BuildRequest, store: SaucerStore, client: Any, 
     except StepFailed as e:
         return event.model_copy(update={"failure": "timeout" if e.timed_out else "compile_failed",
                                         "detail": e.log[-4000:]})
-    await asyncio.to_thread(client.images.pull, image.reference)
+    await asyncio.to_thread(client.images.pull, image.reference, auth_config=registry.docker_auth())
     labels = dict(client.images.get(image.reference).labels or {})
     event = event.model_copy(update={
         "commit": commit, "status": "built", "recipe": "rules", "system": labels.get("kiln.system"),

@@ -39,6 +39,8 @@ class BuilderSettings(BaseSettings):
     test_pids: int = Field(1024, ge=16)
     test_timeout_s: float = Field(900.0, gt=0)
     registry: str = Field("127.0.0.1:5000", description="Registry (host:port, plain HTTP) layered builds push to.")
+    registry_user: str = Field("", description="Registry user (infra/registry/registry.sh env).")
+    registry_password: str = Field("", repr=False, description="Registry password.")
     agent: bool = Field(True, description="Fall back to the README/CI agent when the rules fail.")
     agent_budget: int = Field(8, ge=1, le=100, description="Commands the agent may run per build.")
     agent_url: str | None = Field(None, description="OpenAI-compatible endpoint (…/v1/chat/completions) for the agent.")
@@ -73,7 +75,8 @@ class _Builder:
         agent = AgentConfig(cfg.agent_budget, model) if cfg.agent else None
         bases = BaseImages(cfg.base_image, cfg.toolchain_image)
         if request.layered:
-            event = await build_layered(request, self.store, self.client, bases, Registry(cfg.registry),
+            images_registry = Registry(cfg.registry, cfg.registry_user, cfg.registry_password)
+            event = await build_layered(request, self.store, self.client, bases, images_registry,
                                         settings.cache / "build-work", limits)
         else:
             event = await build_revision(request, self.store, self.client, bases, settings.cache / "build-work",

@@ -21,6 +21,7 @@ from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.client import KilnClient
 from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
+from kiln.workers.builder.registry import Registry
 from tests.ingest.gitrepos import git, write
 from tests.streams.harness import read_all
 from tests.workers.builder.projects import PROJECTS
@@ -64,7 +65,7 @@ async def test_build_stage_publishes_events_and_the_failure_table(stage_topics: 
 @pytest.mark.registry
 @pytest.mark.timeout(900)  # on a fresh machine the first base push uploads the toolchain layers to S3
 async def test_layered_builds_through_the_stage(stage_topics: Callable[..., KilnSettings], docker_engine: Any,
-                                                registry: str, tmp_path: Path) -> None:
+                                                registry: Registry, tmp_path: Path) -> None:
     settings = stage_topics(("image.build", 1), ("image.events", 1))
     store = SaucerStore(FileBlobStore(settings.cache / "blobs"), tmp_path / "reader")
     b = PROJECTS["python"](tmp_path / "src")
@@ -73,7 +74,8 @@ async def test_layered_builds_through_the_stage(stage_topics: Callable[..., Kiln
     second = b.commit("one more module")
     assert (await ingest(IngestRequest(name="demo/layered-stage", location=str(tmp_path / "src")), "r", store,
                          tmp_path / "work")).status == "ingested"
-    env = worker_env(settings, KILN_METRICS_PORT=str(free_port()), KILN_BUILDER_REGISTRY=registry)
+    env = worker_env(settings, KILN_METRICS_PORT=str(free_port()), KILN_BUILDER_REGISTRY=registry.address,
+                     KILN_BUILDER_REGISTRY_USER=registry.user, KILN_BUILDER_REGISTRY_PASSWORD=registry.password)
     with WorkerProcess("build", settings, "image.build", slots=1, env=env) as worker:
         worker.wait_assigned()
         async with KilnClient(settings, "builder-client") as client:

@@ -28,6 +28,7 @@ from kiln.streams.processes import free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.builder.agent import AgentConfig
 from kiln.workers.builder.images import BaseImages
+from kiln.workers.builder.registry import Registry
 from kiln.workers.builder.sandbox import BuildSandbox
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits
@@ -151,19 +152,20 @@ def readme_attack_project(path: Path, port: int, s3_port: int) -> None:
     b.commit("a repository whose README's commands attack the control plane")
 
 
-def _assert_nothing_forged(s3_settings: KilnSettings, registry: str, hits: list[str]) -> None:
+def _assert_nothing_forged(s3_settings: KilnSettings, registry: Registry, hits: list[str]) -> None:
     assert hits == [], f"the off-list server was reached: {hits}"
     s3 = boto3.client("s3", endpoint_url=s3_settings.s3_endpoint, aws_access_key_id=s3_settings.s3_access_key,
                       aws_secret_access_key=s3_settings.s3_secret_key, region_name=s3_settings.s3_region)
     for bucket in s3.list_buckets()["Buckets"]:
         keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket["Name"]).get("Contents", [])]
         assert not [k for k in keys if FORGED in k], (bucket["Name"], keys)
-    catalog = httpx.get(f"http://{registry}/v2/_catalog").json()["repositories"]
+    catalog = httpx.get(f"http://{registry.address}/v2/_catalog", auth=(registry.user, registry.password)).json()[
+        "repositories"]
     assert FORGED not in catalog
 
 
 async def test_build_steps_cannot_reach_the_control_plane(docker_engine: Any, s3_settings: KilnSettings,
-                                                          registry: str, off_list_server: tuple[int, list[str]],
+                                                          registry: Registry, off_list_server: tuple[int, list[str]],
                                                           tmp_path: Path) -> None:
     port, hits = off_list_server
     s3_port = int(s3_settings.s3_endpoint.rsplit(":", 1)[1]) if s3_settings.s3_endpoint else 7070
@@ -184,7 +186,7 @@ async def test_build_steps_cannot_reach_the_control_plane(docker_engine: Any, s3
 
 
 async def test_agent_commands_cannot_reach_the_control_plane(docker_engine: Any, s3_settings: KilnSettings,
-                                                             registry: str, off_list_server: tuple[int, list[str]],
+                                                             registry: Registry, off_list_server: tuple[int, list[str]],
                                                              tmp_path: Path) -> None:
     port, hits = off_list_server
     s3_port = int(s3_settings.s3_endpoint.rsplit(":", 1)[1]) if s3_settings.s3_endpoint else 7070

@@ -55,13 +55,13 @@ def expected_tests(i: int) -> int:
     return count + (1 if i >= 11 else 0) - (1 if i >= 14 else 0)
 
 
-async def test_twenty_revisions_as_layers(docker_engine: Any, registry: str, s3_settings: KilnSettings,
+async def test_twenty_revisions_as_layers(docker_engine: Any, registry: Registry, s3_settings: KilnSettings,
                                           tmp_path: Path) -> None:
     store = SaucerStore(FileBlobStore(tmp_path / "blobs"), tmp_path / "cache")
     commits = evolve(python_project(tmp_path / "src"))
     assert (await ingest(IngestRequest(name="demo/layered", location=str(tmp_path / "src")), "r", store,
                          tmp_path / "w")).status == "ingested"
-    reg = Registry(registry)
+    reg = registry
     bases = BaseImages("kiln/base:latest", "kiln/toolchain:latest")
     limits = Limits(memory_bytes=1 << 30, timeout_s=300)
     images = []
@@ -76,7 +76,7 @@ async def test_twenty_revisions_as_layers(docker_engine: Any, registry: str, s3_
     test_command = docker_engine.images.get(images[0].reference.split("@")[0] + ":" + commits[0][:12]).labels[
         "kiln.test"]
     for i, image in enumerate(images):
-        await asyncio.to_thread(docker_engine.images.pull, image.reference)
+        await asyncio.to_thread(docker_engine.images.pull, image.reference, auth_config=reg.docker_auth())
         run = await asyncio.to_thread(run_sandboxed, docker_engine, image.reference, test_command, limits=limits,
                                       role="revision-test", collect="/tmp/kiln-reports")
         report = reports.parse_results("python", run.exit_code, run.files)
