@@ -58,6 +58,8 @@ class ExecRequest(BaseModel):
 
     op: ExecOp
     session_id: str | None = Field(None, max_length=64)
+    token: str | None = Field(None, max_length=128, description="Withdrawn (it travelled in the clear on the "
+                              "shared results topic): a request that carries one is refused; prove with auth.")
     auth: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="HMAC-SHA256 under the session key.")
     client_key: str | None = Field(None, min_length=40, max_length=64,
                                    description="open/fork: the client's X25519 public key (base64).")
@@ -77,6 +79,8 @@ class ExecRequest(BaseModel):
 
     @model_validator(mode="after")
     def _operands(self) -> ExecRequest:
+        if self.token is not None:
+            raise ValueError("session tokens are withdrawn: sign requests with the session key (auth)")
         if self.op == "open" and not (self.image or self.snapshot):
             raise ValueError("open needs an image")
         if self.op in ("open", "fork") and not self.client_key:
@@ -119,6 +123,7 @@ class ExecResult(BaseModel):
 
     op: ExecOp
     session_id: str
+    token: str | None = Field(None, description="Withdrawn: never sent (see sealed_key).")
     sealed_key: str | None = Field(None, description="open/fork: the session key, sealed to the client's key.")
     partition: int | None = Field(None, description="Where this session's requests must be sent.")
     image: str | None = None
