@@ -105,12 +105,17 @@ format() {
 }
 
 start() {
-  if pid_alive "$PIDFILE"; then log "kafka already running on 127.0.0.1:$PORT"; return 0; fi
-  tcp_open 127.0.0.1 "$PORT" && die "port $PORT is taken by another process"
-  tcp_open 127.0.0.1 "$SASL_PORT" && die "port $SASL_PORT (SASL listener) is taken by another process"
   install
   write_config
+  local key; key=$(sha256sum "$DATA/server.properties" | cut -c1-16)
+  if same_config_running "$PIDFILE" "$DATA/config.key" "$key"; then
+    log "kafka already running on 127.0.0.1:$PORT"; return 0
+  fi
+  pid_alive "$PIDFILE" && stop_pidfile "$PIDFILE" kafka  # started with another configuration: restart
+  tcp_open 127.0.0.1 "$PORT" && die "port $PORT is taken by another process"
+  tcp_open 127.0.0.1 "$SASL_PORT" && die "port $SASL_PORT (SASL listener) is taken by another process"
   format
+  echo "$key" >"$DATA/config.key"
   log "starting kafka $KAFKA_VERSION on 127.0.0.1:$PORT (heap $HEAP)"
   nohup java "-Xmx$HEAP" "-Xms$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
     "-Dlog4j2.configurationFile=$DATA/log4j2.yaml" -cp "$KAFKA_HOME/libs/*" kafka.Kafka "$DATA/server.properties" \
