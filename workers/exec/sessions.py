@@ -324,10 +324,13 @@ class SessionManager:
             raise SessionDenied("the snapshot proof does not match the session that took it")
 
     def _alive(self, session: Session) -> bool:
+        """Whether the container still runs; a Docker hiccup is an infrastructure error, not a lost session."""
         try:
             session.container.reload()
-        except (APIError, DockerException):
+        except NotFound:
             return False
+        except (APIError, DockerException) as e:
+            raise InfraError(f"inspecting session {session.id}: {e}") from e
         return bool(session.container.status == "running")
 
     def close(self, session: Session) -> None:
