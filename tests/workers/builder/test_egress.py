@@ -11,7 +11,7 @@ import json
 import shlex
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,7 +21,7 @@ import pytest
 
 from kiln.ingest.service import ingest
 from kiln.ingest.store import SaucerStore
-from kiln.schemas.builder import BuildRequest
+from kiln.schemas.builder import BuildEvent, BuildRequest
 from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.processes import free_port
@@ -164,16 +164,23 @@ def _assert_nothing_forged(s3_settings: KilnSettings, registry: Registry, hits: 
     assert FORGED not in catalog
 
 
+async def _attack(make: Callable[[Path, int, int], None], name: str, docker: Any, s3_settings: KilnSettings,
+                  server_port: int, tmp_path: Path, **build: Any) -> BuildEvent:
+    """Ingest the attacking repository ``make`` writes and build it (forced: no cached outcome)."""
+    s3_port = int(s3_settings.s3_endpoint.rsplit(":", 1)[1]) if s3_settings.s3_endpoint else 7070
+    make(tmp_path / "src", server_port, s3_port)
+    store = SaucerStore(FileBlobStore(tmp_path / "blobs"), tmp_path / "cache")
+    await ingest(IngestRequest(name=name, location=str(tmp_path / "src")), "r", store, tmp_path / "w")
+    return await build_revision(BuildRequest(repository=name, force=True), store, docker, BASES, tmp_path / "w",
+                                **build)
+
+
 async def test_build_steps_cannot_reach_the_control_plane(docker_engine: Any, s3_settings: KilnSettings,
                                                           registry: Registry, off_list_server: tuple[int, list[str]],
                                                           tmp_path: Path) -> None:
     port, hits = off_list_server
-    s3_port = int(s3_settings.s3_endpoint.rsplit(":", 1)[1]) if s3_settings.s3_endpoint else 7070
-    npm_attack_project(tmp_path / "src", port, s3_port)
-    store = SaucerStore(FileBlobStore(tmp_path / "blobs"), tmp_path / "cache")
-    await ingest(IngestRequest(name="attack/npm", location=str(tmp_path / "src")), "r", store, tmp_path / "w")
-    event = await build_revision(BuildRequest(repository="attack/npm", force=True), store, docker_engine, BASES,
-                                 tmp_path / "w", Limits(timeout_s=300))
+    event = await _attack(npm_attack_project, "attack/npm", docker_engine, s3_settings, port, tmp_path,
+                          limits=Limits(timeout_s=300))
     assert event.status == "built" and event.usable, event.detail
     assert event.tests is not None
     cases = {c.name: c.outcome for c in event.tests.cases}
@@ -189,12 +196,8 @@ async def test_agent_commands_cannot_reach_the_control_plane(docker_engine: Any,
                                                              registry: Registry, off_list_server: tuple[int, list[str]],
                                                              tmp_path: Path) -> None:
     port, hits = off_list_server
-    s3_port = int(s3_settings.s3_endpoint.rsplit(":", 1)[1]) if s3_settings.s3_endpoint else 7070
-    readme_attack_project(tmp_path / "src", port, s3_port)
-    store = SaucerStore(FileBlobStore(tmp_path / "blobs"), tmp_path / "cache")
-    await ingest(IngestRequest(name="attack/readme", location=str(tmp_path / "src")), "r", store, tmp_path / "w")
-    event = await build_revision(BuildRequest(repository="attack/readme", force=True), store, docker_engine, BASES,
-                                 tmp_path / "w", Limits(timeout_s=120), agent=AgentConfig(budget=4))
+    event = await _attack(readme_attack_project, "attack/readme", docker_engine, s3_settings, port, tmp_path,
+                          limits=Limits(timeout_s=120), agent=AgentConfig(budget=4))
     assert event.status == "built" and event.recipe == "agent", event.detail
     # The suite (run-tests.sh) fails unless all 13 attempts of the agent's commands and of the test step are recorded
     # as blocked.
