@@ -50,6 +50,9 @@ class WorkerMetrics:
                                        [*labels, "reason"], registry=self.registry)
         self.consumer_errors = Counter("kiln_consumer_errors_total", "Consumer-thread operations that raised.",
                                        list(labels), registry=self.registry).labels(**labels)
+        self.lock_expired = Counter("kiln_queue_lock_expired_total", "Queue-mode records released unrun: they "
+                                    "waited so long for a slot that their lock could have run out.",
+                                    list(labels), registry=self.registry).labels(**labels)
         self.skipped = Counter("kiln_skipped_total", "Messages skipped because they finished before a restart.",
                                list(labels), registry=self.registry).labels(**labels)
         self.durations = Histogram("kiln_job_seconds", "Job duration including retries.", list(labels),

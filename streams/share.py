@@ -29,6 +29,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -89,6 +90,51 @@ def worst_case_job_s(stage: Stage, settings: KilnSettings) -> float | None:
     return 2 * per_job  # a record may first wait for its slot while the job before it runs
 
 
+class FifoSlots:
+    """``n`` job slots handed out in arrival order. (``threading.Semaphore`` is not fair: a record could wait behind
+    several later ones and outlive its lock.) With at most one waiting record per slot, a record waits for at most
+    one job to finish."""
+
+    def __init__(self, n: int) -> None:
+        self._free = n
+        self._waiting: deque[threading.Event] = deque()
+        self._lock = threading.Lock()
+
+    def acquire(self, stopping: threading.Event, poll_s: float = 0.2) -> bool:
+        """Wait for a slot in turn; False if ``stopping`` is set first (the turn is given up)."""
+        turn = threading.Event()
+        with self._lock:
+            if self._free > 0 and not self._waiting:
+                self._free -= 1
+                return True
+            self._waiting.append(turn)
+        while not turn.wait(poll_s):
+            if stopping.is_set():
+                with self._lock:
+                    if turn.is_set():  # handed a slot just now: pass it on
+                        self._release_locked()
+                    else:
+                        self._waiting.remove(turn)
+                return False
+        return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._release_locked()
+
+    def _release_locked(self) -> None:
+        if self._waiting:
+            self._waiting.popleft().set()  # the slot goes straight to the oldest waiter
+        else:
+            self._free += 1
+
+
+def may_start(polled_at: float, now: float, lock_s: float, job_s: float | None) -> bool:
+    """Whether a record acquired at ``polled_at`` can still run to its end (``job_s``: its worst case) inside its
+    lock; otherwise it is released unrun, since the broker may already have given it to another consumer."""
+    return job_s is not None and (now - polled_at) + job_s < lock_s
+
+
 class ShareWorker:
     """Runs ``stage`` from a share group with one ``ShareConsumer`` per slot, until ``stop()`` or SIGTERM."""
 
@@ -115,7 +161,7 @@ class ShareWorker:
         self._stopped: asyncio.Event | None = None
         self._busy = 0
         self._busy_lock = threading.Lock()
-        self._slot_free = threading.Semaphore(self.slots)
+        self._slot_free = FifoSlots(self.slots)
         self._polled = 0
         self.lock_s, self.delivery_limit = float(DEFAULT_LOCK_MS / 1000), DEFAULT_DELIVERY_LIMIT
         self.refuse_at = max(2, self.delivery_limit // 2)
@@ -235,9 +281,15 @@ class ShareWorker:
                                       "crash or hang its worker); not run again")
             asyncio.run_coroutine_threadsafe(self._refuse(msg, error), self._loop).result(60)
             return AcknowledgeType.REJECT
-        while not self._slot_free.acquire(timeout=0.2):
-            if self._stopping.is_set():
-                return AcknowledgeType.RELEASE
+        if not self._slot_free.acquire(self._stopping):
+            return AcknowledgeType.RELEASE
+        worst = worst_case_job_s(self.stage, self.settings)
+        if not may_start(polled_at, time.monotonic(), self.lock_s, None if worst is None else worst / 2):
+            self._slot_free.release()
+            self.metrics.lock_expired.inc()
+            log.warning("released %s[%s]@%s unrun: it waited %.1f s for a slot and could outlive its %g s lock",
+                        msg.topic(), msg.partition(), msg.offset(), time.monotonic() - polled_at, self.lock_s)
+            return AcknowledgeType.RELEASE
         self._set_busy(+1)
         released = threading.Event()
 
