@@ -78,6 +78,10 @@ class Git:
             proc.kill()
             await proc.wait()
             raise DownloadFailed("timeout", f"git {args[0]} ran past {timeout_s or self.timeout_s:.0f}s") from None
+        except asyncio.CancelledError:  # the job was given up: its git must not run on beside the retry
+            proc.kill()
+            await proc.wait()
+            raise
         if proc.returncode != 0:
             raise DownloadFailed(_classify(err), f"git {args[0]}: {err.decode(errors='replace').strip()[-600:]}")
         return out

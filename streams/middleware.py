@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from kiln.schemas.envelope import ErrorInfo, ResultStatus
 from kiln.streams import codec
 from kiln.streams.blobstore import BlobStore
+from kiln.streams.cancel import CancelToken
 from kiln.streams.errors import PermanentJobError, RoutineJobError, TransientJobError
 from kiln.streams.metrics import WorkerMetrics
 from kiln.streams.stage import JobContext, Stage
@@ -94,6 +95,7 @@ class RetryMiddleware:
         limit = max(1, job.stage.max_attempts)
         while True:
             job.ctx.attempt += 1
+            job.ctx.cancel = CancelToken()  # an earlier attempt's cancellation is not this one's
             try:
                 outcome = await call_next(job)
                 outcome.attempts = job.ctx.attempt

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from kiln.schemas.envelope import RequestEnvelope
+from kiln.streams.cancel import CancelToken
 from kiln.streams.errors import ConfigError
 
 ENTRY_POINT_GROUP = "kiln.stages"
@@ -79,6 +80,8 @@ class JobContext:
     replay: bool = False
     key: str | None = None
     """The request record's key (e.g. where follow-up requests should be routed)."""
+    cancel: CancelToken = field(default_factory=CancelToken)
+    """This attempt's cancellation: blocking work runs through ``cancel.run`` (see ``streams/cancel.py``)."""
 
 
 Handler = Callable[[Any, JobContext], Awaitable[BaseModel]]

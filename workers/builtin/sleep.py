@@ -25,8 +25,8 @@ from kiln.workers.builtin import spec
 class SleepSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KILN_SLEEP_")
 
-    journal: Path | None = Field(None, description="Append 'start|end <request_id> <worker> <attempt> <time>' lines "
-                                                   "(how tests and benchmarks count executions).")
+    journal: Path | None = Field(None, description="Append 'start|end|stopped <request_id> <worker> <attempt> <time>' "
+                                                   "lines (how tests and benchmarks count executions).")
 
 
 _settings = SleepSettings()
@@ -38,10 +38,13 @@ def _journal(event: str, ctx: JobContext) -> None:
             f.write(f"{event} {ctx.envelope.request_id} {ctx.worker_id} {ctx.attempt} {time.time():.6f}\n")
 
 
-def _spin(seconds: float) -> None:
+def _spin(seconds: float, ctx: JobContext) -> None:
+    """Burn a CPU in a job thread, until done or until the job is given up (then say so in the journal)."""
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        pass
+        if ctx.cancel.cancelled.is_set():
+            _journal("stopped", ctx)
+            return
 
 
 async def handle(request: SleepRequest, ctx: JobContext) -> SleepResult:
@@ -50,7 +53,7 @@ async def handle(request: SleepRequest, ctx: JobContext) -> SleepResult:
     if failing and request.fail == "crash":
         os.kill(os.getpid(), signal.SIGKILL)
     if request.mode == "spin":
-        await asyncio.to_thread(_spin, request.seconds)
+        await ctx.cancel.run(_spin, request.seconds, ctx)
     else:
         await asyncio.sleep(request.seconds)
     if failing:

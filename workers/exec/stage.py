@@ -219,17 +219,17 @@ class ExecService:
         entry = self._take_warm(image) if request.limits == SessionLimits() and request.snapshot is None else None
         warm = entry is not None
         if entry is None:
-            entry = await asyncio.to_thread(manager.create_container, image, request.limits)
+            entry = await ctx.cancel.run(manager.create_container, image, request.limits)
             try:
-                await asyncio.to_thread(manager.populate, entry[0], image, request.snapshot, request.limits)
+                await ctx.cancel.run(manager.populate, entry[0], image, request.snapshot, request.limits)
             except BaseException:
-                await asyncio.to_thread(manager.remove, entry[0], entry[1])
+                await ctx.cancel.run(manager.remove, entry[0], entry[1])
                 raise
         try:
-            session, sealed = await asyncio.to_thread(manager.adopt, *entry, image=image, limits=request.limits,
+            session, sealed = await ctx.cancel.run(manager.adopt, *entry, image=image, limits=request.limits,
                                                       client_id=ctx.envelope.client_id, client_key=request.client_key)
         except BaseException:
-            await asyncio.to_thread(manager.remove, entry[0], entry[1])
+            await ctx.cancel.run(manager.remove, entry[0], entry[1])
             raise
         OPENED.labels(str(warm).lower()).inc()
         refill = asyncio.create_task(asyncio.to_thread(self._refill, image))
@@ -244,9 +244,9 @@ class ExecService:
         request_id = ctx.envelope.request_id
         if request.op == "open":
             if request.snapshot is not None:
-                await asyncio.to_thread(manager.check_snapshot, request_id, request)
+                await ctx.cancel.run(manager.check_snapshot, request_id, request)
             return await self._open(request, ctx, request.image or "")
-        session = await asyncio.to_thread(manager.get, request.session_id, request_id, request)
+        session = await ctx.cancel.run(manager.get, request.session_id, request_id, request)
         with session.lock:
             first = session.answered(request_id)
         if first is not None:  # a replay (or a redelivery): the first result again, never a second execution
@@ -261,58 +261,62 @@ class ExecService:
         manager = self.manager
         result = ExecResult(op=request.op, session_id=session.id, partition=ctx.partition, image=session.image)
         if request.op == "close":
-            await asyncio.to_thread(manager.close, session)
+            await ctx.cancel.run(manager.close, session)
             return result
         if request.op == "fork":
-            digest, size = await asyncio.to_thread(manager.snapshot, session)
+            digest, size = await ctx.cancel.run(manager.snapshot, session)
             fork = request.model_copy(update={"snapshot": digest, "limits": session.limits})
             forked = await self._open(fork, ctx, session.image)
             return forked.model_copy(update={"op": "fork", "snapshot": digest, "snapshot_bytes": size})
         if request.op == "snapshot":
-            digest, size = await asyncio.to_thread(manager.snapshot, session)
+            digest, size = await ctx.cancel.run(manager.snapshot, session)
             return result.model_copy(update={"snapshot": digest, "snapshot_bytes": size})
         if request.op == "write_files":
-            await asyncio.to_thread(manager.write_files, session, request.files)
+            await ctx.cancel.run(manager.write_files, session, request.files)
             return result
         if request.op == "read_files":
-            return result.model_copy(update={"files": await asyncio.to_thread(manager.read_files, session,
+            return result.model_copy(update={"files": await ctx.cancel.run(manager.read_files, session,
                                                                                request.paths)})
         if request.op == "delete_files":
             paths = " ".join(_quote(p) for p in request.paths)
-            output = await self._run(session, f"rm -rf -- {paths}", request)
+            output = await self._run(session, f"rm -rf -- {paths}", request, ctx)
             return result.model_copy(update={"output": output})
         if request.op == "apply_patch":
             patch = (request.patch or "").encode()
-            where = await asyncio.to_thread(manager.put_tmp, session, ".kiln-patch.diff", patch)
-            output = await self._run(session, f"git apply --whitespace=nowarn {where}", request)
+            where = await ctx.cancel.run(manager.put_tmp, session, ".kiln-patch.diff", patch)
+            output = await self._run(session, f"git apply --whitespace=nowarn {where}", request, ctx)
             return result.model_copy(update={"output": output})
         if request.op == "run":
-            return result.model_copy(update={"output": await self._run(session, request.command or "", request)})
-        labels = await asyncio.to_thread(_labels, session)
+            output = await self._run(session, request.command or "", request, ctx)
+            return result.model_copy(update={"output": output})
+        labels = await ctx.cancel.run(_labels, session)
         if request.op == "run_tests":
             command = request.command or labels.get("kiln.test")
             if not command:
                 raise SessionError(f"image {session.image} records no test command: pass one")
             # The run ends with every session process gone (swept from outside), so the reports read below were
             # written by this run and nothing can rewrite them.
-            output = await self._run(session, f"rm -rf /tmp/kiln-reports; {command}", request,
+            output = await self._run(session, f"rm -rf /tmp/kiln-reports; {command}", request, ctx,
                                      env=json.loads(labels.get("kiln.env") or "{}"))
-            files = await asyncio.to_thread(manager.collect, session, "/tmp/kiln-reports")
+            files = await ctx.cancel.run(manager.collect, session, "/tmp/kiln-reports")
             tests = reports.parse_results(labels.get("kiln.system", "custom"), output.exit_code, files,
                                           labels.get("kiln.module", ""))
             return result.model_copy(update={"output": output, "tests": tests})
         command = request.command or labels.get("kiln.lint")
         if not command:
             raise SessionError(f"image {session.image} records no lint command: pass one")
-        output = await self._run(session, command, request, env=json.loads(labels.get("kiln.env") or "{}"))
+        output = await self._run(session, command, request, ctx, env=json.loads(labels.get("kiln.env") or "{}"))
         findings = reports.lint_findings(output.stdout)
         return result.model_copy(update={"output": output, "findings": findings})
 
-    async def _run(self, session: Session, command: str, request: ExecRequest,
+    async def _run(self, session: Session, command: str, request: ExecRequest, ctx: JobContext,
                    env: dict[str, str] | None = None) -> Any:
         assert self.manager is not None
-        output = await asyncio.to_thread(self.manager.run, session, command, request.timeout_s,
-                                         request.max_output_bytes, env)
+        manager = self.manager
+        # Given up (timeout, revoke): the session's processes are killed, so the command's thread returns.
+        ctx.cancel.on_cancel(lambda: manager.sweep(session))
+        output = await ctx.cancel.run(manager.run, session, command, request.timeout_s, request.max_output_bytes,
+                                      env)
         if output.timed_out:
             TIMEOUTS.inc()
         return output

@@ -112,6 +112,10 @@ class ReplProcess:
         try:
             done, _ = await asyncio.wait({reply_task, watchdog}, timeout=timeout_s,
                                          return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # given up mid-request: the process's state is unknown, and it must stop
+            reply_task.cancel()
+            await self.kill("cancelled")
+            raise
         finally:
             watchdog.cancel()
         if reply_task in done:
