@@ -6,7 +6,6 @@ the repository. Failures of kiln's own infrastructure (the blob store) raise, so
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -19,6 +18,7 @@ from kiln.ingest.repack import repack
 from kiln.ingest.rewrite import RewriteFailed, rewrite_into
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.ingest import FailureReason, IngestEvent, IngestRequest
+from kiln.streams.cancel import in_thread
 
 
 async def ingest(request: IngestRequest, request_id: str, store: SaucerStore, work_root: Path, *,
@@ -34,7 +34,7 @@ async def ingest(request: IngestRequest, request_id: str, store: SaucerStore, wo
         return event.model_copy(update={"reason": reason, "detail": detail[:2000],
                                         "duration_s": round(time.monotonic() - started, 3)})
 
-    await asyncio.to_thread(work_root.mkdir, parents=True, exist_ok=True)
+    await in_thread(work_root.mkdir, parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work_root, prefix="ingest-") as tmp:
         repo_dir = Path(tmp) / "repo"
         try:
@@ -43,7 +43,7 @@ async def ingest(request: IngestRequest, request_id: str, store: SaucerStore, wo
                 strategy = "rewrite"
             else:
                 raw = check_location(request.location or "")
-                source = await asyncio.to_thread(vet, raw, is_scp_like(raw), policy or IngestPolicy())
+                source = await in_thread(vet, raw, is_scp_like(raw), policy or IngestPolicy())
                 strategy, _, head = await download(repo_dir, source, request.refs,
                                                    pin if pin is not None else request.pin, runners)
                 git = Git(repo_dir, 1800)
@@ -58,7 +58,7 @@ async def ingest(request: IngestRequest, request_id: str, store: SaucerStore, wo
             return failed("bad_rewrite", str(e))
         record = {"request_id": request_id, "location": location,
                   "ingested_at": datetime.now(UTC).isoformat(timespec="seconds")}
-        published = await asyncio.to_thread(store.publish, request.name, repacked, record)
+        published = await in_thread(store.publish, request.name, repacked, record)
     manifest = published.manifest
     return event.model_copy(update={
         "status": "ingested", "strategy": strategy, "refs": repacked.refs, "head": manifest.head,

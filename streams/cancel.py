@@ -2,16 +2,18 @@
 revoked past the grace period, the worker is stopping) must not keep running beside its retry or its new owner.
 
 Cancelling an asyncio task does not stop a thread it awaits, so a handler runs blocking work through
-``ctx.cancel.run(fn, ...)``: when the awaiting task is cancelled, the token is set, the handler's ``on_cancel``
-callbacks run (kill the container, the subprocess) and the task waits until the thread has returned before the
-cancellation goes on — only then does the retry start or the partition go to its next owner. Threads that poll
-can watch ``cancelled`` instead.
+``ctx.cancel.run(fn, ...)`` (or ``in_thread(fn, ...)``, which finds the running job's token): when the awaiting
+task is cancelled, the token is set, the ``on_cancel`` callbacks run (kill the container, close the build's
+connection, kill the subprocess) and the task waits until the thread has returned before the cancellation goes on —
+only then does the retry start or the partition go to its next owner. Code deep inside that thread registers its
+own cleanup through ``current()``; threads that poll can watch ``cancelled`` instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import logging
 import threading
@@ -50,7 +52,9 @@ class CancelToken:
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn`` in a job thread; if the caller is cancelled, cancel the token and wait for ``fn`` to return."""
-        future = _THREADS.submit(functools.partial(fn, *args, **kwargs))
+        context = contextvars.copy_context()
+        context.run(_current.set, self)  # the thread's code finds this token through current()
+        future = _THREADS.submit(context.run, functools.partial(fn, *args, **kwargs))
         try:
             return await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
@@ -60,6 +64,35 @@ class CancelToken:
                 log.error("a cancelled job's thread (%s) still runs after %g s", getattr(fn, "__name__", fn),
                           self.stop_wait_s)
             raise
+
+
+_current: contextvars.ContextVar[CancelToken | None] = contextvars.ContextVar("kiln_cancel", default=None)
+
+
+def current() -> CancelToken | None:
+    """The token of the job this code runs for (in its task, or in a thread started by ``run``), if any."""
+    return _current.get()
+
+
+def enter(token: CancelToken) -> contextvars.Token[CancelToken | None]:
+    """Make ``token`` the running job's (the runtime does this around the handler)."""
+    return _current.set(token)
+
+
+def leave(mark: contextvars.Token[CancelToken | None]) -> None:
+    _current.reset(mark)
+
+
+async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn`` in a job thread under the running job's token (outside a job: an unshared one)."""
+    return await (current() or CancelToken()).run(fn, *args, **kwargs)
+
+
+def on_cancel(callback: Callable[[], object]) -> None:
+    """Register ``callback`` with the running job's token (no-op outside a job)."""
+    token = current()
+    if token is not None:
+        token.on_cancel(callback)
 
 
 def _call(callback: Callable[[], object]) -> None:

@@ -17,7 +17,7 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from kiln.schemas.envelope import ErrorInfo, ResultStatus
-from kiln.streams import codec
+from kiln.streams import cancel, codec
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.cancel import CancelToken
 from kiln.streams.errors import PermanentJobError, RoutineJobError, TransientJobError
@@ -136,7 +136,11 @@ def stage_chain(stage: Stage, middleware: Sequence[Middleware], blob_store: Blob
 
     async def invoke_handler(job: Job) -> Outcome:
         request = codec.request_payload(job.ctx.envelope, stage.spec.request_model, blob_store)
-        return Outcome("ok", result=await stage.handler(request, job.ctx))
+        mark = cancel.enter(job.ctx.cancel)
+        try:
+            return Outcome("ok", result=await stage.handler(request, job.ctx))
+        finally:
+            cancel.leave(mark)
 
     return compose(middleware, invoke_handler)
 

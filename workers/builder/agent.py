@@ -24,6 +24,7 @@ import httpx
 from kiln.schemas.builder import Decision
 from kiln.workers.builder.rules import ci_commands
 from kiln.workers.builder.sandbox import BuildSandbox
+from kiln.workers.common.containers import kill_on_cancel
 
 _FENCE = re.compile(r"```(?:sh|bash|shell|console|)\s*\n(.*?)```", re.DOTALL)
 _TEST = re.compile(r"\b(test|tests|check|pytest|ctest)\b")
@@ -170,6 +171,7 @@ def agent_image(client: Any, toolchain: str, checkout: Path, tag: str, labels: d
     sandbox.verify(client)
     container = client.containers.create(toolchain, ["sleep", "infinity"], working_dir="/work",
                                          **sandbox.container_options(root=True))
+    kill_on_cancel(container)
     try:
         container.start()
         buffer = io.BytesIO()

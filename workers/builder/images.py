@@ -17,6 +17,7 @@ from typing import Any
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 
+from kiln.streams import cancel
 from kiln.streams.errors import InfraError
 from kiln.workers.builder.errors import StepFailed
 from kiln.workers.builder.rules import LOCAL_IMAGE_MARK, RULES_VERSION, Plan
@@ -70,6 +71,7 @@ def build(client: Any, context: Path, dockerfile: str, tag: str, timeout_s: floa
     (context / "Dockerfile.kiln").write_text(dockerfile)
     # Its own read timeout bounds the build; the engine cancels a build whose client went away.
     api = docker.from_env(timeout=max(1, int(timeout_s))).api
+    cancel.on_cancel(api.close)  # a given-up job's build: the engine stops a build whose client went away
     log: list[str] = []
     try:
         # The engine's /build endpoint directly: the SDK's build() has no parameter for the parent cgroup.

@@ -28,6 +28,7 @@ from kiln.workers.builder.errors import StepFailed
 from kiln.workers.builder.images import repository_slug
 from kiln.workers.builder.registry import CONFIG_V1, LAYER_GZIP, Registry, sha256_digest
 from kiln.workers.builder.sandbox import UNPRIVILEGED, BuildSandbox
+from kiln.workers.common.containers import kill_on_cancel
 
 # Files that cannot change a build or its tests (overridable per call).
 INERT = ("*.md", "*.rst", "docs/*", "doc/*", ".github/*", ".gitlab-ci.yml", ".travis.yml", "LICENSE*", "COPYING*",
@@ -184,6 +185,7 @@ def rebuild_layer(client: Any, parent_image: str, repo: Repository, d: Diff, scr
                                              **sandbox.container_options(root=False))
     except (APIError, DockerException) as e:
         raise InfraError(f"creating the rebuild container from {parent_image}: {e}") from e
+    kill_on_cancel(container)
     try:
         container.start()
         container.put_archive("/", source_layer(repo, Diff(d.changed, []), "work"))

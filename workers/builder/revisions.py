@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import tempfile
 import time
@@ -12,6 +11,7 @@ from typing import Any
 from kiln.ingest.errors import SaucerError
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildEvent, BuildRequest
+from kiln.streams.cancel import in_thread
 from kiln.streams.errors import InfraError
 from kiln.workers.builder import layers
 from kiln.workers.builder.errors import PlanError, StepFailed
@@ -26,12 +26,12 @@ from kiln.workers.common.containers import Limits, run_sandboxed
 async def push(client: Any, registry: Registry, local: str, name: str, tag: str) -> str:
     """Push a local image; returns its pullable ``registry/name@digest`` reference."""
     target = f"{registry.address}/{name}"
-    await asyncio.to_thread(client.images.get(local).tag, target, tag)
-    for line in await asyncio.to_thread(lambda: list(client.images.push(target, tag=tag, stream=True, decode=True,
+    await in_thread(client.images.get(local).tag, target, tag)
+    for line in await in_thread(lambda: list(client.images.push(target, tag=tag, stream=True, decode=True,
                                                                              auth_config=registry.docker_auth()))):
         if "error" in line:
             raise InfraError(f"push {target}:{tag}: {line['error']}")
-    _, digest = await asyncio.to_thread(registry.manifest, name, tag)
+    _, digest = await in_thread(registry.manifest, name, tag)
     return f"{target}@{digest}"
 
 
@@ -54,23 +54,23 @@ async def image_for(repository: str, commit: str, store: SaucerStore, client: An
         ref = await push(client, registry, event.image, name, commit[:12])
         image = layers.RevisionImage(commit, ref, parent.commit if parent else None, 0, "base")
     else:
-        d = await asyncio.to_thread(layers.diff, repo, parent.commit, commit)
+        d = await in_thread(layers.diff, repo, parent.commit, commit)
         if not d.paths() or layers.inert(d, inert):
             image = layers.RevisionImage(commit, parent.reference, parent.commit, parent.depth, "same")
         else:
             with tempfile.TemporaryDirectory(dir=work_root) as tmp:
-                await asyncio.to_thread(repo.checkout, commit, Path(tmp))
+                await in_thread(repo.checkout, commit, Path(tmp))
                 the_plan = plan(Path(tmp))
             deps_changed = any(p in the_plan.manifests for p in d.paths())
             if deps_changed or the_plan.system != "python":
                 script = " && ".join(s for s in (the_plan.deps_script if deps_changed else "",
                                                  the_plan.build_script) if s)
-                await asyncio.to_thread(client.images.pull, parent.reference, auth_config=registry.docker_auth())
-                layer = await asyncio.to_thread(layers.rebuild_layer, client, parent.reference, repo, d, script,
+                await in_thread(client.images.pull, parent.reference, auth_config=registry.docker_auth())
+                layer = await in_thread(layers.rebuild_layer, client, parent.reference, repo, d, script,
                                                 the_plan.env, limits.timeout_s)
             else:
-                layer = await asyncio.to_thread(layers.source_layer, repo, d)
-            ref, size = await asyncio.to_thread(layers.stack_layer, registry, name, parent.reference, layer,
+                layer = await in_thread(layers.source_layer, repo, d)
+            ref, size = await in_thread(layers.stack_layer, registry, name, parent.reference, layer,
                                                 commit[:12], {"kiln.commit": commit})
             image = layers.RevisionImage(commit, ref, parent.commit, parent.depth + 1, "layer", size)
     layers.remember(store.blobs, repository, image)
@@ -94,13 +94,13 @@ async def build_layered(request: BuildRequest, store: SaucerStore, client: Any, 
     except StepFailed as e:
         return event.model_copy(update={"failure": "timeout" if e.timed_out else "compile_failed",
                                         "detail": e.log[-4000:]})
-    await asyncio.to_thread(client.images.pull, image.reference, auth_config=registry.docker_auth())
+    await in_thread(client.images.pull, image.reference, auth_config=registry.docker_auth())
     labels = dict(client.images.get(image.reference).labels or {})
     event = event.model_copy(update={
         "commit": commit, "status": "built", "recipe": "rules", "system": labels.get("kiln.system"),
         "image": image.reference, "revision_image": image.kind, "parent_commit": image.parent})
     if request.run_tests and labels.get("kiln.test"):
-        run = await asyncio.to_thread(run_sandboxed, client, image.reference, labels["kiln.test"], role="build-test",
+        run = await in_thread(run_sandboxed, client, image.reference, labels["kiln.test"], role="build-test",
                                       collect=REPORTS, limits=limits, env=json.loads(labels.get("kiln.env") or "{}"))
         tests = reports.parse_results(labels.get("kiln.system", ""), run.exit_code, run.files,
                                       labels.get("kiln.module", ""))

@@ -3,7 +3,6 @@ images, run the tests without network, parse results and coverage, and classify 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import tempfile
@@ -15,6 +14,7 @@ from typing import Any
 from kiln.ingest.errors import SaucerError
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildEvent, BuildRequest, FailureClass
+from kiln.streams.cancel import in_thread
 from kiln.streams.errors import BlobNotFound, InfraError
 from kiln.workers.builder import images
 from kiln.workers.builder.agent import AgentConfig, agent_image
@@ -63,11 +63,11 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
         except BlobNotFound:
             pass
     durations: dict[str, float] = {}
-    await asyncio.to_thread(work_root.mkdir, parents=True, exist_ok=True)
+    await in_thread(work_root.mkdir, parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work_root, prefix="build-") as tmp:
         checkout = Path(tmp) / "src"
-        await asyncio.to_thread(checkout.mkdir)
-        await asyncio.to_thread(repo.checkout, commit, checkout)
+        await in_thread(checkout.mkdir)
+        await in_thread(repo.checkout, commit, checkout)
         try:
             the_plan = plan(checkout)
         except PlanError as e:
@@ -89,14 +89,14 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
             if the_plan.recipe == "dockerfile":
                 on_step("build (Dockerfile)")
                 t = time.monotonic()
-                image_id = await asyncio.to_thread(images.dockerfile_image, client, the_plan, checkout, bases, tag,
+                image_id = await in_thread(images.dockerfile_image, client, the_plan, checkout, bases, tag,
                                                    labels, left(), request.force)
                 durations["build"] = time.monotonic() - t
             else:
                 on_step("dependencies")
                 t = time.monotonic()
                 try:
-                    deps, deps_cached = await asyncio.to_thread(images.dependency_image, client, the_plan, checkout,
+                    deps, deps_cached = await in_thread(images.dependency_image, client, the_plan, checkout,
                                                                 bases, left(), request.force)
                 except StepFailed as e:
                     kind: FailureClass = "timeout" if e.timed_out else "dependency_install_failed"
@@ -108,7 +108,7 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
                 event = event.model_copy(update={"dependency_image": deps, "dependency_layer_cached": deps_cached})
                 on_step("build")
                 t = time.monotonic()
-                image_id = await asyncio.to_thread(images.project_image, client, the_plan, checkout, deps, tag,
+                image_id = await in_thread(images.project_image, client, the_plan, checkout, deps, tag,
                                                    labels, left(), request.force)
                 durations["build"] = time.monotonic() - t
         except StepFailed as e:
@@ -125,7 +125,7 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
             on_step("tests")
             t = time.monotonic()
             module = labels["kiln.module"]
-            run = await asyncio.to_thread(
+            run = await in_thread(
                 run_sandboxed, client, tag, images.test_command(the_plan), role="build-test", collect=REPORTS,
                 limits=Limits(limits.memory_bytes, limits.cpus, limits.pids, min(limits.timeout_s, left())),
                 env=the_plan.env)
@@ -153,7 +153,7 @@ async def _with_agent(rules_failed: BuildEvent, request: BuildRequest, client: A
     labels = {"kiln.repository": request.repository, "kiln.commit": rules_failed.commit,
               "kiln.rules": str(RULES_VERSION), "kiln.system": "agent"}
     started = time.monotonic()
-    built, test, decisions, output = await asyncio.to_thread(
+    built, test, decisions, output = await in_thread(
         agent_image, client, bases.toolchain, checkout, tag, labels, agent.budget, agent.model, min(600.0, budget_s))
     decisions = [*rules_failed.decisions, *decisions]
     if not built or test is None:
@@ -163,7 +163,7 @@ async def _with_agent(rules_failed: BuildEvent, request: BuildRequest, client: A
         "status": "built", "failure": None, "detail": None, "system": "agent", "recipe": "agent",
         "decisions": decisions, "image": tag, "image_id": str(client.images.get(tag).id)})
     if request.run_tests:
-        run = await asyncio.to_thread(run_sandboxed, client, tag, f"mkdir -p {REPORTS} && cd /work && {test}",
+        run = await in_thread(run_sandboxed, client, tag, f"mkdir -p {REPORTS} && cd /work && {test}",
                                       role="build-test", collect=REPORTS, limits=limits)
         tests = reports.parse_results("agent", run.exit_code, run.files)
         if tests is None:

@@ -14,6 +14,7 @@ from typing import Any
 import docker
 from docker.errors import APIError, DockerException, NotFound
 
+from kiln.streams import cancel
 from kiln.streams.errors import InfraError
 
 LABEL = "kiln.role"
@@ -56,6 +57,15 @@ def untar_files(data: bytes) -> dict[str, bytes]:
     return files
 
 
+def kill_on_cancel(container: Any) -> None:
+    """When the running job is given up, kill ``container`` (what waits on it then returns; see streams/cancel.py)."""
+    def kill() -> None:
+        with contextlib.suppress(APIError, DockerException):
+            container.kill()
+
+    cancel.on_cancel(kill)
+
+
 def run_sandboxed(client: Any, image: str, script: str, *, limits: Limits, role: str, collect: str | None = None,
                   env: dict[str, str] | None = None, workdir: str | None = None) -> RunResult:
     """Run ``bash -c script`` in a fresh networkless container; collect the directory ``collect`` afterwards."""
@@ -69,6 +79,7 @@ def run_sandboxed(client: Any, image: str, script: str, *, limits: Limits, role:
         )
     except (APIError, DockerException) as e:
         raise InfraError(f"creating a container from {image}: {e}") from e
+    kill_on_cancel(container)
     timed_out = False
     try:
         container.start()
