@@ -227,13 +227,24 @@ class SessionManager:
             )
             container.reload()
             init_pid = int(container.attrs["State"]["Pid"])
-            # The keeper is init's child ``sleep infinity`` (init's own command line names it too).
-            keeper = next((int(p[1]) for p in container.top()["Processes"]
-                           if p[-1].startswith("sleep") and int(p[1]) != init_pid), init_pid)
+            keeper = self._keeper(container, init_pid)
         except (APIError, DockerException) as e:
             self.remove(None, volumes)
             raise InfraError(f"starting a session container from {image}: {e}") from e
         return container, volumes, keeper, init_pid
+
+    @staticmethod
+    def _keeper(container: Any, init_pid: int) -> int:
+        """The host pid of init's child ``sleep infinity`` (init's own command line names it too). Right after the
+        start init may not have forked it yet: a sweep that took init's pid for the keeper's would kill the keeper
+        and with it the session, so wait for it."""
+        for _ in range(250):
+            keeper = next((int(p[1]) for p in container.top()["Processes"]
+                           if p[-1].startswith("sleep") and int(p[1]) != init_pid), None)
+            if keeper is not None:
+                return keeper
+            time.sleep(0.02)
+        raise InfraError(f"session container {container.name} did not start its keeper")
 
     def populate(self, container: Any, image: str, snapshot: str | None, limits: SessionLimits) -> None:
         """Fill /work (and /tmp) from the image's /work, or from a snapshot (decompressed no larger than the

@@ -93,6 +93,7 @@ class ExecService:
         self.manager: SessionManager | None = None
         self.warm: OrderedDict[str, list[WarmEntry]] = OrderedDict()
         self._lock_file: Any = None
+        self._opening: set[str] = set()  # containers taken from the warm pool, not yet adopted
         self._tasks: list[asyncio.Task[None]] = []
         self.worker_id = ""
 
@@ -145,7 +146,7 @@ class ExecService:
         idle = manager.expire_idle()
         if idle:
             REAPED.labels("idle").inc(idle)
-        ours = {s.container.id for s in manager.sessions.values()} | {
+        ours = {s.container.id for s in manager.sessions.values()} | self._opening | {
             e[0].id for entries in self.warm.values() for e in entries}
         try:
             containers = manager.client.containers.list(all=True, filters={"label": f"kiln.role={ROLE}"})
@@ -177,7 +178,9 @@ class ExecService:
         entries = self.warm.get(image)
         if entries:
             self.warm.move_to_end(image)
-            return entries.pop()
+            entry = entries.pop()
+            self._opening.add(entry[0].id)  # neither warm nor a session yet: the reaper must not take it
+            return entry
         return None
 
     def _refill(self, image: str) -> None:
@@ -231,6 +234,8 @@ class ExecService:
         except BaseException:
             await ctx.cancel.run(manager.remove, entry[0], entry[1])
             raise
+        finally:
+            self._opening.discard(entry[0].id)
         OPENED.labels(str(warm).lower()).inc()
         refill = asyncio.create_task(asyncio.to_thread(self._refill, image))
         refill.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
