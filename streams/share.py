@@ -5,7 +5,7 @@ the load by their slot counts. Apache Kafka >= 4.2 only (Redpanda has no share g
 
 confluent-kafka's ``ShareConsumer`` is synchronous, must acknowledge a poll's records before the next poll, cannot
 pause, and holds each acquired record under a lock (30 s by default) that it cannot renew. So: two consumers per
-slot, each in its own thread asking for one record per poll, and a semaphore of ``slots`` around the handler:
+slot, each in its own thread asking for one record per poll, and a FIFO gate of ``slots`` around the handler:
 while one consumer's job runs, the other's record is already fetched, and publishing a result and the next
 ShareFetch round trip never leave the slot idle. A worker thus holds at most one waiting record per slot, so load
 still follows slot counts across workers. The job itself runs on the event loop through the same ``JobExecutor``
@@ -18,7 +18,8 @@ process, so one crash often spends two deliveries, sometimes more; and the broke
 its own limit. So ``refuse_at`` is half the broker's limit, and kiln's broker runs with the maximum limit (10);
 with the broker default (5) a worker warns, since a once-preempted job could then be dead-lettered. A stage
 whose worst case (waiting for a slot, then timeout x attempts) does not fit in the lock is refused at start: it
-would be redelivered while still running.
+would be redelivered while still running; and a record that waited so long that its own worst case no longer fits in
+what is left of its lock is released unrun rather than started.
 """
 
 from __future__ import annotations
