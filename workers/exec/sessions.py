@@ -45,21 +45,32 @@ ROLE = "exec-session"
 MAX_READ_BYTES = 16 << 20
 MAX_READ_TOTAL = 64 << 20
 # Run as uid 1000 inside the session, with the paths as arguments (never interpolated into the script).
-_READ = f"""set -u; total=0
-for p in "$@"; do
-  r=$(realpath -e -- "/work/$p" 2>/dev/null) || {{ printf 'no file %s in the session' "$p" >&2; exit 3; }}
+_READ = f"""set -u; cd /work
+readarray -d '' -t real < <(realpath -e -z -- "$@" 2>/dev/null)
+if [ "${{#real[@]}}" -ne "$#" ]; then
+  for p in "$@"; do [ -e "$p" ] || {{ printf 'no file %s in the session' "$p" >&2; exit 3; }}; done
+  printf 'a path does not resolve' >&2; exit 3
+fi
+i=0
+for r in "${{real[@]}}"; do
+  p=${{@:$((i + 1)):1}}; i=$((i + 1))
   case "$r" in /work/?*) ;; *) printf '%s resolves outside /work' "$p" >&2; exit 4;; esac
   [ -f "$r" ] || {{ printf '%s is not a regular file' "$p" >&2; exit 5; }}
-  size=$(stat -c %s -- "$r"); total=$((total + size))
-  [ "$size" -le {MAX_READ_BYTES} ] || {{ printf '%s is larger than {MAX_READ_BYTES} bytes' "$p" >&2; exit 6; }}
-  [ "$total" -le {MAX_READ_TOTAL} ] || {{ printf 'the files add up to more than {MAX_READ_TOTAL} bytes' >&2; exit 6; }}
 done
-cd /work && exec tar -c -f - --dereference -- "$@"
+total=0; i=0
+for size in $(stat -c %s -- "${{real[@]}}"); do
+  i=$((i + 1)); total=$((total + size))
+  [ "$size" -le {MAX_READ_BYTES} ] || {{ printf '%s is larger than {MAX_READ_BYTES} bytes' "${{@:$i:1}}" >&2; exit 6; }}
+done
+[ "$total" -le {MAX_READ_TOTAL} ] || {{ printf 'the files add up to more than {MAX_READ_TOTAL} bytes' >&2; exit 6; }}
+exec tar -c -f - --dereference -- "$@"
 """
-_WRITE = """set -u
-for p in "$@"; do
-  r=$(realpath -m -- "/work/$p")
-  case "$r" in /work/?*) ;; *) printf '%s resolves outside /work' "$p" >&2; exit 4;; esac
+_WRITE = """set -u; cd /work
+readarray -d '' -t real < <(realpath -m -z -- "$@")
+i=0
+for r in "${real[@]}"; do
+  i=$((i + 1))
+  case "$r" in /work/?*) ;; *) printf '%s resolves outside /work' "${@:$i:1}" >&2; exit 4;; esac
 done
 exec tar -x -f - -C /work --no-same-owner -p
 """
