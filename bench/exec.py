@@ -7,6 +7,7 @@
   once beforehand, as kiln caches it) — start to ready-for-commands, removal untimed on both sides. (The former
   baseline, ``docker run --rm IMAGE true``, is printed for information as ``docker_run_rm_ms``.)
 - ``exec_cmds_per_s``: --sessions sessions each running ``true`` back to back for --seconds.
+- ``exec_read_1000_files_ms``: p50 of one ``read_files`` of 1,000 small files through kiln (one archive call).
 - ``exec_leaked_containers``: session containers left after closing every session and stopping the worker.
 Usage: python -m bench.exec [--samples 40] [--sessions 8] [--seconds 10]
 """
@@ -127,6 +128,14 @@ async def through_kiln(settings: KilnSettings, image: str, args: argparse.Namesp
                 await client.run(session, "true")
                 lat.append(time.perf_counter() - t)
             out["cmd_s"] = p50(lat)
+            paths = [f"bench/f{i}.txt" for i in range(1000)]
+            await client.write_files(session, {p: f"content of {p}\n" for p in paths})
+            reads = []
+            for _ in range(3):
+                t = time.perf_counter()
+                assert len(await client.read_files(session, paths)) == len(paths)
+                reads.append(time.perf_counter() - t)
+            out["read_1000_s"] = p50(reads)
             done = 0
             deadline = time.monotonic() + args.seconds
 
@@ -181,6 +190,7 @@ async def main() -> None:
         "exec_warm_open_ms": round(warm["open_s"] * 1000, 1),
         "docker_run_rm_ms": round(docker_run_s * 1000, 1),
         "exec_cmds_per_s": round(warm["cmds_per_s"], 1),
+        "exec_read_1000_files_ms": round(warm["read_1000_s"] * 1000, 1),
         "exec_leaked_containers": leaked,
     })
 
