@@ -46,6 +46,7 @@ from kiln.streams.offsets import (
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import Stage
 
+HANDOVER_S = 25.0  # what a stage's revoke hook may take, inside the revoke's margin beyond the grace period
 log = logging.getLogger("kiln.runtime")
 
 TP = tuple[str, int]
@@ -399,6 +400,11 @@ class Worker:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending)
+        if parts and self.stage.on_revoke is not None:
+            try:  # within the revoke's own margin (grace + 30 s): the partitions wait for it
+                await asyncio.wait_for(self.stage.on_revoke(sorted(p for _, p in parts)), HANDOVER_S)
+            except Exception:
+                log.exception("the stage's revoke hook failed for %s", sorted(p for _, p in parts))
         final = [commit_position(t, p, part.offsets) for (t, p), part in parts.items()]
         self._forget_partitions(tps)
         return final

@@ -87,6 +87,7 @@ class JobContext:
 Handler = Callable[[Any, JobContext], Awaitable[BaseModel]]
 Setup = Callable[[int], Awaitable[None]]
 Teardown = Callable[[], Awaitable[None]]
+Revoke = Callable[[list[int]], Awaitable[None]]
 
 
 @dataclass
@@ -103,6 +104,9 @@ class Stage:
     """Called with the worker's slot count before the first job (e.g. to size and prewarm a process pool)."""
     teardown: Teardown | None = None
     """Called after the last job has finished, on shutdown."""
+    on_revoke: Revoke | None = None
+    """Called with the partitions leaving this worker (a rebalance, or shutdown) once their jobs have finished or
+    been given up, before they are released: e.g. to hand state kept per partition over to the next owner."""
 
     @property
     def name(self) -> str:

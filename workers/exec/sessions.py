@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import json
 import os
 import shlex
 import signal
@@ -107,6 +108,7 @@ class Session:
     keeper_pid: int
     init_pid: int
     procs_file: Path | None = None  # the container's cgroup member list, read from outside
+    partition: int = -1  # where its requests arrive: when that partition leaves this worker, the session is handed over
     created: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -130,6 +132,10 @@ class Session:
         while len(self.results) > REPLAY_WINDOW:
             old, _ = self.results.popitem(last=False)
             self.forgotten_ms = max(self.forgotten_ms, request_id_ms(old) or 0)
+
+
+def handover_name(session_id: str) -> str:
+    return f"exec/handover/{session_id}"
 
 
 def key_name(session_id: str) -> str:
@@ -304,20 +310,69 @@ class SessionManager:
 
     def adopt(self, container: Any, volumes: list[str], keeper: int, init_pid: int, image: str,
               limits: SessionLimits, client_id: str, client_key: str) -> tuple[Session, str]:
-        """Make ``container`` a session; returns it and its key sealed to ``client_key``."""
+        """Make ``container`` a new session; returns it and its key sealed to ``client_key``."""
         key = auth.new_session_key()
         try:
             sealed = auth.seal(key, client_key)
         except ValueError as e:
             raise SessionError(f"client_key is not an X25519 public key: {e}") from None
-        session = Session(id=uuid.uuid4().hex, key=key, client_id=client_id, image=image, limits=limits,
-                          container=container, volumes=volumes, keeper_pid=keeper, init_pid=init_pid,
-                          procs_file=cgroup_procs(init_pid))
+        session = self._register(Session(id=uuid.uuid4().hex, key=key, client_id=client_id, image=image,
+                                         limits=limits, container=container, volumes=volumes, keeper_pid=keeper,
+                                         init_pid=init_pid, procs_file=cgroup_procs(init_pid)))
         if self.blobs is not None:
             self.blobs.set_name(key_name(session.id), key)
+        return session, sealed
+
+    def _register(self, session: Session) -> Session:
         with self._lock:
             self.sessions[session.id] = session
-        return session, sealed
+        return session
+
+    # --- hand-over between workers (a rebalance moves the session's partition) --------------------------------
+
+    def hand_over(self, session: Session) -> None:
+        """Snapshot the session into the blob store with what its next owner needs, then drop it here."""
+        if self.blobs is None:
+            self.close(session)
+            return
+        digest, _ = self.snapshot(session)
+        with session.lock:
+            recent = list(session.results.items())[-256:]
+        record = {"image": session.image, "limits": session.limits.model_dump(), "snapshot": digest,
+                  "client_id": session.client_id, "forgotten_ms": session.forgotten_ms,
+                  "results": [[rid, result.model_dump(mode="json")] for rid, result in recent]}
+        self.blobs.set_name(handover_name(session.id), json.dumps(record).encode())
+        self.close(session)
+
+    def take_over(self, session_id: str, request_id: str, request: ExecRequest, partition: int) -> Session | None:
+        """The session a former owner handed over, restored here (only for a request proven with its key)."""
+        if self.blobs is None:
+            return None
+        try:
+            raw = self.blobs.get_name(handover_name(session_id))
+            key = self.blobs.get_name(key_name(session_id))
+        except BlobNotFound:
+            return None
+        if not raw:  # already taken over (and lost again)
+            return None
+        if not auth.verify(key, request_id, request, request.auth):
+            raise SessionDenied("the request's proof does not match this session (forged or altered)")
+        record = json.loads(raw)
+        limits = SessionLimits.model_validate(record["limits"])
+        container, volumes, keeper, init_pid = self.create_container(record["image"], limits)
+        try:
+            self.populate(container, record["image"], record["snapshot"], limits)
+        except BaseException:
+            self.remove(container, volumes)
+            raise
+        session = Session(id=session_id, key=key, client_id=record["client_id"], image=record["image"],
+                          limits=limits, container=container, volumes=volumes, keeper_pid=keeper, init_pid=init_pid,
+                          procs_file=cgroup_procs(init_pid), partition=partition,
+                          forgotten_ms=int(record["forgotten_ms"]))
+        for rid, result in record["results"]:
+            session.results[rid] = ExecResult.model_validate(result)
+        self.blobs.set_name(handover_name(session_id), b"")
+        return self._register(session)
 
     def get(self, session_id: str | None, request_id: str, request: ExecRequest) -> Session:
         """The session ``request`` names, if its proof holds."""

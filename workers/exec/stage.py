@@ -81,6 +81,8 @@ LATENCY = Histogram("kiln_exec_command_seconds", "Time to run one request, by op
 TIMEOUTS = Counter("kiln_exec_timeouts_total", "Commands killed at their time limit.", registry=registry)
 KILLS = Counter("kiln_exec_killed_processes_total", "Processes killed by host pid after a timeout.",
                 registry=registry)
+HANDOVERS = Counter("kiln_exec_handovers_total", "Sessions handed to the next owner of their partition, and taken "
+                    "over from a former one.", ["direction"], registry=registry)
 REAPED = Counter("kiln_exec_reaped_containers_total", "Session containers removed by the reaper, by why.",
                  ["reason"], registry=registry)
 
@@ -116,6 +118,20 @@ class ExecService:
         self.settings.lock_dir.mkdir(parents=True, exist_ok=True)
         self._lock_file = self._lock_path().open("w")
         fcntl.flock(self._lock_file, fcntl.LOCK_EX)
+
+    async def on_revoke(self, partitions: list[int]) -> None:
+        """The partitions leave this worker (their commands have finished): hand their sessions over, so a
+        rebalance (a scale-out, a rolling restart) does not kill them; the next owner restores each lazily."""
+        if self.manager is None:
+            return
+        manager = self.manager
+        for session in [s for s in manager.sessions.values() if s.partition in partitions]:
+            try:
+                await asyncio.to_thread(manager.hand_over, session)
+                HANDOVERS.labels("handed_over").inc()
+            except Exception:  # one session's failure loses that session only
+                log.exception("handing over session %s failed", session.id)
+                await asyncio.to_thread(manager.close, session)
 
     async def teardown(self) -> None:
         for task in self._tasks:
@@ -236,6 +252,7 @@ class ExecService:
             raise
         finally:
             self._opening.discard(entry[0].id)
+        session.partition = ctx.partition
         OPENED.labels(str(warm).lower()).inc()
         refill = asyncio.create_task(asyncio.to_thread(self._refill, image))
         refill.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
@@ -251,6 +268,11 @@ class ExecService:
             if request.snapshot is not None:
                 await ctx.cancel.run(manager.check_snapshot, request_id, request)
             return await self._open(request, ctx, request.image or "")
+        if request.session_id not in manager.sessions:  # perhaps handed over by the partition's former owner
+            restored = await ctx.cancel.run(manager.take_over, request.session_id or "", request_id, request,
+                                            ctx.partition)
+            if restored is not None:
+                HANDOVERS.labels("taken_over").inc()
         session = await ctx.cancel.run(manager.get, request.session_id, request_id, request)
         with session.lock:
             first = session.answered(request_id)
@@ -372,4 +394,4 @@ def _owner_alive(lock_path: Path) -> bool:
 
 service = ExecService()
 stage = Stage(spec.exec_, service.handle, max_attempts=1, registry=registry, setup=service.setup,
-              teardown=service.teardown)
+              teardown=service.teardown, on_revoke=service.on_revoke)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -169,3 +170,31 @@ def test_hot_repositories_spill_over_to_more_keys() -> None:
     assert keys == ["hot/repo#0", "hot/repo#0", "hot/repo#1", "hot/repo#1", "hot/repo#2"]
     spill.closed("hot/repo")
     assert spill.key_for("hot/repo") == "hot/repo#2" and spill.key_for("cold/repo") == "cold/repo#0"
+
+
+async def test_sessions_survive_a_scale_out(project_image: str, stage_topics: Callable[..., KilnSettings],
+                                            tmp_path: Path) -> None:
+    settings = stage_topics(("exec.requests", 2))
+    with exec_worker(settings, tmp_path / "locks-a") as first:
+        first.wait_assigned()
+        async with KilnClient(settings, "agent") as kiln:
+            client = ExecClient(kiln, sessions_per_key=1)
+            sessions: list[ExecSession] = []
+            for i in range(12):  # until both partitions hold a session
+                sessions.append(await client.open_session(project_image, repository=f"repo-{i}"))
+                if {s.partition for s in sessions} == {0, 1}:
+                    break
+            assert {s.partition for s in sessions} == {0, 1}
+            for s in sessions:
+                await client.run(s, f"echo {s.session_id} > /work/state.txt; echo scratch > /tmp/t.txt")
+            with exec_worker(settings, tmp_path / "locks-b") as second:
+                second.wait_assigned()  # the group rebalanced: one partition moved, with its sessions
+                workers = set()
+                for s in sessions:
+                    envelope = await (await client.submit(s, "run", command="cat /work/state.txt /tmp/t.txt"))
+                    output = kiln.result_of(envelope).output
+                    assert output is not None and output.stdout == f"{s.session_id}\nscratch\n", output
+                    workers.add(envelope.worker)
+                assert len(workers) == 2, "no session moved to the new worker"
+                for s in sessions:
+                    await client.close_session(s)
