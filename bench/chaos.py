@@ -5,9 +5,10 @@ It runs on a broker of its own (``--port``, default 19092, data under the kiln r
 disturbs anything else. ``sleep`` workers journal every start and end; the client submits open loop and never
 stops on errors; poison goes straight to the request topic (a deadline without a timezone, 5 MB of bytes, a
 reply_to partition or topic that does not exist, garbage, an envelope without its payload). Every ``--kill-every``
-seconds one worker is SIGKILLed and replaced; halfway the broker is stopped for 5 s; at two thirds the client closes
-and a new process-local client with the same id takes over (what the old one had not received comes through
-``unclaimed()``).
+seconds one worker is SIGKILLed and replaced; at a third the results topic refuses every write for
+``--results-outage`` seconds (``min.insync.replicas`` above its replication factor: producers get NOT_ENOUGH_REPLICAS
+and keep retrying); halfway the broker is stopped for 5 s; at two thirds the client closes and a new process-local
+client with the same id takes over (what the old one had not received comes through ``unclaimed()``).
 
 Prints ``chaos_lost_results`` (good requests never delivered), ``chaos_duplicate_deliveries`` (request ids
 delivered more than once, across both client lives), ``chaos_reexecuted_per_kill`` (extra starts ÷ kills),
@@ -30,6 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 from confluent_kafka import Producer
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from bench.common import console, report
 from kiln.schemas.builtin import SleepRequest
@@ -47,6 +49,24 @@ KAFKA = Path(__file__).resolve().parents[1] / "infra" / "kafka" / "kafka.sh"
 def broker(port: int, action: str) -> None:
     subprocess.run(["bash", str(KAFKA), action], env={**os.environ, "KILN_KAFKA_PORT": str(port)}, check=True,
                    stdout=subprocess.DEVNULL)
+
+
+def _min_insync(settings: KilnSettings, topic: str, replicas: int, patience_s: float = 90.0) -> None:
+    """With more in-sync replicas required than the topic has, every acks=all write to it fails (retriably).
+    Retried while the broker is away (the outage may overlap the broker restart)."""
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry("min.insync.replicas", str(replicas), incremental_operation=AlterConfigOpType.SET)])
+    deadline = time.monotonic() + patience_s
+    while True:
+        client = admin.admin_client(settings)  # kept alive until its futures are done
+        try:
+            for future in client.incremental_alter_configs([resource]).values():
+                future.result(30)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
 
 
 def poison(results: str) -> list[bytes]:
@@ -157,7 +177,16 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         await asyncio.to_thread(broker, args.port, "start")
         console.print("broker: started again")
 
+    async def results_outage() -> None:
+        await asyncio.sleep(args.seconds / 3)
+        console.print(f"results topic: unavailable for {args.results_outage:g} s")
+        await asyncio.to_thread(_min_insync, settings, results, 2)
+        await asyncio.sleep(args.results_outage)
+        await asyncio.to_thread(_min_insync, settings, results, 1)
+        console.print("results topic: available again")
+
     restart = asyncio.create_task(restart_broker())
+    outage = asyncio.create_task(results_outage())
     client_id = f"chaos-trainer-{tag}"
     first = KilnClient(settings, client_id, results_topic=results, max_in_flight=100_000)
     futures = await storm.submit(first, started + args.seconds * 2 / 3, rng)
@@ -177,6 +206,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     drainer = asyncio.create_task(drain_unclaimed())
     futures = await storm.submit(second, end, rng)
     await restart
+    await outage
     settle_until = time.monotonic() + args.settle
     while time.monotonic() < settle_until and len(storm.delivered) < len(storm.sent):
         for fut in futures:
@@ -226,6 +256,7 @@ def main() -> None:
     parser.add_argument("--poison-share", type=float, default=0.02)
     parser.add_argument("--settle", type=float, default=120, help="seconds to wait for the last results")
     parser.add_argument("--port", type=int, default=19092)
+    parser.add_argument("--results-outage", type=float, default=30, help="seconds the results topic refuses writes")
     args = parser.parse_args()
     report("chaos storm", asyncio.run(run(args)))
 

@@ -1,5 +1,6 @@
-"""A bounded smoke run of bench/chaos.py (the 5-minute storm lives in the bench): kills, a broker restart on the
-storm's own broker, a client restart and poison of every class lose nothing and never halt the stage."""
+"""A bounded smoke run of bench/chaos.py (the 5-minute storm lives in the bench): kills, a results topic refusing
+writes, a broker restart on the storm's own broker, a client restart and poison of every class lose nothing and
+never halt the stage."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from bench.chaos import run
 
 async def test_a_short_storm_loses_nothing_and_never_halts() -> None:
     args = argparse.Namespace(seconds=24, kill_every=4, workers=2, slots=4, rate=15, poison_share=0.05, settle=90,
-                              port=19192)
+                              port=19192, results_outage=3)
     metrics = await run(args)
     assert metrics["chaos_kills"] >= 3 and metrics["chaos_poison_messages"] >= 1 and metrics["chaos_requests"] > 100
     assert metrics["chaos_lost_results"] == 0
