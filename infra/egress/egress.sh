@@ -121,7 +121,7 @@ start() {
   rules
   build_cgroup
   local wanted; wanted=$(printf '%s %s %s' "$ALLOW" "$GATEWAY" "$PORT" | sha256sum | cut -c1-12)
-  if pid_alive "$PIDFILE" && [[ $(cat "$DATA/config.key" 2>/dev/null) == "$wanted" ]] && proxy_ready; then
+  if same_config_running "$PIDFILE" "$DATA/config.key" "$wanted" && proxy_ready; then
     log "egress proxy already running on $GATEWAY:$PORT"; return 0
   fi
   pid_alive "$PIDFILE" && stop_pidfile "$PIDFILE" tinyproxy
