@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kiln.schemas.builtin import EchoRequest
 from kiln.schemas.envelope import ResultEnvelope
+from kiln.streams import codec
 from kiln.streams.client import KilnClient
 from kiln.streams.settings import KilnSettings
 from kiln.workers.builtin import echo
@@ -74,3 +75,26 @@ async def test_ack_mode_redelivers_what_was_not_acknowledged(kafka: KilnSettings
             partition = third._state.partition  # type: ignore[union-attr]
     committed, end = _committed_and_end(kafka, client_id, results, partition)
     assert committed == end
+
+
+async def test_a_replayed_result_is_not_delivered_again_in_the_next_life(kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
+                                                                           unique: str) -> None:
+    """A worker killed after publishing a result but before committing its job runs it again and publishes a
+    second result; when that copy arrives after the client restarted, the new life must not deliver it again."""
+    request_topic, results = topics(partitions=1, results_partitions=2)
+    client_id = f"trainer-{unique}"
+    async with running_worker(echo.stage, kafka, request_topic, slots=2):
+        async with KilnClient(kafka, client_id, results_topic=results) as first:
+            delivered = await (await first.submit("echo", EchoRequest(data="once"), topic=request_topic))
+            partition = first._state.partition  # type: ignore[union-attr]
+        replay = delivered.model_copy(update={"worker": "the-replaying-worker"})
+        not_yet = ResultEnvelope(request_id="never-delivered", kind="echo", client_id=client_id, status="ok",
+                                 result={"data": "later"}, attempts=1, worker="w")
+        producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+        for envelope in (replay, not_yet):
+            producer.produce(results, codec.encode(envelope, None, kafka.claim_check_bytes), key=client_id,
+                             partition=partition)
+        producer.flush(10)
+        async with KilnClient(kafka, client_id, results_topic=results) as second:
+            first_unclaimed = await asyncio.wait_for(anext(aiter(second.unclaimed())), 30)
+    assert first_unclaimed.request_id == "never-delivered"
