@@ -98,3 +98,23 @@ async def test_a_replayed_result_is_not_delivered_again_in_the_next_life(kafka: 
         async with KilnClient(kafka, client_id, results_topic=results) as second:
             first_unclaimed = await asyncio.wait_for(anext(aiter(second.unclaimed())), 30)
     assert first_unclaimed.request_id == "never-delivered"
+
+
+async def test_concurrent_first_uses_start_one_client(kafka: KilnSettings, topics, unique: str) -> None:  # type: ignore[no-untyped-def]
+    """A trainer that drains unclaimed() in one task while submitting in another must get one consumer: two would
+    both read the results partition and deliver a request's result once to each."""
+    request_topic, results = topics(partitions=1, results_partitions=2)
+    client = KilnClient(kafka, f"trainer-{unique}", results_topic=results)
+    starts: list[object] = []
+    real_start = client._start
+
+    async def counting_start(loop):  # type: ignore[no-untyped-def]
+        starts.append(loop)
+        return await real_start(loop)
+
+    client._start = counting_start  # type: ignore[method-assign]
+    try:
+        await asyncio.gather(*(client._ready() for _ in range(3)))
+    finally:
+        await client.close()
+    assert len(starts) == 1
