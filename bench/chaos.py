@@ -5,7 +5,7 @@ It runs on a broker of its own (``--port``, default 19092, data under the kiln r
 disturbs anything else. ``sleep`` workers journal every start and end; the client submits open loop and never
 stops on errors; poison goes straight to the request topic (a deadline without a timezone, 5 MB of bytes, a
 reply_to partition or topic that does not exist, garbage, an envelope without its payload). Every ``--kill-every``
-seconds one worker is SIGKILLed and replaced; at a third the results topic refuses every write for
+seconds one worker is SIGKILLed and replaced; at a sixth the results topic refuses every write for
 ``--results-outage`` seconds (``min.insync.replicas`` above its replication factor: producers get NOT_ENOUGH_REPLICAS
 and keep retrying); halfway the broker is stopped for 5 s; at two thirds the client closes and a new process-local
 client with the same id takes over (what the old one had not received comes through ``unclaimed()``).
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -94,6 +95,8 @@ class Storm:
         self.sent: set[str] = set()
         self.delivered: Counter[str] = Counter()
         self.poisoned = 0
+        self.submitted_all = False
+        self.settled = asyncio.Event()  # every request submitted and delivered
 
     def spawn(self) -> None:
         self.workers.append(WorkerProcess("sleep", self.settings, self.request, slots=self.args.slots,
@@ -120,9 +123,9 @@ class Storm:
                 self.spawn()
                 next_kill += self.args.kill_every
 
-    async def submit(self, client: KilnClient, until: float,
-                     rng: random.Random) -> list[asyncio.Future[ResultEnvelope]]:
-        futures = []
+    async def submit(self, client: KilnClient, until: float, rng: random.Random) -> None:
+        """Submit open loop until ``until``; each result is recorded the moment its future resolves (so one
+        resolved while the client closes is counted too)."""
         producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "compression.type": "zstd",
                              "message.max.bytes": 10_000_000})
         bad = poison(self.results)
@@ -135,17 +138,22 @@ class Storm:
                 await asyncio.sleep(0.1)
                 continue
             self.sent.add(request_id)
-            futures.append(fut)
+            fut.add_done_callback(self.record_future)
             if rng.random() < self.args.poison_share:
                 producer.produce(self.request, bad[self.poisoned % len(bad)])
                 self.poisoned += 1
             producer.poll(0)
             await asyncio.sleep(1 / self.args.rate)
         producer.flush(30)
-        return futures
 
     def record(self, envelope: ResultEnvelope) -> None:
         self.delivered[envelope.request_id] += 1
+        if self.submitted_all and len(self.delivered) >= len(self.sent):
+            self.settled.set()
+
+    def record_future(self, fut: asyncio.Future[ResultEnvelope]) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            self.record(fut.result())
 
 
 async def run(args: argparse.Namespace) -> dict[str, float]:
@@ -178,7 +186,9 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         console.print("broker: started again")
 
     async def results_outage() -> None:
-        await asyncio.sleep(args.seconds / 3)
+        # Over well before the broker restart: a broker stopped while a topic demands more in-sync replicas than it
+        # has leaves that topic's partitions without an eligible leader (KRaft's ELR), i.e. offline for good.
+        await asyncio.sleep(args.seconds / 6)
         console.print(f"results topic: unavailable for {args.results_outage:g} s")
         await asyncio.to_thread(_min_insync, settings, results, 2)
         await asyncio.sleep(args.results_outage)
@@ -189,11 +199,8 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     outage = asyncio.create_task(results_outage())
     client_id = f"chaos-trainer-{tag}"
     first = KilnClient(settings, client_id, results_topic=results, max_in_flight=100_000)
-    futures = await storm.submit(first, started + args.seconds * 2 / 3, rng)
+    await storm.submit(first, started + args.seconds * 2 / 3, rng)
     await asyncio.sleep(2)
-    for fut in futures:
-        if fut.done() and not fut.cancelled() and fut.exception() is None:
-            storm.record(fut.result())
     await first.close()  # a planned restart: what it had not received goes to the next life
 
     second = KilnClient(settings, client_id, results_topic=results, max_in_flight=100_000)
@@ -204,16 +211,15 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                 storm.record(envelope)
 
     drainer = asyncio.create_task(drain_unclaimed())
-    futures = await storm.submit(second, end, rng)
+    await storm.submit(second, end, rng)
+    storm.submitted_all = True
     await restart
     await outage
-    settle_until = time.monotonic() + args.settle
-    while time.monotonic() < settle_until and len(storm.delivered) < len(storm.sent):
-        for fut in futures:
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                storm.record(fut.result())
-        futures = [f for f in futures if not f.done()]
-        await asyncio.sleep(1)
+    if len(storm.delivered) >= len(storm.sent):
+        storm.settled.set()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(storm.settled.wait(), args.settle)
+    await asyncio.sleep(5)  # late duplicates of what was delivered last would still arrive now
     drainer.cancel()
     stop_supervising.set()
     await supervisor
@@ -256,7 +262,8 @@ def main() -> None:
     parser.add_argument("--poison-share", type=float, default=0.02)
     parser.add_argument("--settle", type=float, default=120, help="seconds to wait for the last results")
     parser.add_argument("--port", type=int, default=19092)
-    parser.add_argument("--results-outage", type=float, default=30, help="seconds the results topic refuses writes")
+    parser.add_argument("--results-outage", type=float, default=30,
+                        help="seconds the results topic refuses writes (ends before the broker restart halfway)")
     args = parser.parse_args()
     report("chaos storm", asyncio.run(run(args)))
 

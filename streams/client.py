@@ -27,7 +27,7 @@ import zlib
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from prometheus_client import Counter
@@ -69,18 +69,20 @@ class _ProcessState:
         self.consumer: Consumer | None = None
         self.partition = 0
         self.offsets: PartitionOffsets | None = None
-        self.commit_to: TopicPartition | None = None  # latest wanted commit; the I/O thread sends it
+        self.commit_to: TopicPartition | None = None  # latest wanted commit not sent yet; the I/O thread sends it
+        self.wanted: TopicPartition | None = None  # latest wanted commit, sent or not: the final commit re-sends it
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
         self.seq = 0
 
 
+_T = TypeVar("_T")
 _SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
              KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
-             KafkaError._TIMED_OUT}
+             KafkaError._TIMED_OUT, KafkaError._UNKNOWN_PARTITION}
 
 
-def _retrying(fn: Callable[[], TopicPartition], limit_s: float = 30.0) -> TopicPartition:
+def _retrying(fn: Callable[[], _T], limit_s: float = 30.0) -> _T:
     """``fn`` retried while the broker answers with a retriable error (e.g. a topic created a moment ago whose
     partition leaders are not known yet: NOT_LEADER_FOR_PARTITION)."""
     deadline = time.monotonic() + limit_s
@@ -93,6 +95,47 @@ def _retrying(fn: Callable[[], TopicPartition], limit_s: float = 30.0) -> TopicP
             if not transient or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def _received_before(consumer: Consumer, start: TopicPartition, done_ahead: list[int], client_id: str,
+                    lookback_s: float, patience_s: float = 60.0) -> list[str]:
+    """Request ids of the results ``client_id`` received (committed past, or finished ahead of ``start``) in the
+    last ``lookback_s`` seconds: a previous life delivered them. Reads keys and headers, decoding only records
+    without the request-id header."""
+    end = max([start.offset, *(o + 1 for o in done_ahead)])
+    if lookback_s <= 0 or end <= 0:
+        return []
+    since_ms = int((time.time() - lookback_s) * 1000)
+    first = _retrying(lambda: consumer.offsets_for_times(
+        [TopicPartition(start.topic, start.partition, since_ms)], timeout=15)[0])
+    if first.offset < 0 or first.offset >= end:
+        return []
+    done = set(done_ahead)
+    key = client_id.encode()
+    received: list[str] = []
+    consumer.assign([TopicPartition(start.topic, start.partition, first.offset)])
+    deadline = time.monotonic() + patience_s
+    try:
+        while time.monotonic() < deadline:
+            for msg in poll_batch(consumer, 0.5):
+                offset = msg.offset()
+                if msg.error() is not None or offset is None:
+                    continue
+                if offset >= end:
+                    return received
+                if msg.key() == key and (offset < start.offset or offset in done):
+                    request_id = codec.result_request_id(msg.value() or b"", msg.headers())
+                    if request_id is not None:
+                        received.append(request_id)
+            position = consumer.position([TopicPartition(start.topic, start.partition)])[0].offset
+            if position >= end:
+                return received
+        log.warning("recalling the results received before %s[%d]@%d took over %.0f s; %d recalled, later "
+                    "duplicates of the rest may be delivered again", start.topic, start.partition, start.offset,
+                    patience_s, len(received))
+        return received
+    finally:
+        consumer.unassign()
 
 
 class KilnClient:
@@ -110,13 +153,16 @@ class KilnClient:
         unclaimed_max_age_s: float = 300.0,
         on_unclaimed: Callable[[ResultEnvelope], None] | None = None,
         ack_mode: bool = False,
+        dedup_lookback_s: float = 600.0,
     ) -> None:
         """``unclaimed_limit`` / ``unclaimed_max_age_s``: results this process did not submit wait for
         ``unclaimed()`` until there are more than the limit or the oldest is older than the age; then they are
         handed to ``on_unclaimed`` (else logged), counted in ``kiln_client_unclaimed_surfaced_total``, and
         committed past, so they can never pin the client's offset. ``ack_mode``: a result counts as delivered (and
         is committed past) only when the application calls ``ack(request_id)``; a process that dies before that
-        gets it again, in its next life, from ``unclaimed()``."""
+        gets it again, in its next life, from ``unclaimed()``. ``dedup_lookback_s``: on start, the results this
+        client id received in that many seconds before its committed position are read back (headers only), so a
+        replayed job's second result arriving after a restart is dropped as a duplicate, not delivered again."""
         self.settings = settings or get_settings()
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.results_topic = self.settings.topic(results_topic)
@@ -127,12 +173,14 @@ class KilnClient:
         self._queue_topics = {self.settings.topic(t) for t in self.settings.queue_topics}
         self._state: _ProcessState | None = None
         self._start_lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
         self._owner_pid = os.getpid()
         self._specs: dict[str, StageSpec] | None = None
         self.unclaimed_limit = unclaimed_limit
         self.unclaimed_max_age_s = unclaimed_max_age_s
         self._on_unclaimed = on_unclaimed
         self.ack_mode = ack_mode
+        self.dedup_lookback_s = dedup_lookback_s
 
     def spec(self, kind: str) -> StageSpec | None:
         """The registered spec of stage ``kind`` (entry point group ``kiln.stages``, read once per client)."""
@@ -155,8 +203,10 @@ class KilnClient:
         if state is not None and state.pid == os.getpid() and state.loop is not loop:
             state.stop.set()  # the loop it was bound to is gone (e.g. a second asyncio.run)
             self._state = None
-        if self._start_lock is None or state is None or state.loop is not loop:
-            self._start_lock = asyncio.Lock()
+        if self._start_lock is None or self._lock_loop is not loop:
+            # One lock per loop: concurrent first uses (say, a task draining unclaimed() and one submitting) must
+            # wait for one start, not each start a consumer of its own on the results partition.
+            self._start_lock, self._lock_loop = asyncio.Lock(), loop
         async with self._start_lock:
             if self._state is None or self._state.pid != os.getpid() or self._state.loop is not loop:
                 self._state = await self._start(loop)
@@ -199,6 +249,10 @@ class KilnClient:
 
         start = await asyncio.to_thread(_retrying, position)
         state.offsets = PartitionOffsets(start.offset, decode_done(start.offset, start.metadata))
+        received = await asyncio.to_thread(_received_before, consumer, start, state.offsets.done_ahead(),
+                                           self.client_id, self.dedup_lookback_s)
+        for request_id in received:
+            self._mark_delivered(state, request_id)
         consumer.assign([TopicPartition(self.results_topic, state.partition, start.offset)])
         state.thread = threading.Thread(target=self._io_main, args=(state,), name="kiln-client-io", daemon=True)
         state.thread.start()
@@ -391,8 +445,11 @@ class KilnClient:
     @staticmethod
     def _send_commit(state: _ProcessState, asynchronous: bool) -> None:
         """Send the latest wanted commit. Asynchronous ones are checked in ``_on_commit``; the final synchronous
-        one is checked and retried (a lost final commit makes the next life re-read results)."""
+        one is checked and retried (a lost final commit makes the next life re-read results); it re-sends the
+        latest position even if an asynchronous commit carried it, since that one may not have landed yet."""
         tp, state.commit_to = state.commit_to, None
+        if not asynchronous:
+            tp = state.wanted
         if tp is None or state.consumer is None:
             return
         if asynchronous:
@@ -419,6 +476,8 @@ class KilnClient:
 
     def _on_results(self, state: _ProcessState, msgs: list[Message]) -> None:
         assert state.offsets is not None
+        if state.stop.is_set():
+            return  # closing: the final commit may be sent already, so these stay for the next life
         for msg in msgs:
             if msg.error() is not None:
                 continue
@@ -462,7 +521,7 @@ class KilnClient:
     def _queue_commit(self, state: _ProcessState) -> None:
         if state.offsets is None:
             return
-        state.commit_to = commit_position(self.results_topic, state.partition, state.offsets)
+        state.commit_to = state.wanted = commit_position(self.results_topic, state.partition, state.offsets)
 
     @property
     def in_flight(self) -> int:

@@ -86,3 +86,28 @@ def result_body(envelope: ResultEnvelope, store: BlobStore | None) -> dict[str, 
 
 def _short(e: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, err['loc'])) or '<root>'}: {err['msg']}" for err in e.errors()[:5])
+
+
+REQUEST_ID_HEADER = "kiln-request-id"
+"""Every result record names its request id in this header, so a client can recall which requests a previous life
+received without decoding the results (see ``KilnClient``'s ``dedup_lookback_s``)."""
+
+
+def result_headers(request_id: str) -> list[tuple[str, bytes]]:
+    return [(REQUEST_ID_HEADER, request_id.encode())]
+
+
+RecordHeaders = list[tuple[str, str | bytes | None]] | dict[str, str | bytes | None] | None
+
+
+def result_request_id(value: bytes, headers: RecordHeaders) -> str | None:
+    """The request id a result record answers: from its header, or (records without one) its decoded envelope;
+    None for a record that is not a result."""
+    pairs = headers.items() if isinstance(headers, dict) else headers or []
+    for name, raw in pairs:
+        if name == REQUEST_ID_HEADER and raw:
+            return raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    try:
+        return decode_result(value).request_id
+    except Exception:
+        return None

@@ -194,7 +194,7 @@ class JobExecutor:
         value = await asyncio.to_thread(codec.encode, result, self.blob_store, self.settings.claim_check_bytes)
         await self._check_destination(envelope.reply_to.topic, envelope.reply_to.partition)
         await self.produce(envelope.reply_to.topic, value, key=envelope.reply_to.key,
-                           partition=envelope.reply_to.partition)
+                           partition=envelope.reply_to.partition, headers=codec.result_headers(result.request_id))
 
     async def _publish_event(self, msg: Message, outcome: Outcome) -> None:
         topic = self.stage.spec.events_topic
@@ -217,7 +217,8 @@ class JobExecutor:
         where = partition if isinstance(partition, int) and not isinstance(partition, bool) else None
         with contextlib.suppress(KilnError):
             await self._check_destination(topic, where)
-            await self.produce(topic, result.model_dump_json().encode(), key=key, partition=where)
+            await self.produce(topic, result.model_dump_json().encode(), key=key, partition=where,
+                               headers=codec.result_headers(request_id))
 
     async def dead_letter(self, msg: Message, error: ErrorInfo, attempts: int) -> None:
         headers = [

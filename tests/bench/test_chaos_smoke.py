@@ -1,6 +1,6 @@
 """A bounded smoke run of bench/chaos.py (the 5-minute storm lives in the bench): kills, a results topic refusing
-writes, a broker restart on the storm's own broker, a client restart and poison of every class lose nothing and
-never halt the stage."""
+writes, a broker restart on the storm's own broker, a client restart and poison of every class lose nothing, deliver
+nothing twice (across the client's two lives) and never halt the stage."""
 
 from __future__ import annotations
 
@@ -15,4 +15,5 @@ async def test_a_short_storm_loses_nothing_and_never_halts() -> None:
     metrics = await run(args)
     assert metrics["chaos_kills"] >= 3 and metrics["chaos_poison_messages"] >= 1 and metrics["chaos_requests"] > 100
     assert metrics["chaos_lost_results"] == 0
+    assert metrics["chaos_duplicate_deliveries"] == 0
     assert metrics["chaos_stage_halts"] == 0

@@ -103,7 +103,7 @@ async def test_a_replayed_result_is_not_delivered_again_in_the_next_life(kafka: 
 async def test_concurrent_first_uses_start_one_client(kafka: KilnSettings, topics, unique: str) -> None:  # type: ignore[no-untyped-def]
     """A trainer that drains unclaimed() in one task while submitting in another must get one consumer: two would
     both read the results partition and deliver a request's result once to each."""
-    request_topic, results = topics(partitions=1, results_partitions=2)
+    _request_topic, results = topics(partitions=1, results_partitions=2)
     client = KilnClient(kafka, f"trainer-{unique}", results_topic=results)
     starts: list[object] = []
     real_start = client._start
