@@ -6,6 +6,9 @@
 #   .pth file, and into which this checkout alone is installed editable. Two clones side by side each run their
 #   own code; a second clone costs seconds, not a re-download.
 # KILN_EXTRAS (default "test") picks the optional dependency groups the shared environment carries.
+# - the `rl` extra (torch: a CUDA wheel of ~3 GB, ~5.5 GB installed) has an environment of its own
+#   ($KILN_CACHE/rl-<key>, keyed by the rl list and the Python version), layered after the shared one, so editing
+#   any other dependency never downloads or stores torch again. KILN_RL=0 leaves it out (the RL tests then skip).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ROOT="$(cd "$INFRA_DIR/.." && pwd)"
 PYTHON="${KILN_PYTHON:-python3}"
@@ -22,9 +25,10 @@ wanted = [e for e in sys.argv[2].split(",") if e]
 missing = [e for e in wanted if e not in optional]
 if missing:
     sys.exit(f"unknown extras {missing}; pyproject.toml has {sorted(optional)}")
-print("\n".join(sorted(set(project["dependencies"]).union(*(optional[e] for e in wanted)))))
+print("\n".join(sorted(set(project["dependencies"]).union(*(optional[e] for e in wanted if e != "rl")))))
 EOF
 )
+rl_requirements=$("$PYTHON" -c 'import sys, tomllib; print("\n".join(sorted(tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["rl"])))' "$ROOT/pyproject.toml")
 key=$( (printf '%s\n' "$requirements"; "$PYTHON" --version) | sha256sum | cut -c1-12)
 DEPS="$KILN_CACHE/deps-$key"
 if [[ ! -f $DEPS/.complete ]]; then
@@ -41,18 +45,39 @@ touch "$DEPS/.complete"  # last use, for pruning
 ls -1dt "$KILN_CACHE"/deps-* 2>/dev/null | tail -n +4 | xargs -r rm -rf
 rm -rf "$KILN_CACHE"/venv-*
 
+# The rl environment: built once per rl list, without keeping pip's copy of the 3 GB wheel; the two most recently
+# used are kept.
+RL=""
+if [[ ${KILN_RL:-1} != 0 ]]; then
+  rl_key=$( (printf '%s\n' "$rl_requirements"; "$PYTHON" --version) | sha256sum | cut -c1-12)
+  RL="$KILN_CACHE/rl-$rl_key"
+  if [[ ! -f $RL/.complete ]]; then
+    log "creating the rl environment $RL (torch from PyPI: ~3 GB download, once per rl list)"
+    rm -rf "$RL"
+    "$PYTHON" -m venv "$RL"
+    printf '%s\n' "$rl_requirements" >"$RL/requirements.txt"
+    "$RL/bin/pip" install -q --disable-pip-version-check --no-cache-dir -r "$RL/requirements.txt" >&2
+    touch "$RL/.complete"
+  fi
+  touch "$RL/.complete"
+  ls -1dt "$KILN_CACHE"/rl-* 2>/dev/null | tail -n +3 | xargs -r rm -rf
+fi
+
 VENV="$ROOT/.venv"
 [[ -L $VENV ]] && rm -f "$VENV"  # a link into a shared environment (the former layout)
 rm -rf "$ROOT/kiln.egg-info"
+site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 if [[ ! -f $VENV/.kiln-deps || $(cat "$VENV/.kiln-deps") != "$DEPS" ]]; then
   rm -rf "$VENV"
   "$PYTHON" -m venv --without-pip "$VENV"
-  site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
-  # addsitedir (not a bare path) so the shared environment's own .pth files are processed too.
-  printf "import site; site.addsitedir(%s)\n" "'$(site_of "$DEPS/bin/python")'" \
-    >"$(site_of "$VENV/bin/python")/_kiln_shared_deps.pth"
   echo "$DEPS" >"$VENV/.kiln-deps"
 fi
+# addsitedir (not a bare path) so the environments' own .pth files are processed too; one file, so the shared
+# environment always comes first (the rl one brings its own copies of a few common packages).
+pth="import site; site.addsitedir('$(site_of "$DEPS/bin/python")')"
+[[ -n $RL ]] && pth+=$'\n'"import site; site.addsitedir('$(site_of "$RL/bin/python")')"
+pth_file="$(site_of "$VENV/bin/python")/_kiln_shared_deps.pth"
+[[ -f $pth_file && $(cat "$pth_file") == "$pth" ]] || printf '%s\n' "$pth" >"$pth_file"
 # Install this checkout editable (only `kiln` is mapped); again only when its metadata changed. Sources added
 # later are found without a reinstall.
 meta=$(sha256sum "$ROOT/pyproject.toml" | cut -c1-12)

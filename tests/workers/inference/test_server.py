@@ -1,0 +1,67 @@
+"""``kiln rl serve`` answers the unmodified ``openai`` client (completions and chat, with logprobs, n, seed, stop
+and usage), tags every token with its policy version, and refuses what it must."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import openai
+import pytest
+
+from kiln.workers.inference.model import ModelConfig
+from tests.workers.inference.conftest import Served
+
+
+def test_the_openai_client_gets_completions_with_logprobs(serve: Callable[..., Served]) -> None:
+    served = serve()
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused")
+    assert [m.id for m in client.models.list().data] == ["kiln-tiny"]
+
+    first = client.completions.create(model="kiln-tiny", prompt="def add(a, b):", max_tokens=24, temperature=0.9,
+                                      seed=5, logprobs=3)
+    again = client.completions.create(model="kiln-tiny", prompt="def add(a, b):", max_tokens=24, temperature=0.9,
+                                      seed=5, logprobs=3)
+    choice = first.choices[0]
+    assert choice.text == again.choices[0].text  # same seed, same sample
+    assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
+    generated = len(choice.logprobs.token_logprobs)
+    assert first.usage is not None and first.usage.completion_tokens == generated
+    assert first.usage.prompt_tokens == len("def add(a, b):")
+    assert all(lp <= 0 for lp in choice.logprobs.token_logprobs)
+    assert choice.logprobs.top_logprobs is not None and all(len(t) == 3 for t in choice.logprobs.top_logprobs)
+    kiln = (choice.model_extra or {})["kiln"]
+    assert kiln["token_versions"] == [0] * generated and (first.model_extra or {})["kiln"]["version_end"] == 0
+
+    chat = client.chat.completions.create(model="kiln-tiny", messages=[{"role": "user", "content": "hello"}],
+                                          max_tokens=16, n=3, seed=1, logprobs=True, top_logprobs=2)
+    assert len(chat.choices) == 3
+    for c in chat.choices:
+        assert c.message.role == "assistant"
+        assert c.logprobs is not None and c.logprobs.content is not None
+        assert all(len(t.top_logprobs) == 2 for t in c.logprobs.content)
+    assert len({c.message.content for c in chat.choices}) > 1  # n samples, not one sample n times
+
+    stopped = client.completions.create(model="kiln-tiny", prompt="x", max_tokens=200, temperature=1.5, seed=2,
+                                        stop=["e"])
+    text = stopped.choices[0].text
+    assert "e" not in text and stopped.choices[0].finish_reason in ("stop", "length")
+
+
+def test_it_refuses_what_it_must(serve: Callable[..., Served]) -> None:
+    served = serve(ModelConfig(max_len=64))
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused")
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="kiln-tiny", prompt="y" * 80, max_tokens=4)
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.completions.create(model="kiln-tiny", prompt="y", max_tokens=4, temperature=-1)
+    update = {"version": 1, "parameters_info": []}
+    assert httpx.post(f"{served.url}/request_weight_update", json=update).status_code == 401
+    assert httpx.post(f"{served.url}/request_weight_update", json=update,
+                      headers={"Authorization": "Bearer wrong"}).status_code == 401
+    answer = httpx.post(f"{served.url}/request_weight_update", json=update,
+                        headers={"Authorization": f"Bearer {served.token}"})
+    assert answer.status_code == 503 and "init_process_group" in answer.text  # no group joined yet
+    health = httpx.get(f"{served.url}/healthz").json()
+    assert health["version"] == 0 and health["weight_group"] is False
+    assert "kiln_inference_generated_tokens_total" in httpx.get(f"{served.url}/metrics").text

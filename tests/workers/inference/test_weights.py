@@ -1,0 +1,124 @@
+"""PipelineRL's in-flight weight update, end to end over HTTP and gloo: a sequence in flight keeps its KV cache and
+continues with the new weights (reconstructed here step by step from the model's own functions), the server ends
+up with the trainer's weights bit for bit, and a server that dies mid-broadcast neither hangs the trainer nor
+stays out after it comes back."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import torch
+
+from kiln.workers.inference.engine import SamplingParams, sample_token
+from kiln.workers.inference.model import TOKENIZER, KVCache, ModelConfig, TinyLM, weights_digest
+from kiln.workers.inference.weights import WeightBroadcaster
+from tests.workers.inference.conftest import Served
+
+torch.set_num_threads(1)
+CONFIG = ModelConfig(max_len=1100, seed=0)
+PROMPT = "theorem t : 2 + 2 = 4 := by"
+SAMPLING = {"max_tokens": 1000, "temperature": 1.0, "seed": 1234, "ignore_eos": True, "logprobs": 0}
+
+
+def _generated_tokens(served: Served) -> float:
+    metrics = httpx.get(f"{served.url}/metrics", timeout=10).text
+    found = re.search(r"^kiln_inference_generated_tokens_total (\S+)$", metrics, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def _replay(old: TinyLM, new: TinyLM, prompt: list[int], switch_at: int, n: int) -> tuple[list[int], list[float]]:
+    """What the server must have produced: prefill and decode with ``old`` until token ``switch_at``, then decode
+    with ``new`` on the same KV cache; sampling with the request's seeded generator, as the engine does."""
+    params = SamplingParams(max_tokens=n, temperature=1.0, seed=1234, ignore_eos=True)
+    generator = torch.Generator().manual_seed(1234)
+    cache = KVCache(CONFIG, 64)  # the server's max_batch; the sequence sits in slot 0, as there
+    slots = torch.tensor([0])
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    with torch.inference_mode():
+        logits, keys, values = old.prefill(torch.tensor([prompt]))
+        for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
+            cache.keys[layer, 0, :, :len(prompt)] = k[0]
+            cache.values[layer, 0, :, :len(prompt)] = v[0]
+        cache.lengths[0] = len(prompt)
+        row = logits[0, -1]
+        while True:
+            token, lp = sample_token(row, params, generator)
+            tokens.append(token)
+            logprobs.append(float(lp[token]))
+            if len(tokens) == n:
+                return tokens, logprobs
+            model = old if len(tokens) < switch_at else new
+            row = model.decode(torch.tensor([token]), cache, slots)[0]
+
+
+def test_an_update_lands_mid_sequence_and_the_sequence_continues(serve: Callable[..., Served]) -> None:
+    served = serve(CONFIG)
+    client = httpx.Client(base_url=served.url, timeout=120)
+    reference = client.post("/v1/completions", json={"prompt": PROMPT, **SAMPLING}).json()["choices"][0]
+
+    old, new = TinyLM(CONFIG), TinyLM(CONFIG.model_copy(update={"seed": 1}))
+    broadcaster = WeightBroadcaster([served.endpoint()], timeout_s=30)
+    assert broadcaster.connect() == {}
+    before = _generated_tokens(served)
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(lambda: client.post("/v1/completions", json={"prompt": PROMPT, **SAMPLING}).json())
+        while _generated_tokens(served) < before + 150:
+            time.sleep(0.005)
+        report = broadcaster.update(new.named_parameters(), version=1)
+        answer = running.result(120)
+    assert report.updated == [served.url] and report.failed == {}
+    choice = answer["choices"][0]
+    versions, tokens = choice["kiln"]["token_versions"], choice["kiln"]["token_ids"]
+    switch_at = versions.index(1)
+    assert 150 <= switch_at < 1000 and versions == [0] * switch_at + [1] * (1000 - switch_at)
+    assert answer["kiln"] == {"version_start": 0, "version_end": 1}
+    # Before the update: exactly the reference run on the old weights; not restarted: one sequence of 1000.
+    assert tokens[:switch_at] == reference["kiln"]["token_ids"][:switch_at]
+    assert tokens[switch_at:] != reference["kiln"]["token_ids"][switch_at:]
+    # After it: the new weights on the kept KV cache, token for token.
+    expected, expected_logprobs = _replay(old, new, TOKENIZER.encode(PROMPT), switch_at, 1000)
+    assert tokens == expected
+    assert torch.allclose(torch.tensor(choice["logprobs"]["token_logprobs"]), torch.tensor(expected_logprobs),
+                          atol=1e-5)
+    assert served.weights() == {"version": 1, "sha256": weights_digest(new)}
+    broadcaster.close()
+
+
+def test_a_server_dying_mid_broadcast_does_not_hang_the_trainer_and_rejoins(serve: Callable[..., Served]) -> None:
+    first, second = serve(), serve()
+    broadcaster = WeightBroadcaster([first.endpoint(timeout_s=15), second.endpoint(timeout_s=15)], timeout_s=15)
+    assert broadcaster.connect() == {}
+    policy = TinyLM(ModelConfig(seed=5))
+    report = broadcaster.update(policy.named_parameters(), version=1)
+    assert sorted(report.updated) == sorted([first.url, second.url])
+    assert first.weights() == second.weights() == {"version": 1, "sha256": weights_digest(policy)}
+
+    # The second server freezes, then dies while the trainer is sending it version 2.
+    assert second.proc is not None
+    second.proc.send_signal(signal.SIGSTOP)
+    threading.Timer(1.0, second.kill).start()
+    policy = TinyLM(ModelConfig(seed=6))
+    started = time.monotonic()
+    report = broadcaster.update(policy.named_parameters(), version=2)
+    assert time.monotonic() - started < 20  # a typed failure within the timeout, not a hang
+    assert report.updated == [first.url] and second.url in report.failed
+    assert "WeightUpdateError" in report.failed[second.url]
+    assert first.weights() == {"version": 2, "sha256": weights_digest(policy)}
+
+    # While it is down the trainer goes on; once it is back, the next update brings it into a new group.
+    policy = TinyLM(ModelConfig(seed=7))
+    report = broadcaster.update(policy.named_parameters(), version=3)
+    assert report.updated == [first.url] and second.url in report.failed
+    second.restart()
+    policy = TinyLM(ModelConfig(seed=8))
+    report = broadcaster.update(policy.named_parameters(), version=4)
+    assert sorted(report.updated) == sorted([first.url, second.url]) and report.failed == {}
+    assert first.weights() == second.weights() == {"version": 4, "sha256": weights_digest(policy)}
+    broadcaster.close()

@@ -1,0 +1,64 @@
+"""``kiln rl serve``: the inference server (settings: ``KILN_RL_*``, see ``InferenceSettings``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import typer
+import uvicorn
+
+app = typer.Typer(help="Reinforcement learning: the inference server.", no_args_is_help=True)
+
+
+@app.command()
+def serve(port: int | None = None, host: str | None = None) -> None:
+    """Serve the policy: OpenAI-shaped completions with continuous batching, and in-flight weight updates.
+    SIGTERM stops it after the requests in flight are answered (uvicorn's graceful shutdown)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    from kiln.streams.blobstore import open_blob_store
+    from kiln.streams.settings import get_settings
+    from kiln.workers.inference.engine import Engine
+    from kiln.workers.inference.model import ModelConfig, TinyLM, load_checkpoint
+    from kiln.workers.inference.server import InferenceSettings, create_app
+    from kiln.workers.inference.weights import WeightReceiver
+
+    torch.set_num_threads(1)  # two threads were 4x slower under contention on the 2-core machines
+    settings = InferenceSettings()
+    if port is not None:
+        settings.port = port
+    if host is not None:
+        settings.host = host
+    version = 0
+    if settings.checkpoint:
+        model, version = load_checkpoint(open_blob_store(get_settings()), settings.checkpoint)
+    else:
+        model = TinyLM(ModelConfig(d_model=settings.d_model, n_layers=settings.n_layers, n_heads=settings.n_heads,
+                                   max_len=settings.max_len, seed=settings.seed))
+    engine = Engine(model, max_batch=settings.max_batch, version=version)
+    receiver = WeightReceiver(engine, staging=settings.staging)
+    separate = settings.admin_port != 0
+    servers = [uvicorn.Server(uvicorn.Config(create_app(engine, settings, receiver, admin=not separate),
+                                             host=settings.host, port=settings.port, log_level="warning"))]
+    if separate:
+        servers.append(uvicorn.Server(uvicorn.Config(create_app(engine, settings, receiver, completions=False),
+                                                     host=settings.admin_host, port=settings.admin_port,
+                                                     log_level="warning")))
+
+    async def run() -> None:
+        # Only the last server to start holds the signal handlers: whichever is told to exit, all exit.
+        tasks = [asyncio.create_task(s.serve()) for s in servers]
+        while not any(s.should_exit for s in servers):
+            done, _ = await asyncio.wait(tasks, timeout=0.2)
+            if done:
+                break
+        for s in servers:
+            s.should_exit = True
+        await asyncio.gather(*tasks)
+
+    try:
+        asyncio.run(run())
+    finally:
+        engine.stop()

@@ -1,0 +1,245 @@
+"""Continuous batching on one thread: requests join the running batch between decode steps, finished sequences
+leave it, and a weight update swaps the parameters between two steps without restarting anything.
+
+Every sampled token records the policy version of the weights that produced it. A sequence keeps its KV cache
+across an update (PipelineRL's in-flight update): positions computed by the old weights stay, new positions come
+from the new ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+from prometheus_client import Counter, Gauge, Histogram
+from torch import Tensor
+
+from kiln.workers.inference.model import TOKENIZER, KVCache, TinyLM, token_logprobs
+
+TOKENS = Counter("kiln_inference_generated_tokens_total", "Tokens sampled.")
+STEPS = Counter("kiln_inference_decode_steps_total", "Decode steps (one token for every running sequence).")
+RUNNING = Gauge("kiln_inference_running_sequences", "Sequences in the running batch.")
+WAITING = Gauge("kiln_inference_waiting_sequences", "Sequences waiting for a batch slot.")
+VERSION = Gauge("kiln_inference_policy_version", "Policy version of the weights decoding now.")
+PAUSES = Histogram("kiln_inference_pause_seconds", "Time decoding stood still for one weight update.",
+                   buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5))
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    top_logprobs: int = 0
+    ignore_eos: bool = False
+
+
+@dataclass
+class Generation:
+    """One sequence: its prompt, what was sampled, and with which policy versions."""
+
+    prompt: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    version_start: int = -1
+    version_end: int = -1
+    finish_reason: str = ""
+    text: str = ""
+    slot: int = -1
+    done: Future[Generation] = field(default_factory=Future)
+
+
+def sample_token(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[int, Tensor]:
+    """The next token from one sequence's logits, and the log-probs of the distribution it was drawn from."""
+    logprobs = token_logprobs(logits, params.temperature)
+    if params.temperature <= 0:
+        return int(torch.argmax(logprobs)), logprobs
+    probs = logprobs.exp()
+    if params.top_p < 1.0:
+        ordered, order = probs.sort(descending=True)
+        outside = ordered.cumsum(0) - ordered > params.top_p  # keep the smallest prefix reaching top_p
+        probs = probs.clone()
+        probs[order[outside]] = 0.0
+    return int(torch.multinomial(probs, 1, generator=generator)), logprobs
+
+
+class PromptTooLong(ValueError):
+    """The prompt leaves no room to generate within the model's context."""
+
+
+class Engine:
+    """Owns the model and its KV cache; only its thread runs the model (``submit`` and ``paused`` are the ways in)."""
+
+    def __init__(self, model: TinyLM, max_batch: int = 64, version: int = 0) -> None:
+        self.model = model.eval()
+        self.max_batch = max_batch
+        self.cache = KVCache(model.config, max_batch)
+        self.version = version
+        self._free = list(range(max_batch - 1, -1, -1))
+        self._waiting: list[Generation] = []
+        self._running: dict[int, Generation] = {}
+        self._wake = threading.Condition()
+        self._pause_requests = 0
+        self._parked = threading.Event()
+        self._stopping = False
+        self.paused_s = 0.0
+        self.decode_steps = 0
+        self.tokens_generated = 0
+        VERSION.set(version)
+        self._thread = threading.Thread(target=self._main, name="kiln-inference-engine", daemon=True)
+        self._thread.start()
+
+    # ---- the ways in --------------------------------------------------------------------------------------
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> Future[Generation]:
+        if len(prompt) == 0:
+            prompt = [TOKENIZER.BOS]
+        if len(prompt) >= self.model.config.max_len:
+            raise PromptTooLong(f"prompt of {len(prompt)} tokens; the model's context is "
+                                f"{self.model.config.max_len}")
+        generator = torch.Generator()
+        if params.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(params.seed)
+        generation = Generation(prompt=prompt, params=params, generator=generator)
+        with self._wake:
+            self._waiting.append(generation)
+            WAITING.set(len(self._waiting))
+            self._wake.notify()
+        return generation.done
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Decoding stands still inside this block (between two steps; sequences keep their state). The time it
+        stood still is counted in ``paused_s`` and ``kiln_inference_pause_seconds``."""
+        with self._wake:
+            self._pause_requests += 1
+            self._wake.notify()
+        self._parked.wait()
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            stood = time.perf_counter() - started
+            self.paused_s += stood
+            PAUSES.observe(stood)
+            with self._wake:
+                self._pause_requests -= 1
+                if self._pause_requests == 0:
+                    self._parked.clear()
+                self._wake.notify_all()
+
+    def load(self, tensors: dict[str, Tensor], version: int) -> None:
+        """Swap in received parameters (call inside ``paused``): the staged tensors become the parameters."""
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                params[name].data = tensor
+        self.set_version(version)
+
+    def set_version(self, version: int) -> None:
+        self.version = version
+        VERSION.set(version)
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+        self._thread.join(10)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    # ---- the engine thread ----------------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        torch.set_num_threads(1)
+        with torch.inference_mode():
+            while True:
+                with self._wake:
+                    while not self._stopping and (self._pause_requests or not (self._waiting or self._running)):
+                        if self._pause_requests:
+                            self._parked.set()
+                        self._wake.wait()
+                    if self._stopping:
+                        break
+                    admitted = [self._waiting.pop(0) for _ in range(min(len(self._waiting), len(self._free)))]
+                    WAITING.set(len(self._waiting))
+                for generation in admitted:
+                    self._prefill(generation)
+                if self._running:
+                    self._step()
+        for generation in [*self._waiting, *self._running.values()]:
+            generation.done.cancel()
+
+    def _prefill(self, g: Generation) -> None:
+        g.slot = self._free.pop()
+        g.version_start = self.version
+        logits, keys, values = self.model.prefill(torch.tensor([g.prompt]))
+        length = len(g.prompt)
+        for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
+            self.cache.keys[layer, g.slot, :, :length] = k[0]
+            self.cache.values[layer, g.slot, :, :length] = v[0]
+        self.cache.lengths[g.slot] = length
+        self._running[g.slot] = g
+        RUNNING.set(len(self._running))
+        self._sample(g, logits[0, -1])
+
+    def _step(self) -> None:
+        slots = sorted(self._running)
+        index = torch.tensor(slots)
+        last = torch.tensor([self._running[s].tokens[-1] for s in slots])
+        logits = self.model.decode(last, self.cache, index)
+        self.decode_steps += 1
+        STEPS.inc()
+        for row, slot in enumerate(slots):
+            self._sample(self._running[slot], logits[row])
+
+    def _sample(self, g: Generation, logits: Tensor) -> None:
+        p = g.params
+        token, logprobs = sample_token(logits, p, g.generator)
+        g.tokens.append(token)
+        g.logprobs.append(float(logprobs[token]))
+        g.versions.append(self.version)
+        if p.top_logprobs:
+            values, ids = logprobs.topk(min(p.top_logprobs, logprobs.shape[0]))
+            g.top_logprobs.append([(int(i), float(v)) for i, v in zip(ids, values, strict=True)])
+        self.tokens_generated += 1
+        TOKENS.inc()
+        self._maybe_finish(g, token)
+
+    def _maybe_finish(self, g: Generation, token: int) -> None:
+        reason = ""
+        text = TOKENIZER.decode(g.tokens)
+        if token == TOKENIZER.EOS and not g.params.ignore_eos:
+            reason = "stop"
+        for stop in g.params.stop:
+            at = text.find(stop)
+            if at >= 0:
+                text, reason = text[:at], "stop"
+                break
+        if not reason and (len(g.tokens) >= g.params.max_tokens
+                           or len(g.prompt) + len(g.tokens) >= self.model.config.max_len):
+            reason = "length"
+        if not reason:
+            return
+        g.text = text
+        g.finish_reason = reason
+        g.version_end = self.version
+        del self._running[g.slot]
+        self._free.append(g.slot)
+        RUNNING.set(len(self._running))
+        g.done.set_result(g)
