@@ -12,6 +12,7 @@ import httpx
 
 from kiln.workers.inference.weights import (
     InitProcessGroupRequest,
+    UpdateTimings,
     WeightUpdateError,
     WeightUpdateRejected,
     WeightUpdateRequest,
@@ -24,7 +25,7 @@ class InferenceEndpoint(Protocol):
 
     def init_process_group(self, request: InitProcessGroupRequest) -> None: ...
 
-    def request_weight_update(self, request: WeightUpdateRequest) -> None: ...
+    def request_weight_update(self, request: WeightUpdateRequest) -> UpdateTimings | None: ...
 
     async def complete(self, prompt: str, **sampling: Any) -> dict[str, Any]: ...
 
@@ -60,8 +61,8 @@ class KilnEndpoint:
     def init_process_group(self, request: InitProcessGroupRequest) -> None:
         self._admin("/init_process_group", request.model_dump())
 
-    def request_weight_update(self, request: WeightUpdateRequest) -> None:
-        self._admin("/request_weight_update", request.model_dump())
+    def request_weight_update(self, request: WeightUpdateRequest) -> UpdateTimings:
+        return UpdateTimings.model_validate(self._admin("/request_weight_update", request.model_dump()))
 
     async def complete(self, prompt: str, **sampling: Any) -> dict[str, Any]:
         """One ``/v1/completions`` call; ``sampling`` holds OpenAI's fields (max_tokens, temperature, n, ...)."""

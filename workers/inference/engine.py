@@ -26,6 +26,9 @@ STEPS = Counter("kiln_inference_decode_steps_total", "Decode steps (one token fo
 RUNNING = Gauge("kiln_inference_running_sequences", "Sequences in the running batch.")
 WAITING = Gauge("kiln_inference_waiting_sequences", "Sequences waiting for a batch slot.")
 VERSION = Gauge("kiln_inference_policy_version", "Policy version of the weights decoding now.")
+RECEIVING = Counter("kiln_inference_receiving_seconds_total", "Time weights arrived into a staging buffer while "
+                    "decoding went on.")
+TOKENS_RECEIVING = Counter("kiln_inference_tokens_while_receiving_total", "Tokens sampled while weights arrived.")
 PAUSES = Histogram("kiln_inference_pause_seconds", "Time decoding stood still for one weight update.",
                    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5))
 
@@ -94,6 +97,9 @@ class Engine:
         self._parked = threading.Event()
         self._stopping = False
         self.paused_s = 0.0
+        self.receiving_s = 0.0  # time weights were arriving into a staging buffer while decoding went on
+        self.tokens_while_receiving = 0
+        self._receiving = 0
         self.decode_steps = 0
         self.tokens_generated = 0
         VERSION.set(version)
@@ -140,6 +146,20 @@ class Engine:
                 if self._pause_requests == 0:
                     self._parked.clear()
                 self._wake.notify_all()
+
+    @contextlib.contextmanager
+    def receiving(self) -> Iterator[None]:
+        """Weights arrive (into a staging buffer) while decoding goes on: the time and the tokens decoded meanwhile
+        are counted, so a slowdown from the transfer shows in ``kiln_inference_tokens_while_receiving_total``."""
+        self._receiving += 1
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            took = time.perf_counter() - started
+            self.receiving_s += took
+            RECEIVING.inc(took)
+            self._receiving -= 1
 
     def load(self, tensors: dict[str, Tensor], version: int) -> None:
         """Swap in received parameters (call inside ``paused``): the staged tensors become the parameters."""
@@ -219,6 +239,9 @@ class Engine:
             g.top_logprobs.append([(int(i), float(v)) for i, v in zip(ids, values, strict=True)])
         self.tokens_generated += 1
         TOKENS.inc()
+        if self._receiving:
+            self.tokens_while_receiving += 1
+            TOKENS_RECEIVING.inc()
         self._maybe_finish(g, token)
 
     def _maybe_finish(self, g: Generation, token: int) -> None:

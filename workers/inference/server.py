@@ -13,7 +13,7 @@ import hmac
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Response
 from fastapi.responses import JSONResponse
@@ -25,12 +25,14 @@ from kiln.workers.inference.engine import Engine, Generation, PromptTooLong, Sam
 from kiln.workers.inference.model import TOKENIZER, weights_digest
 from kiln.workers.inference.weights import (
     InitProcessGroupRequest,
+    UpdateTimings,
     WeightReceiver,
     WeightUpdateError,
     WeightUpdateRejected,
     WeightUpdateRequest,
 )
 
+T = TypeVar("T")
 REQUESTS = Counter("kiln_inference_requests_total", "Completion requests.", ["route"])
 UPDATES = Counter("kiln_inference_weight_updates_total", "Weight updates, by outcome.", ["outcome"])
 
@@ -206,13 +208,14 @@ def create_app(engine: Engine, settings: InferenceSettings, receiver: WeightRece
             if not settings.admin_token or not hmac.compare_digest(authorization.encode(), expected.encode()):
                 raise HTTPException(401, "the weight-update routes need the server's admin token")
 
-        async def off_loop(fn: Callable[[], None], what: str) -> None:
+        async def off_loop(fn: Callable[[], T], what: str) -> T:
             try:
-                await asyncio.to_thread(fn)
+                result = await asyncio.to_thread(fn)
             except WeightUpdateError:
                 UPDATES.labels(what + "_failed").inc()
                 raise
             UPDATES.labels(what).inc()
+            return result
 
         @app.get("/weights", dependencies=[Depends(authorised)])
         async def weights() -> dict[str, Any]:
@@ -233,8 +236,7 @@ def create_app(engine: Engine, settings: InferenceSettings, receiver: WeightRece
             return {"ok": True}
 
         @app.post("/request_weight_update", dependencies=[Depends(authorised)])
-        async def request_weight_update(body: WeightUpdateRequest) -> dict[str, Any]:
-            await off_loop(lambda: receiver.update(body), "update")
-            return {"ok": True, "version": engine.version}
+        async def request_weight_update(body: WeightUpdateRequest) -> UpdateTimings:
+            return await off_loop(lambda: receiver.update(body), "update")
 
     return app

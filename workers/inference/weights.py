@@ -19,6 +19,7 @@ import logging
 import math
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -158,7 +159,8 @@ class WeightReceiver:
             self.group = None
             self.group = join_group(request)
 
-    def update(self, request: WeightUpdateRequest) -> None:
+    def update(self, request: WeightUpdateRequest) -> UpdateTimings:
+        """Receive and load one update; returns how long decoding stood still and how long the transfer took."""
         with self._lock:
             group = self.group
             if group is None:
@@ -168,13 +170,18 @@ class WeightReceiver:
                 if problem:
                     receive(group, request)  # drained, so the trainer's broadcast completes and it hears why
                     raise WeightUpdateRejected(problem)
+                started, paused_before = time.perf_counter(), self.engine.paused_s
                 if self.staging:
-                    staged = receive(group, request)
+                    with self.engine.receiving():
+                        staged = receive(group, request)
                     with self.engine.paused():
                         self.engine.load(staged, request.version)
                 else:
                     with self.engine.paused():
                         self.engine.load(receive(group, request), request.version)
+                return UpdateTimings(version=request.version,
+                                     paused_ms=(self.engine.paused_s - paused_before) * 1000,
+                                     transfer_ms=(time.perf_counter() - started) * 1000)
             except RuntimeError as e:  # a member died or the timeout passed: this group is unusable now
                 self.group = None
                 raise WeightUpdateError(f"weight transfer for version {request.version} failed: {e}") from None
@@ -193,10 +200,19 @@ class WeightReceiver:
         return ""
 
 
+class UpdateTimings(BaseModel):
+    """A server's answer to ``/request_weight_update`` (kiln's server; other engines answer less)."""
+
+    version: int
+    paused_ms: float = Field(description="how long decoding stood still for this update")
+    transfer_ms: float = Field(description="from the first tensor awaited to the new weights in use")
+
+
 class UpdateReport(BaseModel):
     version: int
     updated: list[str]
     failed: dict[str, str]
+    timings: dict[str, UpdateTimings] = Field(default_factory=dict, description="per server, where it says")
 
 
 class WeightBroadcaster:
@@ -259,22 +275,25 @@ class WeightBroadcaster:
             request = WeightUpdateRequest(version=version, parameters_info=infos, packed=packs)
             sends[url] = self._pool.submit(self._send, url, group, request, packed if packs else
                                            [t for _n, t in tensors])
-        updated = []
+        updated, timings = [], {}
         for url, fut in sends.items():
             try:
-                fut.result()
+                answer = fut.result()
                 updated.append(url)
+                if answer is not None:
+                    timings[url] = answer
             except Exception as e:
                 self._groups.pop(url, None)
                 failed[url] = f"{type(e).__name__}: {e}"
                 log.warning("weight update %d to %s failed: %s", version, url, e)
-        return UpdateReport(version=version, updated=updated, failed=failed)
+        return UpdateReport(version=version, updated=updated, failed=failed, timings=timings)
 
     def _endpoint(self, url: str) -> WeightEndpoint:
         return next(e for e in self.endpoints if e.url == url)
 
-    def _send(self, url: str, group: TransferGroup, request: WeightUpdateRequest, tensors: list[Tensor]) -> None:
-        answer: Future[None] = self._pool.submit(self._endpoint(url).request_weight_update, request)
+    def _send(self, url: str, group: TransferGroup, request: WeightUpdateRequest,
+              tensors: list[Tensor]) -> UpdateTimings | None:
+        answer: Future[UpdateTimings | None] = self._pool.submit(self._endpoint(url).request_weight_update, request)
         try:
             for tensor in tensors:
                 if answer.done():  # refused before the transfer finished: the server drains, we stop
@@ -282,7 +301,7 @@ class WeightBroadcaster:
                 group.broadcast(tensor)
         except RuntimeError as e:
             raise WeightUpdateError(f"broadcast to {url} failed: {e}") from None
-        answer.result(self.timeout_s)
+        return answer.result(self.timeout_s)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -298,6 +317,6 @@ class WeightEndpoint(Protocol):
 
     def init_process_group(self, request: InitProcessGroupRequest) -> None: ...
 
-    def request_weight_update(self, request: WeightUpdateRequest) -> None: ...
+    def request_weight_update(self, request: WeightUpdateRequest) -> UpdateTimings | None: ...
 
     def health(self) -> dict[str, Any]: ...

@@ -10,10 +10,10 @@ import openai
 import pytest
 
 from kiln.workers.inference.model import ModelConfig
-from tests.workers.inference.conftest import Served
+from kiln.workers.inference.process import ServerProcess
 
 
-def test_the_openai_client_gets_completions_with_logprobs(serve: Callable[..., Served]) -> None:
+def test_the_openai_client_gets_completions_with_logprobs(serve: Callable[..., ServerProcess]) -> None:
     served = serve()
     client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused")
     assert [m.id for m in client.models.list().data] == ["kiln-tiny"]
@@ -48,7 +48,7 @@ def test_the_openai_client_gets_completions_with_logprobs(serve: Callable[..., S
     assert "e" not in text and stopped.choices[0].finish_reason in ("stop", "length")
 
 
-def test_it_refuses_what_it_must(serve: Callable[..., Served]) -> None:
+def test_it_refuses_what_it_must(serve: Callable[..., ServerProcess]) -> None:
     served = serve(ModelConfig(max_len=64))
     client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused")
     with pytest.raises(openai.BadRequestError):

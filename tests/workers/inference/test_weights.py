@@ -5,7 +5,6 @@ stays out after it comes back."""
 
 from __future__ import annotations
 
-import re
 import signal
 import threading
 import time
@@ -17,19 +16,13 @@ import torch
 
 from kiln.workers.inference.engine import SamplingParams, sample_token
 from kiln.workers.inference.model import TOKENIZER, KVCache, ModelConfig, TinyLM, weights_digest
+from kiln.workers.inference.process import ServerProcess
 from kiln.workers.inference.weights import WeightBroadcaster
-from tests.workers.inference.conftest import Served
 
 torch.set_num_threads(1)
 CONFIG = ModelConfig(max_len=1100, seed=0)
 PROMPT = "theorem t : 2 + 2 = 4 := by"
 SAMPLING = {"max_tokens": 1000, "temperature": 1.0, "seed": 1234, "ignore_eos": True, "logprobs": 0}
-
-
-def _generated_tokens(served: Served) -> float:
-    metrics = httpx.get(f"{served.url}/metrics", timeout=10).text
-    found = re.search(r"^kiln_inference_generated_tokens_total (\S+)$", metrics, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 def _replay(old: TinyLM, new: TinyLM, prompt: list[int], switch_at: int, n: int) -> tuple[list[int], list[float]]:
@@ -58,7 +51,7 @@ def _replay(old: TinyLM, new: TinyLM, prompt: list[int], switch_at: int, n: int)
             row = model.decode(torch.tensor([token]), cache, slots)[0]
 
 
-def test_an_update_lands_mid_sequence_and_the_sequence_continues(serve: Callable[..., Served]) -> None:
+def test_an_update_lands_mid_sequence_and_the_sequence_continues(serve: Callable[..., ServerProcess]) -> None:
     served = serve(CONFIG)
     client = httpx.Client(base_url=served.url, timeout=120)
     reference = client.post("/v1/completions", json={"prompt": PROMPT, **SAMPLING}).json()["choices"][0]
@@ -66,10 +59,10 @@ def test_an_update_lands_mid_sequence_and_the_sequence_continues(serve: Callable
     old, new = TinyLM(CONFIG), TinyLM(CONFIG.model_copy(update={"seed": 1}))
     broadcaster = WeightBroadcaster([served.endpoint()], timeout_s=30)
     assert broadcaster.connect() == {}
-    before = _generated_tokens(served)
+    before = served.metric("kiln_inference_generated_tokens_total")
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(lambda: client.post("/v1/completions", json={"prompt": PROMPT, **SAMPLING}).json())
-        while _generated_tokens(served) < before + 150:
+        while served.metric("kiln_inference_generated_tokens_total") < before + 150:
             time.sleep(0.005)
         report = broadcaster.update(new.named_parameters(), version=1)
         answer = running.result(120)
@@ -91,7 +84,8 @@ def test_an_update_lands_mid_sequence_and_the_sequence_continues(serve: Callable
     broadcaster.close()
 
 
-def test_a_server_dying_mid_broadcast_does_not_hang_the_trainer_and_rejoins(serve: Callable[..., Served]) -> None:
+def test_a_server_dying_mid_broadcast_does_not_hang_the_trainer_and_rejoins(
+        serve: Callable[..., ServerProcess]) -> None:
     first, second = serve(), serve()
     broadcaster = WeightBroadcaster([first.endpoint(timeout_s=15), second.endpoint(timeout_s=15)], timeout_s=15)
     assert broadcaster.connect() == {}

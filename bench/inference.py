@@ -1,0 +1,208 @@
+"""The inference server under load, and what an in-flight weight update costs it.
+
+1. Decode throughput over HTTP: ``B`` concurrent ``/v1/completions`` of 128 tokens each (B = 1, 16, 64), tokens
+   counted from the responses' usage ÷ wall-clock: ``inference_tokens_per_s_b<B>``.
+2. Pause per update while 32 sequences are generating, at 0.1M, 10M and 100M parameters (the server measures the
+   time decoding stood still and answers it per update): ``weight_update_pause_ms_p50_<size>`` / ``_p99_<size>``,
+   with the staging buffer (the default) and, at 10M, without it (``..._direct``: decoding stops while the tensors
+   arrive), plus the transfer time ``weight_update_transfer_ms_p50_<size>``.
+3. A trainer-driven run: a real trainer (Adam on next-character prediction over this repository's README) updates the
+   server after every step while 32 sequences keep generating; ``inference_paused_fraction`` = pause time the server
+   measured ÷ wall-clock, and ``decode_tokens_per_s_during_update`` ÷ ``decode_tokens_per_s_outside_updates``
+   (tokens the server sampled while weights arrived into the staging buffer, per second of arriving, against the
+   rest) as ``decode_rate_ratio_during_update``.
+Usage: python -m bench.inference [--quick]   (--quick: 0.1M and 10M only, shorter run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.common import console, median, percentile, report
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch
+import torch.nn.functional as F
+
+from kiln.workers.inference.model import TOKENIZER, ModelConfig, TinyLM
+from kiln.workers.inference.process import ServerProcess
+from kiln.workers.inference.weights import WeightBroadcaster
+
+torch.set_num_threads(1)
+SIZES = {"0.1M": ModelConfig(d_model=64, n_layers=2, n_heads=4, max_len=512),
+         "10M": ModelConfig(d_model=256, n_layers=12, n_heads=8, max_len=512),
+         "100M": ModelConfig(d_model=768, n_layers=14, n_heads=12, max_len=256)}
+
+
+class Load:
+    """Keeps ``n`` long generations in flight until stopped."""
+
+    def __init__(self, url: str, n: int, max_tokens: int) -> None:
+        self.url, self.n, self.max_tokens = url, n, max_tokens
+        self.stopping = False
+        self.tokens = 0
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient(base_url=self.url, timeout=600) as client:
+            async def one() -> None:
+                while not self.stopping:
+                    body = {"prompt": "def f(x):", "max_tokens": self.max_tokens, "ignore_eos": True}
+                    answer = (await client.post("/v1/completions", json=body)).json()
+                    self.tokens += answer["usage"]["completion_tokens"]
+            await asyncio.gather(*(one() for _ in range(self.n)))
+
+    async def running(self, served: ServerProcess, patience_s: float = 120.0) -> None:
+        """Wait until all ``n`` sequences are in the running batch (the server's gauge says so)."""
+        for _ in range(int(patience_s / 0.05)):
+            if served.metric("kiln_inference_running_sequences") >= self.n:
+                return
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"{self.n} sequences never ran together")
+
+
+async def throughput(served: ServerProcess) -> dict[str, float]:
+    metrics = {}
+    async with httpx.AsyncClient(base_url=served.url, timeout=600) as client:
+        for batch in (1, 16, 64):
+            body = {"prompt": "def f(x):", "max_tokens": 128, "ignore_eos": True}
+            started = time.perf_counter()
+            answers = await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(batch)))
+            took = time.perf_counter() - started
+            tokens = sum(a.json()["usage"]["completion_tokens"] for a in answers)
+            metrics[f"inference_tokens_per_s_b{batch}"] = tokens / took
+    return metrics
+
+
+async def pauses(size: str, config: ModelConfig, updates: int, log_dir: Path, staging: bool) -> dict[str, float]:
+    served = ServerProcess(config, log_dir / f"serve-{size}-{staging}.log",
+                           {"KILN_RL_MAX_BATCH": "32", "KILN_RL_STAGING": str(staging).lower()})
+    served.start()
+    trainer = TinyLM(config)
+    broadcaster = WeightBroadcaster([served.endpoint(timeout_s=300)], timeout_s=300)
+    load = Load(served.url, 32, config.max_len - 16)
+    try:
+        assert broadcaster.connect() == {}
+        task = asyncio.create_task(load.run())
+        await load.running(served)
+        paused, transfer = [], []
+        for version in range(1, updates + 1):
+            with torch.no_grad():
+                for p in trainer.parameters():
+                    p.add_(0.001)
+            update = await asyncio.to_thread(broadcaster.update, trainer.named_parameters(), version)
+            timing = update.timings[served.url]
+            paused.append(timing.paused_ms)
+            transfer.append(timing.transfer_ms)
+        load.stopping = True
+        await task
+    finally:
+        broadcaster.close()
+        served.stop()
+    suffix = size if staging else f"{size}_direct"
+    params = sum(p.numel() for p in trainer.parameters())
+    console.print(f"{size}: {params / 1e6:.1f}M parameters, {updates} updates, staging={staging}")
+    return {f"weight_update_pause_ms_p50_{suffix}": median(paused),
+            f"weight_update_pause_ms_p99_{suffix}": percentile(paused, 0.99),
+            f"weight_update_transfer_ms_p50_{suffix}": median(transfer)}
+
+
+def corpus_batches(length: int, batch: int) -> torch.Tensor:
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    ids = torch.tensor(TOKENIZER.encode(text))
+    starts = torch.randint(0, len(ids) - length - 1, (batch,))
+    return torch.stack([ids[s:s + length + 1] for s in starts])
+
+
+async def trainer_run(seconds: float, log_dir: Path) -> tuple[dict[str, float], dict[str, str]]:
+    config = SIZES["0.1M"]
+    served = ServerProcess(config, log_dir / "serve-run.log", {"KILN_RL_MAX_BATCH": "32"})
+    served.start()
+    model = TinyLM(config)
+    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
+    broadcaster = WeightBroadcaster([served.endpoint(timeout_s=120)], timeout_s=120)
+    load = Load(served.url, 32, 256)
+    losses: list[float] = []
+    paused_ms = 0.0
+    try:
+        assert broadcaster.connect() == {}
+        task = asyncio.create_task(load.run())
+        await load.running(served)
+        before = {name: served.metric(name) for name in (
+            "kiln_inference_generated_tokens_total", "kiln_inference_tokens_while_receiving_total",
+            "kiln_inference_receiving_seconds_total")}
+        started = time.perf_counter()
+        version = 0
+        while time.perf_counter() - started < seconds:
+            def step() -> float:
+                batch = corpus_batches(128, 16)
+                logits = model(batch[:, :-1])
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+                optimiser.zero_grad()
+                loss.backward()
+                optimiser.step()
+                return float(loss)
+            losses.append(await asyncio.to_thread(step))
+            version += 1
+            update = await asyncio.to_thread(broadcaster.update, model.named_parameters(), version)
+            paused_ms += update.timings[served.url].paused_ms
+        wall = time.perf_counter() - started
+        after = {name: served.metric(name) for name in before}
+        load.stopping = True
+        await task
+    finally:
+        broadcaster.close()
+        served.stop()
+    tokens = after["kiln_inference_generated_tokens_total"] - before["kiln_inference_generated_tokens_total"]
+    during = (after["kiln_inference_tokens_while_receiving_total"]
+              - before["kiln_inference_tokens_while_receiving_total"])
+    receiving_s = (after["kiln_inference_receiving_seconds_total"]
+                   - before["kiln_inference_receiving_seconds_total"])
+    rate_during = during / receiving_s if receiving_s else float("nan")
+    rate_outside = (tokens - during) / (wall - receiving_s - paused_ms / 1000)
+    metrics = {"inference_paused_fraction": paused_ms / 1000 / wall,
+               "decode_tokens_per_s_during_update": rate_during,
+               "decode_tokens_per_s_outside_updates": rate_outside,
+               "decode_rate_ratio_during_update": rate_during / rate_outside,
+               "trainer_steps": float(version)}
+    notes = {"trainer loss (first → last step)": f"{losses[0]:.3f} → {losses[-1]:.3f}",
+             "time receiving weights": f"{receiving_s / wall:.1%} of the run"}
+    return metrics, notes
+
+
+async def run(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, str]]:
+    log_dir = Path(tempfile.mkdtemp(prefix="kiln-bench-inference-"))
+    metrics: dict[str, float] = {}
+    served = ServerProcess(SIZES["0.1M"], log_dir / "serve-throughput.log")
+    served.start()
+    try:
+        metrics.update(await throughput(served))
+    finally:
+        served.stop()
+    sizes = ["0.1M", "10M"] if args.quick else ["0.1M", "10M", "100M"]
+    for size in sizes:
+        updates = {"0.1M": 20, "10M": 10, "100M": 5}[size] // (2 if args.quick else 1)
+        metrics.update(await pauses(size, SIZES[size], updates, log_dir, staging=True))
+    metrics.update(await pauses("10M", SIZES["10M"], 5 if args.quick else 10, log_dir, staging=False))
+    run_metrics, notes = await trainer_run(10 if args.quick else 60, log_dir)
+    metrics.update(run_metrics)
+    return metrics, notes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="0.1M and 10M only, a 10 s trainer run")
+    args = parser.parse_args()
+    metrics, notes = asyncio.run(run(args))
+    report("inference server", metrics, notes)
+
+
+if __name__ == "__main__":
+    main()
