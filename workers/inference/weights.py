@@ -139,7 +139,7 @@ def join_group(request: InitProcessGroupRequest) -> TransferGroup:
     timeout = timedelta(seconds=request.timeout_s)
     store = dist.TCPStore(request.master_address, request.master_port, is_master=False, timeout=timeout,
                           wait_for_workers=False)
-    return TransferGroup(dist.PrefixStore(request.group_name, store), request.rank, request.world_size,
+    return TransferGroup(dist.PrefixStore(f"{request.group_name}/", store), request.rank, request.world_size,
                          request.backend, request.timeout_s, _local_address_towards(request.master_address))
 
 
@@ -251,7 +251,7 @@ class WeightBroadcaster:
                                           rank=1, world_size=2, backend=self.backend, group_name=name,
                                           timeout_s=self.timeout_s)
         answer = self._pool.submit(endpoint.init_process_group, request)
-        group = self._pool.submit(TransferGroup, dist.PrefixStore(name, self.store), 0, 2, self.backend,
+        group = self._pool.submit(TransferGroup, dist.PrefixStore(f"{name}/", self.store), 0, 2, self.backend,
                                   self.timeout_s, self.master_address)
         pending: list[Future[Any]] = [answer, group]
         wait(pending, timeout=self.timeout_s + 5, return_when=FIRST_EXCEPTION)
