@@ -161,13 +161,17 @@ class Engine:
             RECEIVING.inc(took)
             self._receiving -= 1
 
-    def load(self, tensors: dict[str, Tensor], version: int) -> None:
-        """Swap in received parameters (call inside ``paused``): the staged tensors become the parameters."""
+    def load(self, tensors: dict[str, Tensor], version: int) -> list[Tensor]:
+        """Swap in received parameters (call inside ``paused``): the staged tensors become the parameters. Returns
+        the replaced ones, for the caller to drop after resuming (freeing 400 MB took ~20 ms of the pause)."""
         params = dict(self.model.named_parameters())
+        replaced = []
         with torch.no_grad():
             for name, tensor in tensors.items():
+                replaced.append(params[name].data)
                 params[name].data = tensor
         self.set_version(version)
+        return replaced
 
     def set_version(self, version: int) -> None:
         self.version = version

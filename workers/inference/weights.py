@@ -175,10 +175,11 @@ class WeightReceiver:
                     with self.engine.receiving():
                         staged = receive(group, request)
                     with self.engine.paused():
-                        self.engine.load(staged, request.version)
+                        replaced = self.engine.load(staged, request.version)
                 else:
                     with self.engine.paused():
-                        self.engine.load(receive(group, request), request.version)
+                        replaced = self.engine.load(receive(group, request), request.version)
+                del replaced  # the old weights are freed here, with decoding running
                 return UpdateTimings(version=request.version,
                                      paused_ms=(self.engine.paused_s - paused_before) * 1000,
                                      transfer_ms=(time.perf_counter() - started) * 1000)
