@@ -62,8 +62,8 @@ def test_a_short_request_finishes_while_a_long_one_runs() -> None:
         engine.stop()
 
 
-def test_checkpoints_round_trip_through_the_blob_store(s3_settings: KilnSettings) -> None:
-    store = open_blob_store(s3_settings)
+def test_checkpoints_round_trip_through_the_blob_store(s3_settings: KilnSettings, unique: str) -> None:
+    store = open_blob_store(s3_settings.model_copy(update={"blob_store": f"s3://kiln-test-{unique}/ckpt"}))
     model = TinyLM(ModelConfig(d_model=32, n_layers=1, n_heads=2, seed=11))
     digest = save_checkpoint(model, store, version=7)
     loaded, version = load_checkpoint(store, digest)

@@ -9,8 +9,10 @@ import httpx
 import openai
 import pytest
 
-from kiln.workers.inference.model import ModelConfig
-from kiln.workers.inference.process import ServerProcess
+from kiln.streams.blobstore import open_blob_store
+from kiln.streams.settings import KilnSettings
+from kiln.workers.inference.model import ModelConfig, TinyLM, save_checkpoint, weights_digest
+from kiln.workers.inference.process import ServerProcess, free_port
 
 
 def test_the_openai_client_gets_completions_with_logprobs(serve: Callable[..., ServerProcess]) -> None:
@@ -65,3 +67,25 @@ def test_it_refuses_what_it_must(serve: Callable[..., ServerProcess]) -> None:
     health = httpx.get(f"{served.url}/healthz").json()
     assert health["version"] == 0 and health["weight_group"] is False
     assert "kiln_inference_generated_tokens_total" in httpx.get(f"{served.url}/metrics").text
+
+
+def test_it_serves_a_checkpoint_and_keeps_the_admin_routes_private(serve: Callable[..., ServerProcess],
+                                                                     s3_settings: KilnSettings, unique: str) -> None:
+    blob_store = f"s3://kiln-test-{unique}/ckpt"
+    policy = TinyLM(ModelConfig(d_model=32, n_layers=1, n_heads=2, seed=21))
+    digest = save_checkpoint(policy, open_blob_store(s3_settings.model_copy(update={"blob_store": blob_store})),
+                             version=12)
+    admin_port = free_port()
+    served = serve(ModelConfig(), KILN_RL_CHECKPOINT=digest, KILN_RL_ADMIN_PORT=str(admin_port),
+                   KILN_BLOB_STORE=blob_store, KILN_S3_ENDPOINT=s3_settings.s3_endpoint or "",
+                   KILN_S3_ACCESS_KEY=s3_settings.s3_access_key or "",
+                   KILN_S3_SECRET_KEY=s3_settings.s3_secret_key or "", KILN_S3_REGION=s3_settings.s3_region)
+    headers = {"Authorization": f"Bearer {served.token}"}
+    # The policy-changing routes are not on the public port at all, only on the private one.
+    assert httpx.get(f"{served.url}/weights", headers=headers).status_code == 404
+    assert httpx.post(f"{served.url}/request_weight_update", headers=headers,
+                      json={"version": 1, "parameters_info": []}).status_code == 404
+    private = httpx.get(f"http://127.0.0.1:{admin_port}/weights", headers=headers, timeout=30).json()
+    assert private == {"version": 12, "sha256": weights_digest(policy)}
+    answer = httpx.post(f"{served.url}/v1/completions", json={"prompt": "a", "max_tokens": 3}).json()
+    assert answer["kiln"] == {"version_start": 12, "version_end": 12}
