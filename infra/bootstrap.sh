@@ -29,39 +29,31 @@ print("\n".join(sorted(set(project["dependencies"]).union(*(optional[e] for e in
 EOF
 )
 rl_requirements=$("$PYTHON" -c 'import sys, tomllib; print("\n".join(sorted(tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["rl"])))' "$ROOT/pyproject.toml")
-key=$( (printf '%s\n' "$requirements"; "$PYTHON" --version) | sha256sum | cut -c1-12)
-DEPS="$KILN_CACHE/deps-$key"
-if [[ ! -f $DEPS/.complete ]]; then
-  log "creating the shared dependency environment $DEPS (from PyPI, once per dependency list)"
-  rm -rf "$DEPS"
-  "$PYTHON" -m venv "$DEPS"
-  "$DEPS/bin/pip" install -q --disable-pip-version-check --upgrade pip "setuptools>=68" wheel >&2
-  printf '%s\n' "$requirements" >"$DEPS/requirements.txt"
-  "$DEPS/bin/pip" install -q --disable-pip-version-check -r "$DEPS/requirements.txt" >&2
-  touch "$DEPS/.complete"
-fi
-touch "$DEPS/.complete"  # last use, for pruning
-# Keep the three most recently used dependency environments; drop those of the former shared-venv layout.
-ls -1dt "$KILN_CACHE"/deps-* 2>/dev/null | tail -n +4 | xargs -r rm -rf
-rm -rf "$KILN_CACHE"/venv-*
-
-# The rl environment: built once per rl list, without keeping pip's copy of the 3 GB wheel; the two most recently
-# used are kept.
-RL=""
-if [[ ${KILN_RL:-1} != 0 ]]; then
-  rl_key=$( (printf '%s\n' "$rl_requirements"; "$PYTHON" --version) | sha256sum | cut -c1-12)
-  RL="$KILN_CACHE/rl-$rl_key"
-  if [[ ! -f $RL/.complete ]]; then
-    log "creating the rl environment $RL (torch from PyPI: ~3 GB download, once per rl list)"
-    rm -rf "$RL"
-    "$PYTHON" -m venv "$RL"
-    printf '%s\n' "$rl_requirements" >"$RL/requirements.txt"
-    "$RL/bin/pip" install -q --disable-pip-version-check --no-cache-dir -r "$RL/requirements.txt" >&2
-    touch "$RL/.complete"
+# cached_env PREFIX REQUIREMENTS KEEP [PIP_ARGS...]: a virtualenv $KILN_CACHE/PREFIX-<key> holding REQUIREMENTS,
+# keyed by them and the Python version, built once; the KEEP most recently used of that prefix are kept. Prints it.
+cached_env() {
+  local prefix=$1 reqs=$2 keep=$3 key dir
+  shift 3
+  key=$( (printf '%s\n' "$reqs"; "$PYTHON" --version) | sha256sum | cut -c1-12)
+  dir="$KILN_CACHE/$prefix-$key"
+  if [[ ! -f $dir/.complete ]]; then
+    log "creating the $prefix environment $dir (from PyPI, once per requirement list)"
+    rm -rf "$dir"
+    "$PYTHON" -m venv "$dir"
+    "$dir/bin/pip" install -q --disable-pip-version-check --upgrade pip "setuptools>=68" wheel >&2
+    printf '%s\n' "$reqs" >"$dir/requirements.txt"
+    "$dir/bin/pip" install -q --disable-pip-version-check "$@" -r "$dir/requirements.txt" >&2
+    touch "$dir/.complete"
   fi
-  touch "$RL/.complete"
-  ls -1dt "$KILN_CACHE"/rl-* 2>/dev/null | tail -n +3 | xargs -r rm -rf
-fi
+  touch "$dir/.complete"  # last use, for pruning
+  ls -1dt "$KILN_CACHE/$prefix"-* 2>/dev/null | tail -n +$((keep + 1)) | xargs -r rm -rf
+  echo "$dir"
+}
+DEPS=$(cached_env deps "$requirements" 3)
+rm -rf "$KILN_CACHE"/venv-*  # the former shared-venv layout
+# The rl environment (torch: ~3 GB download) without keeping pip's copy of the wheel.
+RL=""
+[[ ${KILN_RL:-1} == 0 ]] || RL=$(cached_env rl "$rl_requirements" 2 --no-cache-dir)
 
 VENV="$ROOT/.venv"
 [[ -L $VENV ]] && rm -f "$VENV"  # a link into a shared environment (the former layout)
