@@ -1,0 +1,94 @@
+"""The trainer contract (PipelineRL's): forward log-probs, backward on the RL objective, optimizer step, and the
+named weights to broadcast — for any torch causal LM whose forward maps token ids [B, L] to logits [B, L, V]."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from kiln.workers.rollout.loss import LossReport, leave_one_out, policy_loss
+
+
+@dataclass
+class Sample:
+    """One completion of a prompt as the sampler produced it."""
+
+    completion: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    reward: float
+
+
+@dataclass
+class Group:
+    """The samples of one prompt: the unit of the leave-one-out baseline."""
+
+    prompt: list[int]
+    samples: list[Sample]
+
+
+@dataclass
+class StepReport:
+    version: int
+    loss: LossReport
+    reward_mean: float
+    sequences: int
+    tokens: int
+    seconds: float
+
+
+class PolicyTrainer:
+    def __init__(self, model: nn.Module, lr: float = 1e-3, temperature: float = 1.0, max_ratio: float = 2.0,
+                 entropy_coef: float = 0.01, pad_id: int = 0,
+                 logits_of: Callable[[nn.Module, Tensor], Tensor] | None = None) -> None:
+        self.model = model
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        self.temperature, self.max_ratio, self.entropy_coef = temperature, max_ratio, entropy_coef
+        self.pad_id = pad_id
+        self._logits_of = logits_of or (lambda m, tokens: m(tokens))
+        self.version = 0
+
+    def batch(self, groups: list[Group]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """(inputs, targets, mask, old log-probs, advantages): every sample as prompt + completion, shifted by one,
+        right-padded; the mask covers the completion's positions."""
+        rows = [(g.prompt, s) for g in groups for s in g.samples]
+        width = max(len(p) + len(s.completion) for p, s in rows) - 1
+        inputs = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        targets = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(len(rows), width)
+        old = torch.zeros(len(rows), width)
+        for i, (prompt, sample) in enumerate(rows):
+            seq = prompt + sample.completion
+            n = len(seq) - 1
+            inputs[i, :n] = torch.tensor(seq[:-1])
+            targets[i, :n] = torch.tensor(seq[1:])
+            start = len(prompt) - 1
+            mask[i, start:n] = 1.0
+            old[i, start:n] = torch.tensor(sample.logprobs)
+        advantages = torch.cat([leave_one_out(torch.tensor([s.reward for s in g.samples])) for g in groups])
+        return inputs, targets, mask, old, advantages
+
+    def step(self, groups: list[Group]) -> StepReport:
+        started = time.perf_counter()
+        self.model.train()
+        inputs, targets, mask, old, advantages = self.batch(groups)
+        logits = self._logits_of(self.model, inputs)
+        loss, report = policy_loss(logits, targets, mask, old, advantages, self.temperature, self.max_ratio,
+                                   self.entropy_coef)
+        self.optimizer.zero_grad()
+        torch.autograd.backward(loss)
+        self.optimizer.step()
+        self.model.eval()
+        self.version += 1
+        rewards = [s.reward for g in groups for s in g.samples]
+        return StepReport(version=self.version, loss=report, reward_mean=sum(rewards) / len(rewards),
+                          sequences=len(rewards), tokens=int(mask.sum()), seconds=time.perf_counter() - started)
+
+    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """What to broadcast after a step, in a fixed order."""
+        for name, p in self.model.named_parameters():
+            yield name, p.detach()
