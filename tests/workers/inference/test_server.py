@@ -10,9 +10,10 @@ import openai
 import pytest
 
 from kiln.streams.blobstore import open_blob_store
+from kiln.streams.processes import free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.inference.model import ModelConfig, TinyLM, save_checkpoint, weights_digest
-from kiln.workers.inference.process import ServerProcess, free_port
+from kiln.workers.inference.process import ServerProcess
 
 
 def test_the_openai_client_gets_completions_with_logprobs(serve: Callable[..., ServerProcess]) -> None:
