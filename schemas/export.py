@@ -21,12 +21,13 @@ from kiln.schemas.exec import ExecRequest, ExecResult
 from kiln.schemas.ingest import IngestEvent, IngestRequest
 from kiln.schemas.lean import LeanRequest, LeanResult
 from kiln.schemas.reports import CoverageReport, TestReport
+from kiln.schemas.rl import RolloutGroup, RolloutRequest
 
 SCHEMA_DIR = Path(__file__).parent / "jsonschema"
 MODELS: list[type[BaseModel]] = [
     RequestEnvelope, ResultEnvelope, EchoRequest, EchoResult, SleepRequest, SleepResult, TestReport, CoverageReport,
     IngestRequest, IngestEvent, LeanRequest, LeanResult, BuildRequest, BuildEvent,
-    ExecRequest, ExecResult,
+    ExecRequest, ExecResult, RolloutRequest, RolloutGroup,
 ]
 
 

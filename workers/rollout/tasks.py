@@ -7,15 +7,7 @@ import random
 import re
 from typing import Protocol
 
-from pydantic import BaseModel
-
-
-class Task(BaseModel):
-    """One prompt and what a verifier needs to check a sample against it."""
-
-    task_id: str
-    prompt: str
-    answer: str
+from kiln.schemas.rl import RolloutTask as Task
 
 
 class TaskSource(Protocol):

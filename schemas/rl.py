@@ -1,0 +1,66 @@
+"""Models of the RL loop: a rollout request (one prompt group), the rollout group it becomes on ``rollouts``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RolloutTask(BaseModel):
+    """A prompt and what its verifier needs. ``exact_match``: the number a completion starts with equals
+    ``answer``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str = Field(min_length=1, max_length=256)
+    prompt: str = Field(max_length=100_000)
+    answer: str = Field("", max_length=100_000)
+    verifier: Literal["exact_match"] = "exact_match"
+
+
+class Sampling(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = Field(8, ge=1, le=64, description="samples in the group")
+    max_tokens: int = Field(16, ge=1, le=32_768)
+    temperature: float = Field(1.0, ge=0, le=10)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+
+class RolloutRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    task: RolloutTask
+    sampling: Sampling = Field(default_factory=Sampling)
+    actor_version: int = Field(0, ge=0, description="the trainer's latest version the actor had seen")
+
+
+class RolloutSample(BaseModel):
+    """One completion: what the sampler produced, token by token, and what the verifier said."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int] = Field(description="policy version that produced each token")
+    finish_reason: str
+    reward: float
+    verifier: dict[str, Any] = Field(default_factory=dict)
+
+
+class RolloutGroup(BaseModel):
+    """The samples of one prompt, as the trainer reads them from ``rollouts``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str
+    prompt: str
+    samples: list[RolloutSample]
+    version_start: int
+    version_end: int
+    actor_version: int
+    endpoint: str
+    generate_s: float
+    verify_s: float
