@@ -1,4 +1,5 @@
-"""``kiln rl serve``: the inference server (settings: ``KILN_RL_*``, see ``InferenceSettings``)."""
+"""``kiln rl serve`` (the inference server, settings ``KILN_RL_*``) and ``kiln rl train`` (the trainer on ``rollouts``,
+settings ``KILN_TRAIN_*``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import typer
 import uvicorn
 
-app = typer.Typer(help="Reinforcement learning: the inference server.", no_args_is_help=True)
+app = typer.Typer(help="Reinforcement learning: the inference server and the trainer.", no_args_is_help=True)
 
 
 @app.command()
@@ -62,3 +63,22 @@ def serve(port: int | None = None, host: str | None = None) -> None:
         asyncio.run(run())
     finally:
         engine.stop()
+
+
+@app.command()
+def train(max_steps: int | None = None) -> None:
+    """Train on ``rollouts`` (settings: ``KILN_TRAIN_*``): a step per ``groups_per_step`` groups, each checkpointed
+    before its offsets are committed and its weights broadcast; SIGTERM stops after the current step (what was not
+    committed is trained again by the next trainer)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import signal
+
+    import torch
+
+    from kiln.streams.settings import get_settings
+    from kiln.workers.rollout.train import RolloutTrainer, TrainSettings
+
+    torch.set_num_threads(1)
+    trainer = RolloutTrainer(get_settings(), TrainSettings())
+    signal.signal(signal.SIGTERM, lambda *_: trainer.stop.set())
+    trainer.run(max_steps)

@@ -1,0 +1,74 @@
+"""The trainer on Kafka: steps on groups from ``rollouts``, a checkpoint before every commit and broadcast, the
+server updated to each version; a restarted trainer resumes from the checkpoint its commit names and trains only
+the rollouts after it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+
+from kiln.schemas.rl import RolloutRequest, Sampling
+from kiln.streams.client import KilnClient
+from kiln.streams.processes import WorkerProcess
+from kiln.streams.settings import KilnSettings
+from kiln.workers.inference.model import ModelConfig, weights_digest
+from kiln.workers.inference.process import ServerProcess
+from kiln.workers.rollout.tasks import Addition
+from kiln.workers.rollout.train import RolloutTrainer, TrainSettings, latest_update
+from tests.workers.conftest import worker_env
+
+
+def _committed(settings: KilnSettings, group: str, partitions: int) -> list[TopicPartition]:
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group})
+    try:
+        return consumer.committed([TopicPartition(settings.topic("rollouts"), p) for p in range(partitions)],
+                                  timeout=10)
+    finally:
+        consumer.close()
+
+
+async def test_steps_checkpoint_commit_broadcast_and_resume(stage_topics: Callable[..., KilnSettings],
+                                                            tmp_path: Path, unique: str) -> None:
+    settings = stage_topics(("rollout.requests", 2), ("rollouts", 2))
+    settings = settings.model_copy(update={"blob_store": f"file://{tmp_path / 'blobs'}"})
+    config = ModelConfig(max_len=64)
+    server = ServerProcess(config, tmp_path / "serve.log")
+    server.start()
+    train = TrainSettings(group_id=f"trainer-{unique}", groups_per_step=4, endpoints=[server.url],
+                          admin_token=server.token, max_len=64)
+    tasks = Addition(1)
+
+    async def rollouts(n: int) -> None:
+        async with KilnClient(settings, f"actor-{unique}") as client:
+            futures = [await client.submit("rollout", RolloutRequest(task=t, sampling=Sampling(n=4, max_tokens=3)))
+                       for t in tasks.sample(n)]
+            await asyncio.gather(*futures)
+
+    env = worker_env(settings, KILN_ROLLOUT_ENDPOINTS=json.dumps([server.url]))
+    try:
+        with WorkerProcess("rollout", settings, "rollout.requests", slots=4, env=env) as worker:
+            worker.wait_assigned()
+            await rollouts(8)
+            first = RolloutTrainer(settings, train)
+            events = await asyncio.to_thread(first.run, 2)
+            assert [e.version for e in events] == [1, 2] and all(e.groups == 4 for e in events)
+            assert all(e.servers_updated == 1 and e.servers_failed == {} for e in events)
+            assert server.weights() == {"version": 2, "sha256": weights_digest(first.trainer.model)}
+            committed = _committed(settings, train.group_id, 2)
+            assert sum(p.offset for p in committed) == 8  # both steps' groups, nothing beyond
+            assert {p.metadata for p in committed} == {events[-1].checkpoint}
+
+            # A new trainer process (same group) resumes at version 2 with the same weights, on new rollouts only.
+            await rollouts(4)
+            second = RolloutTrainer(settings, train)
+            events = await asyncio.to_thread(second.run, 1)
+            assert [e.version for e in events] == [3] and events[0].groups == 4
+            assert server.weights()["version"] == 3
+            assert latest_update(settings) == events[0].model_dump(mode="json")
+            worker.stop()
+    finally:
+        server.stop()

@@ -1,0 +1,199 @@
+"""``kiln rl train``: the trainer as a consumer group on ``rollouts``.
+
+Each step takes ``groups_per_step`` rollout groups, runs ``PolicyTrainer.step``, then, in this order: writes a
+checkpoint (weights, optimizer, version) to the blob store, commits the consumed offsets of ``rollouts`` with the
+checkpoint's digest as commit metadata, broadcasts the weights to every inference server in flight, and publishes an
+event on ``policy.updates``. So the committed offsets are always those of a durable checkpoint: a killed trainer
+restarts from the checkpoint its group's commit names and trains exactly the rollouts after it, and no server ever
+sees a version the checkpoint does not have (versions never go back).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import torch
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from kiln.schemas.rl import RolloutGroup
+from kiln.streams import admin
+from kiln.streams.blobstore import BlobStore, open_blob_store
+from kiln.streams.executor import producer_config
+from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import WEEK, TopicSpec
+from kiln.workers.inference.endpoints import KilnEndpoint
+from kiln.workers.inference.model import TOKENIZER, ModelConfig, TinyLM
+from kiln.workers.inference.weights import WeightBroadcaster
+from kiln.workers.rollout.trainer import Group, PolicyTrainer, Sample, StepReport
+
+log = logging.getLogger("kiln.train")
+ROLLOUTS, UPDATES = "rollouts", "policy.updates"
+
+
+class TrainSettings(BaseSettings):
+    """``KILN_TRAIN_*``."""
+
+    model_config = SettingsConfigDict(env_prefix="KILN_TRAIN_", extra="ignore")
+
+    group_id: str = Field("kiln-trainer", description="Consumer group on rollouts (one trainer per group).")
+    groups_per_step: int = Field(64, ge=1, description="Rollout groups per optimizer step.")
+    lr: float = 1e-3
+    entropy_coef: float = 0.01
+    max_ratio: float = 2.0
+    temperature: float = 1.0
+    endpoints: list[str] = Field(default_factory=list, description="Inference servers to update (JSON list).")
+    admin_token: str = Field("", description="The servers' admin token.")
+    master_address: str = Field("127.0.0.1", description="Address the servers reach the trainer's store on.")
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    max_len: int = 512
+    seed: int = 0
+
+
+class PolicyUpdate(BaseModel):
+    """One event on ``policy.updates``."""
+
+    version: int
+    checkpoint: str
+    groups: int
+    samples: int
+    reward_mean: float
+    loss: float
+    entropy: float
+    step_s: float
+    lag_mean: float = Field(description="versions between the one a sample started with and this step's")
+    lag_max: int
+    servers_updated: int
+    servers_failed: dict[str, str]
+
+
+def save_state(trainer: PolicyTrainer, store: BlobStore) -> str:
+    buffer = io.BytesIO()
+    model = trainer.model
+    config = model.config.model_dump() if isinstance(model, TinyLM) else {}
+    torch.save({"model": model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
+                "version": trainer.version, "config": config}, buffer)
+    return store.put(buffer.getvalue()).digest
+
+
+def load_state(trainer: PolicyTrainer, store: BlobStore, digest: str) -> None:
+    state = torch.load(io.BytesIO(store.get(digest)), weights_only=True)
+    trainer.model.load_state_dict(state["model"])
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.version = int(state["version"])
+
+
+def to_group(rollout: RolloutGroup) -> Group:
+    return Group(prompt=TOKENIZER.encode(rollout.prompt),
+                 samples=[Sample(s.token_ids, s.logprobs, s.versions, s.reward) for s in rollout.samples
+                          if s.token_ids])
+
+
+class RolloutTrainer:
+    def __init__(self, settings: KilnSettings, train: TrainSettings, policy: torch.nn.Module | None = None) -> None:
+        self.settings, self.train = settings, train
+        model = policy or TinyLM(ModelConfig(d_model=train.d_model, n_layers=train.n_layers, n_heads=train.n_heads,
+                                             max_len=train.max_len, seed=train.seed))
+        self.trainer = PolicyTrainer(model, lr=train.lr, temperature=train.temperature, max_ratio=train.max_ratio,
+                                     entropy_coef=train.entropy_coef)
+        self.store = open_blob_store(settings)
+        self.rollouts, self.updates = settings.topic(ROLLOUTS), settings.topic(UPDATES)
+        admin.create_topics(settings, [TopicSpec(UPDATES, 1, WEEK)])
+        self.broadcaster = WeightBroadcaster(
+            [KilnEndpoint(url, admin_token=train.admin_token) for url in train.endpoints],
+            master_address=train.master_address) if train.endpoints else None
+        self.producer = Producer(producer_config(settings))
+        self.positions: dict[int, int] = {}
+        self.checkpoint = ""
+        self.stop = threading.Event()
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        committed = consumer.committed(partitions, timeout=30)
+        digests = {p.metadata for p in committed if p.metadata}
+        if len(digests) > 1:
+            log.warning("partitions of %s name different checkpoints %s; using the first", self.rollouts, digests)
+        if digests and (digest := sorted(digests)[0]) != self.checkpoint:
+            load_state(self.trainer, self.store, digest)
+            self.checkpoint = digest
+            log.info("resumed from checkpoint %s (version %d)", digest, self.trainer.version)
+        for p in committed:
+            self.positions[p.partition] = max(p.offset, 0)
+
+    def run(self, max_steps: int | None = None) -> list[PolicyUpdate]:
+        consumer = Consumer(self.settings.kafka(**{
+            "group.id": self.train.group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
+        consumer.subscribe([self.rollouts], on_assign=self._on_assign)
+        if self.broadcaster is not None:
+            failed = self.broadcaster.connect()
+            if failed:
+                log.warning("servers not in a weight group yet: %s", failed)
+        done: list[PolicyUpdate] = []
+        pending: list[tuple[Message, RolloutGroup]] = []
+        try:
+            while not self.stop.is_set() and (max_steps is None or len(done) < max_steps):
+                msg = consumer.poll(0.2)
+                if msg is None or msg.error() is not None:
+                    continue
+                pending.append((msg, RolloutGroup.model_validate_json(msg.value() or b"")))
+                if len(pending) >= self.train.groups_per_step:
+                    done.append(self._step(consumer, pending))
+                    pending = []
+        finally:
+            consumer.close()  # uncommitted rollouts replay into the next life's first step
+            self.producer.flush(30)
+        return done
+
+    def _step(self, consumer: Consumer, batch: list[tuple[Message, RolloutGroup]]) -> PolicyUpdate:
+        groups = [g for _m, g in batch]
+        version_before = self.trainer.version
+        lags = [version_before - s.versions[0] for g in groups for s in g.samples if s.versions]
+        report: StepReport = self.trainer.step([to_group(g) for g in groups])
+        self.checkpoint = save_state(self.trainer, self.store)
+        for msg, _group in batch:
+            partition, offset = msg.partition(), msg.offset()
+            if partition is not None and offset is not None:
+                self.positions[partition] = max(self.positions.get(partition, 0), offset + 1)
+        consumer.commit(offsets=[TopicPartition(self.rollouts, p, o, self.checkpoint)
+                                 for p, o in self.positions.items()], asynchronous=False)
+        updated: list[str] = []
+        failed: dict[str, str] = {}
+        if self.broadcaster is not None:
+            sent = self.broadcaster.update(self.trainer.named_weights(), report.version)
+            updated, failed = sent.updated, sent.failed
+        event = PolicyUpdate(version=report.version, checkpoint=self.checkpoint, groups=len(groups),
+                             samples=report.sequences, reward_mean=report.reward_mean, loss=report.loss.loss,
+                             entropy=report.loss.entropy, step_s=report.seconds,
+                             lag_mean=sum(lags) / len(lags) if lags else 0.0, lag_max=max(lags, default=0),
+                             servers_updated=len(updated), servers_failed=failed)
+        self.producer.produce(self.updates, event.model_dump_json().encode(), key=b"policy")
+        self.producer.poll(0)
+        log.info("step %d: reward %.3f, loss %.4f, lag %.2f", event.version, event.reward_mean, event.loss,
+                 event.lag_mean)
+        return event
+
+
+def latest_update(settings: KilnSettings, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """The newest event on ``policy.updates`` (what an actor reads for its back-pressure)."""
+    consumer = Consumer(settings.kafka(**{"group.id": f"kiln-latest-{time.monotonic_ns()}",
+                                          "enable.auto.commit": False}))
+    try:
+        tp = TopicPartition(settings.topic(UPDATES), 0)
+        _low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+        if high <= 0:
+            return None
+        consumer.assign([TopicPartition(tp.topic, 0, high - 1)])
+        msg = consumer.poll(timeout_s)
+        if msg is None or msg.error() is not None:
+            return None
+        result: dict[str, Any] = json.loads(msg.value() or b"{}")
+        return result
+    finally:
+        consumer.close()
