@@ -1,5 +1,5 @@
-"""``kiln rl serve`` (the inference server, settings ``KILN_RL_*``) and ``kiln rl train`` (the trainer on ``rollouts``,
-settings ``KILN_TRAIN_*``)."""
+"""``kiln rl serve`` (the inference server, settings ``KILN_RL_*``), ``kiln rl train`` (the trainer on ``rollouts``,
+settings ``KILN_TRAIN_*``) and ``kiln rl actor`` (rollout requests, ``KILN_ACTOR_*``)."""
 
 from __future__ import annotations
 
@@ -82,3 +82,21 @@ def train(max_steps: int | None = None) -> None:
     trainer = RolloutTrainer(get_settings(), TrainSettings())
     signal.signal(signal.SIGTERM, lambda *_: trainer.stop.set())
     trainer.run(max_steps)
+
+
+@app.command()
+def actor(groups: int | None = None, digits: int = 1) -> None:
+    """Produce rollout requests for the digit-addition task (settings: ``KILN_ACTOR_*``), at most ``max_ahead``
+    groups beyond what the trainer has trained on; SIGTERM stops submitting and waits for the answers."""
+    import signal
+
+    from kiln.streams.settings import get_settings
+    from kiln.workers.rollout.actor import Actor
+    from kiln.workers.rollout.tasks import Addition
+
+    async def run() -> None:
+        runner = Actor(get_settings(), Addition(digits))
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, runner.stop.set)
+        await runner.run(groups)
+
+    asyncio.run(run())

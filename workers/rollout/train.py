@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import torch
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -64,6 +64,7 @@ class PolicyUpdate(BaseModel):
     version: int
     checkpoint: str
     groups: int
+    groups_total: int = Field(description="groups trained on since the first step (carried in the checkpoint)")
     samples: int
     reward_mean: float
     loss: float
@@ -75,20 +76,22 @@ class PolicyUpdate(BaseModel):
     servers_failed: dict[str, str]
 
 
-def save_state(trainer: PolicyTrainer, store: BlobStore) -> str:
+def save_state(trainer: PolicyTrainer, store: BlobStore, groups_total: int) -> str:
     buffer = io.BytesIO()
     model = trainer.model
     config = model.config.model_dump() if isinstance(model, TinyLM) else {}
     torch.save({"model": model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
-                "version": trainer.version, "config": config}, buffer)
+                "version": trainer.version, "groups_total": groups_total, "config": config}, buffer)
     return store.put(buffer.getvalue()).digest
 
 
-def load_state(trainer: PolicyTrainer, store: BlobStore, digest: str) -> None:
+def load_state(trainer: PolicyTrainer, store: BlobStore, digest: str) -> int:
+    """Restores the trainer; returns the groups trained on so far."""
     state = torch.load(io.BytesIO(store.get(digest)), weights_only=True)
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.version = int(state["version"])
+    return int(state["groups_total"])
 
 
 def to_group(rollout: RolloutGroup) -> Group:
@@ -113,6 +116,7 @@ class RolloutTrainer:
         self.producer = Producer(producer_config(settings))
         self.positions: dict[int, int] = {}
         self.checkpoint = ""
+        self.groups_total = 0
         self.stop = threading.Event()
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -121,7 +125,7 @@ class RolloutTrainer:
         if len(digests) > 1:
             log.warning("partitions of %s name different checkpoints %s; using the first", self.rollouts, digests)
         if digests and (digest := sorted(digests)[0]) != self.checkpoint:
-            load_state(self.trainer, self.store, digest)
+            self.groups_total = load_state(self.trainer, self.store, digest)
             self.checkpoint = digest
             log.info("resumed from checkpoint %s (version %d)", digest, self.trainer.version)
         for p in committed:
@@ -156,7 +160,8 @@ class RolloutTrainer:
         version_before = self.trainer.version
         lags = [version_before - s.versions[0] for g in groups for s in g.samples if s.versions]
         report: StepReport = self.trainer.step([to_group(g) for g in groups])
-        self.checkpoint = save_state(self.trainer, self.store)
+        self.groups_total += len(groups)
+        self.checkpoint = save_state(self.trainer, self.store, self.groups_total)
         for msg, _group in batch:
             partition, offset = msg.partition(), msg.offset()
             if partition is not None and offset is not None:
@@ -169,6 +174,7 @@ class RolloutTrainer:
             sent = self.broadcaster.update(self.trainer.named_weights(), report.version)
             updated, failed = sent.updated, sent.failed
         event = PolicyUpdate(version=report.version, checkpoint=self.checkpoint, groups=len(groups),
+                             groups_total=self.groups_total,
                              samples=report.sequences, reward_mean=report.reward_mean, loss=report.loss.loss,
                              entropy=report.loss.entropy, step_s=report.seconds,
                              lag_mean=sum(lags) / len(lags) if lags else 0.0, lag_max=max(lags, default=0),
@@ -186,7 +192,12 @@ def latest_update(settings: KilnSettings, timeout_s: float = 10.0) -> dict[str, 
                                           "enable.auto.commit": False}))
     try:
         tp = TopicPartition(settings.topic(UPDATES), 0)
-        _low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+        try:
+            _low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+        except KafkaException as e:
+            if e.args and e.args[0].code() in (KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART):
+                return None  # no trainer has started yet: it creates the topic
+            raise
         if high <= 0:
             return None
         consumer.assign([TopicPartition(tp.topic, 0, high - 1)])

@@ -1,6 +1,6 @@
 """The trainer on Kafka: steps on groups from ``rollouts``, a checkpoint before every commit and broadcast, the
 server updated to each version; a restarted trainer resumes from the checkpoint its commit names and trains only
-the rollouts after it."""
+the rollouts after it. The actor never runs more than ``max_ahead`` groups beyond what the trainer has trained."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from kiln.streams.processes import WorkerProcess
 from kiln.streams.settings import KilnSettings
 from kiln.workers.inference.model import ModelConfig, weights_digest
 from kiln.workers.inference.process import ServerProcess
+from kiln.workers.rollout.actor import Actor, ActorSettings
 from kiln.workers.rollout.tasks import Addition
 from kiln.workers.rollout.train import RolloutTrainer, TrainSettings, latest_update
+from tests.streams.harness import read_all
 from tests.workers.conftest import worker_env
 
 
@@ -72,3 +74,33 @@ async def test_steps_checkpoint_commit_broadcast_and_resume(stage_topics: Callab
             worker.stop()
     finally:
         server.stop()
+
+
+async def test_the_actor_stays_within_max_ahead_of_the_trainer(stage_topics: Callable[..., KilnSettings],
+                                                               tmp_path: Path, unique: str) -> None:
+    settings = stage_topics(("rollout.requests", 2), ("rollouts", 2))
+    settings = settings.model_copy(update={"blob_store": f"file://{tmp_path / 'blobs'}"})
+    server = ServerProcess(ModelConfig(max_len=64), tmp_path / "serve.log")
+    server.start()
+    env = worker_env(settings, KILN_ROLLOUT_ENDPOINTS=json.dumps([server.url]))
+    try:
+        with WorkerProcess("rollout", settings, "rollout.requests", slots=4, env=env) as worker:
+            worker.wait_assigned()
+            actor = Actor(settings, Addition(1), ActorSettings(client_id=f"actor-{unique}", max_ahead=4, n=4,
+                                                               poll_s=0.2))
+            running = asyncio.create_task(actor.run(groups=12))
+            await asyncio.sleep(3)
+            assert not running.done()  # held back: nothing trained yet
+            assert len(read_all(settings, settings.topic("rollouts"), expect=4)) == 4
+            trainer = RolloutTrainer(settings, TrainSettings(group_id=f"trainer-{unique}", groups_per_step=4,
+                                                             endpoints=[server.url], admin_token=server.token,
+                                                             max_len=64))
+            events = await asyncio.to_thread(trainer.run, 2)
+            report = await asyncio.wait_for(running, 60)
+            worker.stop()
+    finally:
+        server.stop()
+    assert [e.groups_total for e in events] == [4, 8]
+    assert report.submitted == report.answered == 12 and report.failed == 0 and report.held_back_s > 0
+    assert report.latest_version == 2
+    assert len(read_all(settings, settings.topic("rollouts"), expect=12)) == 12
