@@ -1,6 +1,7 @@
 """The dependency direction of docs/architecture.md, checked on every import in the package: schemas imports nothing
 of kiln's, the runtime (streams) knows no stage, and a stage reaches another stage only through its spec, client
-facade or errors — never its handler."""
+facade or errors — never its handler. Packages under workers/ without a spec (common, inference) are libraries any
+stage may use."""
 
 from __future__ import annotations
 
@@ -31,11 +32,17 @@ def test_schemas_is_a_leaf_and_the_runtime_knows_no_stage() -> None:
             if f.startswith("streams/") and not m.startswith(("kiln.streams", "kiln.schemas"))] == []
 
 
+def _is_stage(package: str) -> bool:
+    """A package under workers/ is a stage when it declares a spec; others (common, inference) are libraries."""
+    return (ROOT / "workers" / package / "spec.py").exists()
+
+
 def test_a_stage_uses_another_stage_only_through_its_spec_client_or_errors() -> None:
+    assert _is_stage("exec") and _is_stage("rollout") and not _is_stage("common") and not _is_stage("inference")
     crossings = []
     for importer, module in _imports():
         parts = module.split(".")
-        if parts[1] != "workers" or len(parts) < 3 or parts[2] == "common":
+        if parts[1] != "workers" or len(parts) < 3 or not _is_stage(parts[2]):
             continue
         own = importer.split("/")[1].removesuffix(".py") if importer.startswith("workers/") else None
         if parts[2] != own and (len(parts) < 4 or parts[3] not in PUBLIC_OF_A_STAGE):
