@@ -24,16 +24,23 @@ from torch import Tensor, nn
 from kiln.streams.blobstore import BlobStore
 
 
-class ModelConfig(BaseModel):
-    """Shape of the policy. The defaults give ~0.1M parameters; d_model=768, n_layers=14 gives ~100M."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class ModelShape(BaseModel):
+    """The fields that shape a fresh policy; process settings that build one (server, trainer) inherit them."""
 
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
     max_len: int = 512
     seed: int = 0
+
+    def shape(self) -> ModelConfig:
+        return ModelConfig(**{name: getattr(self, name) for name in ModelShape.model_fields})
+
+
+class ModelConfig(ModelShape):
+    """Shape of the policy. The defaults give ~0.1M parameters; d_model=768, n_layers=14 gives ~100M."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class CharTokenizer:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.workers.inference.engine import Engine, Generation, PromptTooLong, SamplingParams
-from kiln.workers.inference.model import TOKENIZER, weights_digest
+from kiln.workers.inference.model import TOKENIZER, ModelShape, weights_digest
 from kiln.workers.inference.weights import (
     InitProcessGroupRequest,
     UpdateTimings,
@@ -37,7 +37,7 @@ REQUESTS = Counter("kiln_inference_requests_total", "Completion requests.", ["ro
 UPDATES = Counter("kiln_inference_weight_updates_total", "Weight updates, by outcome.", ["outcome"])
 
 
-class InferenceSettings(BaseSettings):
+class InferenceSettings(BaseSettings, ModelShape):
     """``KILN_RL_*``: the server process's settings."""
 
     model_config = SettingsConfigDict(env_prefix="KILN_RL_", extra="ignore")
@@ -51,12 +51,8 @@ class InferenceSettings(BaseSettings):
     model_name: str = Field("kiln-tiny", description="The id /v1/models lists.")
     max_batch: int = Field(64, ge=1, description="Sequences decoded together at most.")
     staging: bool = Field(True, description="Receive weights into a staging buffer while decoding continues.")
-    checkpoint: str = Field("", description="Blob-store digest of a safetensors checkpoint; empty = fresh init.")
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    max_len: int = 512
-    seed: int = 0
+    checkpoint: str = Field("", description="Blob-store digest of a safetensors checkpoint; empty = fresh init "
+                            "of the shape KILN_RL_D_MODEL|N_LAYERS|N_HEADS|MAX_LEN|SEED (ModelShape).")
 
 
 # ---- request and response shapes (OpenAI's, with kiln's extensions) ------------------------------------------

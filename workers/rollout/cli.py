@@ -22,7 +22,7 @@ def serve(port: int | None = None, host: str | None = None) -> None:
     from kiln.streams.blobstore import open_blob_store
     from kiln.streams.settings import get_settings
     from kiln.workers.inference.engine import Engine
-    from kiln.workers.inference.model import ModelConfig, TinyLM, load_checkpoint
+    from kiln.workers.inference.model import TinyLM, load_checkpoint
     from kiln.workers.inference.server import InferenceSettings, create_app
     from kiln.workers.inference.weights import WeightReceiver
 
@@ -36,8 +36,7 @@ def serve(port: int | None = None, host: str | None = None) -> None:
     if settings.checkpoint:
         model, version = load_checkpoint(open_blob_store(get_settings()), settings.checkpoint)
     else:
-        model = TinyLM(ModelConfig(d_model=settings.d_model, n_layers=settings.n_layers, n_heads=settings.n_heads,
-                                   max_len=settings.max_len, seed=settings.seed))
+        model = TinyLM(settings.shape())
     engine = Engine(model, max_batch=settings.max_batch, version=version)
     receiver = WeightReceiver(engine, staging=settings.staging)
     separate = settings.admin_port != 0

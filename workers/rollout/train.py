@@ -29,7 +29,7 @@ from kiln.streams.executor import producer_config
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import WEEK, TopicSpec
 from kiln.workers.inference.endpoints import KilnEndpoint
-from kiln.workers.inference.model import TOKENIZER, ModelConfig, TinyLM
+from kiln.workers.inference.model import TOKENIZER, ModelShape, TinyLM
 from kiln.workers.inference.weights import WeightBroadcaster
 from kiln.workers.rollout.trainer import Group, PolicyTrainer, Sample, StepReport
 
@@ -37,8 +37,8 @@ log = logging.getLogger("kiln.train")
 ROLLOUTS, UPDATES = "rollouts", "policy.updates"
 
 
-class TrainSettings(BaseSettings):
-    """``KILN_TRAIN_*``."""
+class TrainSettings(BaseSettings, ModelShape):
+    """``KILN_TRAIN_*`` (a fresh policy's shape: ``KILN_TRAIN_D_MODEL`` …, see ``ModelShape``)."""
 
     model_config = SettingsConfigDict(env_prefix="KILN_TRAIN_", extra="ignore")
 
@@ -51,11 +51,6 @@ class TrainSettings(BaseSettings):
     endpoints: list[str] = Field(default_factory=list, description="Inference servers to update (JSON list).")
     admin_token: str = Field("", description="The servers' admin token.")
     master_address: str = Field("127.0.0.1", description="Address the servers reach the trainer's store on.")
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    max_len: int = 512
-    seed: int = 0
 
 
 class PolicyUpdate(BaseModel):
@@ -103,8 +98,7 @@ def to_group(rollout: RolloutGroup) -> Group:
 class RolloutTrainer:
     def __init__(self, settings: KilnSettings, train: TrainSettings, policy: torch.nn.Module | None = None) -> None:
         self.settings, self.train = settings, train
-        model = policy or TinyLM(ModelConfig(d_model=train.d_model, n_layers=train.n_layers, n_heads=train.n_heads,
-                                             max_len=train.max_len, seed=train.seed))
+        model = policy or TinyLM(train.shape())
         self.trainer = PolicyTrainer(model, lr=train.lr, temperature=train.temperature, max_ratio=train.max_ratio,
                                      entropy_coef=train.entropy_coef)
         self.store = open_blob_store(settings)
