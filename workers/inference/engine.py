@@ -9,6 +9,7 @@ from the new ones.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from torch import Tensor
 
 from kiln.workers.inference.model import TOKENIZER, KVCache, TinyLM, token_logprobs
 
+log = logging.getLogger("kiln.inference")
 TOKENS = Counter("kiln_inference_generated_tokens_total", "Tokens sampled.")
 STEPS = Counter("kiln_inference_decode_steps_total", "Decode steps (one token for every running sequence).")
 RUNNING = Gauge("kiln_inference_running_sequences", "Sequences in the running batch.")
@@ -202,12 +204,26 @@ class Engine:
                         break
                     admitted = [self._waiting.pop(0) for _ in range(min(len(self._waiting), len(self._free)))]
                     WAITING.set(len(self._waiting))
-                for generation in admitted:
-                    self._prefill(generation)
-                if self._running:
-                    self._step()
+                try:
+                    for generation in admitted:
+                        self._prefill(generation)
+                    if self._running:
+                        self._step()
+                except Exception as e:  # a bug or bad weights must fail these requests, not hang every later one
+                    log.exception("decode step failed; failing the %d running sequences", len(self._running))
+                    self._fail_running(e, admitted)
         for generation in [*self._waiting, *self._running.values()]:
             generation.done.cancel()
+
+    def _fail_running(self, error: Exception, admitted: list[Generation]) -> None:
+        for g in {id(g): g for g in [*admitted, *self._running.values()]}.values():
+            if g.slot >= 0:
+                self._running.pop(g.slot, None)
+                if g.slot not in self._free:
+                    self._free.append(g.slot)
+            if not g.done.done():
+                g.done.set_exception(error)
+        RUNNING.set(len(self._running))
 
     def _prefill(self, g: Generation) -> None:
         g.slot = self._free.pop()

@@ -70,3 +70,26 @@ def test_checkpoints_round_trip_through_the_blob_store(s3_settings: KilnSettings
     assert version == 7 and loaded.config == model.config
     assert weights_digest(loaded) == weights_digest(model)
     assert weights_digest(TinyLM(ModelConfig(d_model=32, n_layers=1, n_heads=2, seed=12))) != weights_digest(model)
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on() -> None:
+    model = TinyLM(ModelConfig(max_len=64, seed=5))
+    good = {name: p.detach().clone() for name, p in model.named_parameters()}
+    engine = Engine(model, max_batch=4)
+    try:
+        with engine.paused():
+            engine.load({name: torch.full_like(p, float("nan")) for name, p in good.items()}, version=1)
+        broken = [engine.submit(TOKENIZER.encode("1+1="), SamplingParams(max_tokens=5, seed=i)) for i in range(3)]
+        for fut in broken:
+            try:
+                fut.result(30)
+                raise AssertionError("a NaN policy cannot sample")
+            except RuntimeError:
+                pass
+        with engine.paused():
+            engine.load(good, version=2)
+        healed = [engine.submit(TOKENIZER.encode("1+1="), SamplingParams(max_tokens=5, seed=i)) for i in range(6)]
+        assert all(len(f.result(30).tokens) >= 1 for f in healed)  # every slot was given back
+        assert engine.running == 0
+    finally:
+        engine.stop()
