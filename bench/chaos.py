@@ -167,65 +167,69 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     journal = settings.cache / f"journal-{tag}"
     journal.parent.mkdir(parents=True, exist_ok=True)
     storm = Storm(settings, args, request, results, journal)
-    for _ in range(args.workers):
-        storm.spawn()
-    for w in storm.workers:
-        w.wait_assigned(120)
-    rng = random.Random(7)
-    started = time.monotonic()
-    end = started + args.seconds
-    stop_supervising = asyncio.Event()
-    supervisor = asyncio.create_task(storm.supervise(end, stop_supervising))
+    try:
+        for _ in range(args.workers):
+            storm.spawn()
+        for w in storm.workers:
+            w.wait_assigned(120)
+        rng = random.Random(7)
+        started = time.monotonic()
+        end = started + args.seconds
+        stop_supervising = asyncio.Event()
+        supervisor = asyncio.create_task(storm.supervise(end, stop_supervising))
 
-    async def restart_broker() -> None:
-        await asyncio.sleep(args.seconds / 2)
-        console.print("broker: stop")
-        await asyncio.to_thread(broker, args.port, "stop")
-        await asyncio.sleep(5)
-        await asyncio.to_thread(broker, args.port, "start")
-        console.print("broker: started again")
+        async def restart_broker() -> None:
+            await asyncio.sleep(args.seconds / 2)
+            console.print("broker: stop")
+            await asyncio.to_thread(broker, args.port, "stop")
+            await asyncio.sleep(5)
+            await asyncio.to_thread(broker, args.port, "start")
+            console.print("broker: started again")
 
-    async def results_outage() -> None:
-        # Over well before the broker restart: a broker stopped while a topic demands more in-sync replicas than it
-        # has leaves that topic's partitions without an eligible leader (KRaft's ELR), i.e. offline for good.
-        await asyncio.sleep(args.seconds / 6)
-        console.print(f"results topic: unavailable for {args.results_outage:g} s")
-        await asyncio.to_thread(_min_insync, settings, results, 2)
-        await asyncio.sleep(args.results_outage)
-        await asyncio.to_thread(_min_insync, settings, results, 1)
-        console.print("results topic: available again")
+        async def results_outage() -> None:
+            # Over well before the broker restart: a broker stopped while a topic demands more in-sync replicas than it
+            # has leaves that topic's partitions without an eligible leader (KRaft's ELR), i.e. offline for good.
+            await asyncio.sleep(args.seconds / 6)
+            console.print(f"results topic: unavailable for {args.results_outage:g} s")
+            await asyncio.to_thread(_min_insync, settings, results, 2)
+            await asyncio.sleep(args.results_outage)
+            await asyncio.to_thread(_min_insync, settings, results, 1)
+            console.print("results topic: available again")
 
-    restart = asyncio.create_task(restart_broker())
-    outage = asyncio.create_task(results_outage())
-    client_id = f"chaos-trainer-{tag}"
-    first = KilnClient(settings, client_id, results_topic=results, max_in_flight=100_000)
-    await storm.submit(first, started + args.seconds * 2 / 3, rng)
-    await asyncio.sleep(2)
-    await first.close()  # a planned restart: what it had not received goes to the next life
+        restart = asyncio.create_task(restart_broker())
+        outage = asyncio.create_task(results_outage())
+        client_id = f"chaos-trainer-{tag}"
+        first = KilnClient(settings, client_id, results_topic=results, max_in_flight=100_000)
+        await storm.submit(first, started + args.seconds * 2 / 3, rng)
+        await asyncio.sleep(2)
+        await first.close()  # a planned restart: what it had not received goes to the next life
 
-    second = KilnClient(settings, client_id, results_topic=results, max_in_flight=100_000)
+        second = KilnClient(settings, client_id, results_topic=results, max_in_flight=100_000)
 
-    async def drain_unclaimed() -> None:
-        async for envelope in second.unclaimed():
-            if envelope.client_id == client_id:
-                storm.record(envelope)
+        async def drain_unclaimed() -> None:
+            async for envelope in second.unclaimed():
+                if envelope.client_id == client_id:
+                    storm.record(envelope)
 
-    drainer = asyncio.create_task(drain_unclaimed())
-    await storm.submit(second, end, rng)
-    storm.submitted_all = True
-    await restart
-    await outage
-    if len(storm.delivered) >= len(storm.sent):
-        storm.settled.set()
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(storm.settled.wait(), args.settle)
-    await asyncio.sleep(5)  # late duplicates of what was delivered last would still arrive now
-    drainer.cancel()
-    stop_supervising.set()
-    await supervisor
-    await second.close()
-    for w in storm.workers:
-        w.stop()
+        drainer = asyncio.create_task(drain_unclaimed())
+        await storm.submit(second, end, rng)
+        storm.submitted_all = True
+        await restart
+        await outage
+        if len(storm.delivered) >= len(storm.sent):
+            storm.settled.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(storm.settled.wait(), args.settle)
+        await asyncio.sleep(5)  # late duplicates of what was delivered last would still arrive now
+        drainer.cancel()
+        stop_supervising.set()
+        await supervisor
+        await second.close()
+    finally:
+        # Graceful stops, also when the storm fails half-way: no worker outlives it (no await here, so the
+        # supervisor cannot respawn one meanwhile; asyncio.run cancels it afterwards).
+        for w in storm.workers:
+            w.stop(10)
     admin.delete_topics(settings, [request, f"{request}.dlq", results])
 
     starts: Counter[str] = Counter()
