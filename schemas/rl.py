@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 
 class RolloutTask(BaseModel):
-    """A prompt and what its verifier needs. ``exact_match``: the number a completion starts with equals
-    ``answer``."""
+    """A prompt and what its verifier needs: ``verifier`` names one (built in: ``exact_match`` — the number a
+    completion starts with equals ``answer``; ``exec``; ``lean``; or a ``kiln.verifiers`` entry point), ``check``
+    is what that verifier reads (see ``kiln.workers.rollout.verifiers``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     task_id: str = Field(min_length=1, max_length=256)
     prompt: str = Field(max_length=100_000)
     answer: str = Field("", max_length=100_000)
-    verifier: Literal["exact_match"] = "exact_match"
+    verifier: str = Field("exact_match", pattern=r"^[a-z][a-z0-9_.-]{0,63}$")
+    check: dict[str, Any] = Field(default_factory=dict)
 
 
 class Sampling(BaseModel):

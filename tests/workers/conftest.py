@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from kiln.ingest.service import ingest
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.builder import BuildRequest
+from kiln.schemas.ingest import IngestRequest
 from kiln.streams import admin
+from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec
+from kiln.workers.builder.images import BaseImages
+from kiln.workers.builder.service import build_revision
+from kiln.workers.common.containers import Limits
+from tests.workers.builder.projects import python_project
 
 
 @pytest.fixture
@@ -36,3 +47,18 @@ def stage_topics(kafka: KilnSettings, unique: str, tmp_path: Path) -> Iterator[C
 
 def worker_env(settings: KilnSettings, **extra: str) -> dict[str, str]:
     return {"KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_CACHE": str(settings.cache), **extra}
+
+
+@pytest.fixture(scope="session")
+def project_image(docker_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A small Python project ingested and built once per session: an image exec sessions may open."""
+    root = tmp_path_factory.mktemp("exec-image")
+    store = SaucerStore(FileBlobStore(root / "blobs"), root / "cache")
+    python_project(root / "src")
+    assert asyncio.run(ingest(IngestRequest(name="demo/exec", location=str(root / "src")), "r", store,
+                              root / "w")).status == "ingested"
+    event = asyncio.run(build_revision(BuildRequest(repository="demo/exec"), store, docker_engine,
+                                       BaseImages("kiln/base:latest", "kiln/toolchain:latest"), root / "w",
+                                       Limits(timeout_s=300)))
+    assert event.usable and event.image, event.detail
+    return event.image

@@ -1,13 +1,16 @@
-"""``rollout``: per prompt group, n samples from an inference server and a reward for each from its verifier; the
-group goes to the requester and to ``rollouts`` (committed only after both are written — the runtime's rule).
+"""``rollout``: per prompt group, n samples from an inference server and a reward for each from the task's verifier
+(``verifiers.py``: in process, or kiln's exec and Lean stages through their client facades); the group goes to the
+requester and to ``rollouts`` (committed only after both are written — the runtime's rule).
 
-Settings ``KILN_ROLLOUT_*``: the servers to sample from (round-robin). Samples come from kiln's server
-(``kiln rl serve``), whose choices carry the token ids and the policy version of every token.
+Settings ``KILN_ROLLOUT_*``: the servers to sample from (round-robin), the verifiers' session pool. Samples come from
+kiln's server (``kiln rl serve``), whose choices carry the token ids and the policy version of every token.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import socket
 import time
 from typing import Any
 
@@ -17,11 +20,13 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.schemas.rl import RolloutGroup, RolloutRequest, RolloutSample
+from kiln.streams.client import KilnClient
 from kiln.streams.errors import RoutineJobError, TransientJobError
+from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
 from kiln.workers.inference.endpoints import KilnEndpoint
 from kiln.workers.rollout import spec
-from kiln.workers.rollout.tasks import exact_match
+from kiln.workers.rollout.verifiers import VerifierContext, Verifiers
 
 
 class RolloutSettings(BaseSettings):
@@ -30,6 +35,8 @@ class RolloutSettings(BaseSettings):
     endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8400"],
                                  description="Inference servers (JSON list), used round-robin.")
     timeout_s: float = Field(600.0, gt=0, description="Per completion request.")
+    exec_sessions: int = Field(4, ge=1, description="Exec sessions per image a worker keeps for verifying.")
+    exec_session_groups: int = Field(16, ge=1, description="Groups an exec session verifies before it is replaced.")
 
 
 registry = CollectorRegistry()
@@ -37,15 +44,25 @@ GROUPS = Counter("kiln_rollout_groups_total", "Prompt groups sampled and verifie
 REWARD = Histogram("kiln_rollout_reward", "Reward per sample.", buckets=(0.0, 0.25, 0.5, 0.75, 1.0),
                    registry=registry)
 GENERATE = Histogram("kiln_rollout_generate_seconds", "Time to sample one group.", registry=registry)
+VERIFY = Histogram("kiln_rollout_verify_seconds", "Time to verify one group.", ["verifier"], registry=registry)
 
 _endpoints: list[KilnEndpoint] = []
 _turn = itertools.count()
+_verifiers: list[Verifiers] = []
 
 
 async def setup(slots: int) -> None:
-    del slots
     settings = RolloutSettings()
     _endpoints[:] = [KilnEndpoint(url, timeout_s=settings.timeout_s) for url in settings.endpoints]
+    # Its own client id: results of its exec/Lean requests come back to this process only.
+    kiln = KilnClient(get_settings(), f"rollout.{socket.gethostname()}.{os.getpid()}")
+    _verifiers[:] = [Verifiers(VerifierContext(kiln, exec_session_groups=settings.exec_session_groups,
+                                               exec_sessions=min(settings.exec_sessions, slots)))]
+
+
+async def teardown() -> None:
+    for verifiers in _verifiers:
+        await verifiers.close()
 
 
 def _samples(answer: dict[str, Any]) -> list[tuple[str, list[int], list[float], list[int], str]]:
@@ -58,7 +75,6 @@ def _samples(answer: dict[str, Any]) -> list[tuple[str, list[int], list[float], 
 
 
 async def handle(request: RolloutRequest, ctx: JobContext) -> RolloutGroup:
-    del ctx
     endpoint = _endpoints[next(_turn) % len(_endpoints)]
     s = request.sampling
     started = time.perf_counter()
@@ -72,12 +88,16 @@ async def handle(request: RolloutRequest, ctx: JobContext) -> RolloutGroup:
     except httpx.HTTPError as e:
         raise TransientJobError(f"{endpoint.url}: {type(e).__name__}: {e}") from None
     generated = time.perf_counter()
+    drawn = _samples(answer)
+    verifier = _verifiers[0].get(request.task.verifier)
+    verdicts = await verifier.verify(request.task, [text for text, *_ in drawn], ctx.envelope.request_id)
+    VERIFY.labels(request.task.verifier).observe(time.perf_counter() - generated)
     samples = []
-    for text, token_ids, logprobs, versions, finish in _samples(answer):
-        reward = exact_match(request.task, text)
-        REWARD.observe(reward)
+    for (text, token_ids, logprobs, versions, finish), verdict in zip(drawn, verdicts, strict=True):
+        REWARD.observe(verdict.reward)
         samples.append(RolloutSample(text=text, token_ids=token_ids, logprobs=logprobs, versions=versions,
-                                     finish_reason=finish, reward=reward))
+                                     finish_reason=finish, reward=verdict.reward,
+                                     verifier={"name": request.task.verifier, **verdict.detail}))
     GROUPS.inc()
     GENERATE.observe(generated - started)
     return RolloutGroup(task_id=request.task.task_id, prompt=request.task.prompt, samples=samples,
@@ -86,4 +106,5 @@ async def handle(request: RolloutRequest, ctx: JobContext) -> RolloutGroup:
                         verify_s=time.perf_counter() - generated)
 
 
-stage = Stage(spec.rollout, handle, job_timeout_s=900, registry=registry, setup=setup)
+stage = Stage(spec.rollout, handle, job_timeout_s=900, registry=registry, setup=setup,
+              teardown=teardown)

@@ -13,17 +13,12 @@ import pytest
 from kiln.schemas.lean import LeanRequest, ProofStateRef
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
-from kiln.streams.processes import WorkerProcess, free_port
+from kiln.streams.processes import free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.lean.client import LeanClient
 from tests.streams.harness import read_all
-from tests.workers.conftest import worker_env
-from tests.workers.lean.fake import FAKE_COMMAND, THEOREMS
-
-
-def lean_worker(settings: KilnSettings, slots: int, port: int, **env: str) -> WorkerProcess:
-    return WorkerProcess("lean", settings, "lean.requests", slots=slots,
-                         env=worker_env(settings, KILN_LEAN_REPL=FAKE_COMMAND, KILN_METRICS_PORT=str(port), **env))
+from tests.workers.lean.conftest import lean_worker
+from tests.workers.lean.fake import THEOREMS
 
 
 async def metrics(port: int) -> str:

@@ -16,8 +16,8 @@ from kiln.streams.client import KilnClient
 from kiln.streams.processes import free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.lean.client import LeanClient
+from tests.workers.lean.conftest import lean_worker
 from tests.workers.lean.fake import FAKE_REPL
-from tests.workers.lean.test_lean_stage import lean_worker
 
 SECRET = "s3-secret-of-the-worker"
 

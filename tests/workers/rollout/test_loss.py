@@ -40,7 +40,7 @@ def test_truncated_ratio_and_sequence_normaliser() -> None:
 def test_a_step_moves_the_policy_toward_the_rewarded_sample() -> None:
     model = TinyLM(ModelConfig(max_len=16, seed=4))
     trainer = PolicyTrainer(model, lr=1e-2, entropy_coef=0.0)
-    task = Addition.task(3, 4)
+    task = Addition().task(3, 4)
     prompt = TOKENIZER.encode(task.prompt)
     right, wrong = TOKENIZER.encode("7\n"), TOKENIZER.encode("9\n")
     assert exact_match(task, "7\n") == 1.0 and exact_match(task, "9\n") == 0.0 and exact_match(task, "77") == 0.0

@@ -36,7 +36,7 @@ async def test_groups_are_sampled_verified_and_published(stage_topics: Callable[
                 groups: list[RolloutGroup] = [
                     await client.call("rollout", RolloutRequest(task=t, sampling=Sampling(n=4, max_tokens=3),
                                                                 actor_version=2)) for t in tasks]
-                too_long = RolloutRequest(task=Addition.task(1, 1).model_copy(update={"prompt": "9" * 100}))
+                too_long = RolloutRequest(task=Addition().task(1, 1).model_copy(update={"prompt": "9" * 100}))
                 with pytest.raises(RequestFailed, match="RoutineJobError"):
                     await client.call("rollout", too_long)
             worker.stop()

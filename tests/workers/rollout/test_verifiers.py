@@ -1,0 +1,98 @@
+"""Verifiers through kiln's own stages: the exec stage checks a whole group with one command in a pooled sandbox
+session, the Lean stage (fake REPL) tries every sample on one elaborated goal; a checker that fails or miscounts, a
+task whose check is unreadable and an unknown verifier are routine errors with their reason; and a rollout worker
+gets its rewards from the exec stage end to end."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kiln.schemas.exec import ExecRequest
+from kiln.schemas.rl import RolloutGroup, RolloutRequest, RolloutTask, Sampling
+from kiln.streams.client import KilnClient
+from kiln.streams.codec import decode_request, request_payload
+from kiln.streams.errors import RoutineJobError
+from kiln.streams.processes import WorkerProcess, free_port
+from kiln.streams.settings import KilnSettings
+from kiln.workers.inference.model import ModelConfig
+from kiln.workers.inference.process import ServerProcess
+from kiln.workers.rollout.tasks import Addition, Propositions, exact_match
+from kiln.workers.rollout.verifiers import VerifierContext, Verifiers
+from tests.conftest import _ensure
+from tests.streams.harness import read_all
+from tests.workers.conftest import worker_env
+from tests.workers.exec.conftest import exec_worker
+from tests.workers.lean.conftest import lean_worker
+
+pytestmark = pytest.mark.docker
+
+
+async def test_exec_and_lean_verifiers(stage_topics: Callable[..., KilnSettings], project_image: str,
+                                       tmp_path: Path, unique: str) -> None:
+    _ensure("lean")
+    settings = stage_topics(("exec.requests", 2), ("lean.requests", 2))
+    with exec_worker(settings, tmp_path / "locks") as ex, lean_worker(settings, 2, free_port()) as lean:
+        ex.wait_assigned()
+        lean.wait_assigned()
+        async with KilnClient(settings, f"verifier-{unique}") as kiln:
+            verifiers = Verifiers(VerifierContext(kiln, exec_session_groups=2, exec_sessions=1))
+            task = Addition(exec_image=project_image).task(3, 4)
+            completions = ["7", "8", " 7\n", "77", "x7"]
+            for i in range(3):
+                verdicts = await verifiers.get("exec").verify(task, completions, f"group-{i}")
+                assert [v.reward for v in verdicts] == [exact_match(task, c) for c in completions] == [1, 0, 1, 0, 0]
+                assert [v.detail["said"] for v in verdicts] == ["7", "8", "7", "77", None]
+
+            def broken(command: str) -> RolloutTask:
+                return task.model_copy(update={"check": {**task.check, "command": command}})
+
+            with pytest.raises(RoutineJobError, match="exited 3"):
+                await verifiers.get("exec").verify(broken("exit 3"), completions, "failing")
+            with pytest.raises(RoutineJobError, match="1 verdicts for 5"):
+                await verifiers.get("exec").verify(broken("echo '{\"reward\": 1}'"), completions,
+                                                   "miscounting")
+            with pytest.raises(RoutineJobError, match="check for 'exec' is invalid"):
+                await verifiers.get("exec").verify(task.model_copy(update={"check": {}}), completions, "unreadable")
+            with pytest.raises(RoutineJobError, match="no verifier 'nope'"):
+                verifiers.get("nope")
+
+            goal = Propositions.task(0, "p \u2192 p \u2227 True")
+            proofs = ["intro h; constructor; exact h; trivial", "intro h", "intro h; sorry", "exact nothing", ""]
+            verdicts = await verifiers.get("lean").verify(goal, proofs, "lean-group")
+            assert [v.reward for v in verdicts] == [1, 0, 0, 0, 0]
+            assert "unknown identifier" in verdicts[3].detail["error"]
+            await verifiers.close()
+    ops = [ExecRequest.model_validate(request_payload(decode_request(m.value()), ExecRequest, None)).op
+           for m in read_all(settings, settings.topic("exec.requests"))]
+    # Five checks (three good, two failing) in sessions recycled after two groups: three sessions, all closed.
+    assert ops.count("open") == 3 and ops.count("close") == 3 and ops.count("run") == 5, ops
+
+
+async def test_rollout_rewards_come_from_the_exec_stage(stage_topics: Callable[..., KilnSettings],
+                                                        project_image: str, tmp_path: Path, unique: str) -> None:
+    settings = stage_topics(("rollout.requests", 2), ("rollouts", 1), ("exec.requests", 2))
+    server = ServerProcess(ModelConfig(max_len=64), tmp_path / "serve.log")
+    server.start()
+    tasks = Addition(exec_image=project_image)
+    env = worker_env(settings, KILN_ROLLOUT_ENDPOINTS=json.dumps([server.url]))
+    try:
+        with exec_worker(settings, tmp_path / "locks") as ex, \
+                WorkerProcess("rollout", settings, "rollout.requests", slots=2, env=env) as worker:
+            ex.wait_assigned()
+            worker.wait_assigned()
+            async with KilnClient(settings, f"actor-{unique}") as client:
+                sampling = Sampling(n=8, max_tokens=3)
+                groups: list[RolloutGroup] = [await client.call("rollout", RolloutRequest(task=t, sampling=sampling))
+                                              for t in tasks.sample(3)]
+            worker.stop()
+    finally:
+        server.stop()
+    for group in groups:
+        task = tasks.task(*(int(x) for x in group.task_id.split("-")[1:]))
+        for sample in group.samples:
+            assert sample.verifier["name"] == "exec" and "said" in sample.verifier
+            assert sample.reward == exact_match(task, sample.text)
