@@ -84,17 +84,23 @@ def train(max_steps: int | None = None) -> None:
 
 
 @app.command()
-def actor(groups: int | None = None, digits: int = 1) -> None:
+def actor(groups: int | None = None, digits: int = 1, sync: bool = False, exec_image: str | None = None,
+          seed: int = 0) -> None:
     """Produce rollout requests for the digit-addition task (settings: ``KILN_ACTOR_*``), at most ``max_ahead``
-    groups beyond what the trainer has trained on; SIGTERM stops submitting and waits for the answers."""
+    groups beyond what the trainer has trained on; ``--sync``: the conventional loop (one step's groups, then wait
+    for their update); ``--exec-image``: rewards from the exec stage in sessions on that image. SIGTERM stops
+    submitting and waits for the answers."""
     import signal
 
     from kiln.streams.settings import get_settings
-    from kiln.workers.rollout.actor import Actor
+    from kiln.workers.rollout.actor import Actor, ActorSettings
     from kiln.workers.rollout.tasks import Addition
 
+    config = ActorSettings()
+    config.sync = config.sync or sync
+
     async def run() -> None:
-        runner = Actor(get_settings(), Addition(digits))
+        runner = Actor(get_settings(), Addition(digits, seed=seed, exec_image=exec_image), config)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, runner.stop.set)
         await runner.run(groups)
 

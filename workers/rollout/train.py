@@ -6,6 +6,10 @@ checkpoint's digest as commit metadata, broadcasts the weights to every inferenc
 event on ``policy.updates``. So the committed offsets are always those of a durable checkpoint: a killed trainer
 restarts from the checkpoint its group's commit names and trains exactly the rollouts after it, and no server ever
 sees a version the checkpoint does not have (versions never go back).
+
+Every checkpoint names its parent and the ``rollouts`` offsets its step trained on (``ranges``): following the
+parents from the committed checkpoint gives the run's lineage, which ``lineage()`` checks covers every rollout up to
+the committed offsets exactly once, whatever was killed on the way.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 import torch
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -51,6 +56,17 @@ class TrainSettings(BaseSettings, ModelShape):
     endpoints: list[str] = Field(default_factory=list, description="Inference servers to update (JSON list).")
     admin_token: str = Field("", description="The servers' admin token.")
     master_address: str = Field("127.0.0.1", description="Address the servers reach the trainer's store on.")
+    metrics_port: int = Field(0, ge=0, description="Prometheus port (0: none).")
+
+
+registry = CollectorRegistry()
+VERSION = Gauge("kiln_policy_version", "The trainer's latest policy version.", registry=registry)
+LAG = Gauge("kiln_rollout_lag_versions", "Mean versions between a trained sample's first token and the step.",
+            registry=registry)
+STEPS = Counter("kiln_train_steps_total", "Optimizer steps checkpointed and committed.", registry=registry)
+STEP_SECONDS = Histogram("kiln_train_step_seconds", "Forward, backward and optimizer step.", registry=registry)
+PAUSED = Histogram("kiln_train_broadcast_pause_seconds", "Longest server pause of one weight update.",
+                   buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0), registry=registry)
 
 
 class PolicyUpdate(BaseModel):
@@ -67,17 +83,41 @@ class PolicyUpdate(BaseModel):
     step_s: float
     lag_mean: float = Field(description="versions between the one a sample started with and this step's")
     lag_max: int
+    lag_histogram: dict[int, int] = Field(default_factory=dict, description="samples per lag in versions")
     servers_updated: int
     servers_failed: dict[str, str]
+    paused_ms: float = Field(0.0, description="the longest pause of decoding on a server for this update")
+    parent: str = Field("", description="the checkpoint this step started from")
+    ranges: dict[int, tuple[int, int]] = Field(default_factory=dict,
+                                               description="rollouts partition -> [first, end) offsets trained on")
 
 
-def save_state(trainer: PolicyTrainer, store: BlobStore, groups_total: int) -> str:
+def save_state(trainer: PolicyTrainer, store: BlobStore, groups_total: int, parent: str = "",
+               ranges: dict[int, tuple[int, int]] | None = None) -> str:
     buffer = io.BytesIO()
     model = trainer.model
     config = model.config.model_dump() if isinstance(model, TinyLM) else {}
     torch.save({"model": model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
-                "version": trainer.version, "groups_total": groups_total, "config": config}, buffer)
+                "version": trainer.version, "groups_total": groups_total, "config": config, "parent": parent,
+                "ranges": {str(p): list(r) for p, r in (ranges or {}).items()}}, buffer)
     return store.put(buffer.getvalue()).digest
+
+
+class LineageStep(BaseModel):
+    checkpoint: str
+    version: int
+    ranges: dict[int, tuple[int, int]]
+
+
+def lineage(store: BlobStore, digest: str) -> list[LineageStep]:
+    """The steps behind checkpoint ``digest``, oldest first."""
+    steps: list[LineageStep] = []
+    while digest:
+        state = torch.load(io.BytesIO(store.get(digest)), weights_only=True)
+        steps.append(LineageStep(checkpoint=digest, version=int(state["version"]),
+                                 ranges={int(p): (int(r[0]), int(r[1])) for p, r in state["ranges"].items()}))
+        digest = str(state["parent"])
+    return steps[::-1]
 
 
 def load_state(trainer: PolicyTrainer, store: BlobStore, digest: str) -> int:
@@ -112,6 +152,8 @@ class RolloutTrainer:
         self.checkpoint = ""
         self.groups_total = 0
         self.stop = threading.Event()
+        if train.metrics_port:
+            start_http_server(train.metrics_port, registry=registry)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         committed = consumer.committed(partitions, timeout=30)
@@ -155,24 +197,39 @@ class RolloutTrainer:
         lags = [version_before - s.versions[0] for g in groups for s in g.samples if s.versions]
         report: StepReport = self.trainer.step([to_group(g) for g in groups])
         self.groups_total += len(groups)
-        self.checkpoint = save_state(self.trainer, self.store, self.groups_total)
+        ranges: dict[int, tuple[int, int]] = {}
         for msg, _group in batch:
             partition, offset = msg.partition(), msg.offset()
             if partition is not None and offset is not None:
+                first, end = ranges.get(partition, (offset, offset + 1))
+                ranges[partition] = (min(first, offset), max(end, offset + 1))
                 self.positions[partition] = max(self.positions.get(partition, 0), offset + 1)
+        parent = self.checkpoint
+        self.checkpoint = save_state(self.trainer, self.store, self.groups_total, parent, ranges)
         consumer.commit(offsets=[TopicPartition(self.rollouts, p, o, self.checkpoint)
                                  for p, o in self.positions.items()], asynchronous=False)
         updated: list[str] = []
         failed: dict[str, str] = {}
+        paused_ms = 0.0
         if self.broadcaster is not None:
             sent = self.broadcaster.update(self.trainer.named_weights(), report.version)
             updated, failed = sent.updated, sent.failed
+            paused_ms = max((t.paused_ms for t in sent.timings.values()), default=0.0)
+        histogram: dict[int, int] = {}
+        for lag in lags:
+            histogram[lag] = histogram.get(lag, 0) + 1
         event = PolicyUpdate(version=report.version, checkpoint=self.checkpoint, groups=len(groups),
                              groups_total=self.groups_total,
                              samples=report.sequences, reward_mean=report.reward_mean, loss=report.loss.loss,
                              entropy=report.loss.entropy, step_s=report.seconds,
                              lag_mean=sum(lags) / len(lags) if lags else 0.0, lag_max=max(lags, default=0),
-                             servers_updated=len(updated), servers_failed=failed)
+                             lag_histogram=histogram, servers_updated=len(updated), servers_failed=failed,
+                             paused_ms=paused_ms, parent=parent, ranges=ranges)
+        VERSION.set(event.version)
+        LAG.set(event.lag_mean)
+        STEPS.inc()
+        STEP_SECONDS.observe(event.step_s)
+        PAUSED.observe(paused_ms / 1000)
         self.producer.produce(self.updates, event.model_dump_json().encode(), key=b"policy")
         self.producer.poll(0)
         log.info("step %d: reward %.3f, loss %.4f, lag %.2f", event.version, event.reward_mean, event.loss,

@@ -1,10 +1,10 @@
 """Verifiers: a reward for every sample of a prompt group, computed by kiln's own stages through their client facades.
 
 - ``exact_match``: in process, the number a completion starts with equals the task's answer.
-- ``exec``: one exec command checks the whole group inside a sandboxed session — the group (prompt, answer,
-  completions) is written to a fresh directory with the task's checker files, the checker prints one JSON verdict per
-  completion. Sessions are pooled per image and recycled after ``exec_session_groups`` groups: a session costs a
-  container, and each group still runs in its own directory, removed after the check.
+- ``exec``: one exec command checks the whole group inside a sandboxed session — it unpacks the group (prompt,
+  answer, completions) and the task's checker files into a fresh directory, runs the checker, which prints one JSON
+  verdict per completion, and removes the directory. Sessions are pooled per image and recycled after
+  ``exec_session_groups`` groups: a session costs a container, and each group still runs in its own directory.
 - ``lean``: the statement is elaborated once (``theorem … := by sorry``), every completion is tried as a tactic script
   on that proof state, concurrently; a sample that mentions ``sorry``/``admit`` scores 0 without running.
 
@@ -16,6 +16,7 @@ validates it with its own model, and a task it cannot read fails as a routine er
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import re
@@ -23,9 +24,9 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from kiln.schemas.exec import SessionLimits
 from kiln.schemas.rl import RolloutTask
@@ -84,8 +85,12 @@ class ExecCheck(BaseModel):
 
     image: str = Field(min_length=1)
     command: str = Field(min_length=1)
-    files: dict[str, str] = Field(default_factory=dict)
+    files: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")], str] = Field(
+        default_factory=dict, description="checker files by plain name")
     timeout_s: float = Field(60.0, gt=0, le=600)
+
+
+_INLINE_LIMIT = 64_000  # the exec stage takes commands up to 100 kB
 
 
 class ExecVerifier:
@@ -134,15 +139,21 @@ class ExecVerifier:
 
     async def verify(self, task: RolloutTask, completions: list[str], request_id: str) -> list[Verdict]:
         check = checked(ExecCheck, task)
-        directory = f".kiln-rollout/{request_id}"
+        directory = shlex.quote(f".kiln-rollout/{request_id}")
         group = {"task_id": task.task_id, "prompt": task.prompt, "answer": task.answer, "completions": completions}
-        files = {f"{directory}/{name}": text for name, text in check.files.items()}
-        files[f"{directory}/group.json"] = json.dumps(group)
-        command = (f"cd {shlex.quote(directory)} && {{ {check.command} ; }}; status=$?; "
-                   f"cd /work && rm -rf {shlex.quote(directory)}; exit $status")
+        files = {**check.files, "group.json": json.dumps(group)}
+        # One command per group (files travel inside it, base64): a round trip to the session costs more than the
+        # check itself for small tasks. Groups too large for a command line are written first.
+        unpack = " && ".join(f"printf %s {base64.b64encode(text.encode()).decode()} | base64 -d > {shlex.quote(name)}"
+                             for name, text in files.items())
+        inline = len(unpack) < _INLINE_LIMIT
+        command = (f"mkdir -p {directory} && cd {directory} && {unpack if inline else 'true'} && "
+                   f"{{ {check.command} ; }}; status=$?; cd /work && rm -rf {directory}; exit $status")
         session, used = await self._take(check.image)
         try:
-            await self.exec.write_files(session, dict(files))
+            if not inline:
+                await self.exec.write_files(session, {f".kiln-rollout/{request_id}/{name}": text
+                                                      for name, text in files.items()})
             output = await self.exec.run(session, command, timeout_s=check.timeout_s)
         except RequestFailed as e:
             await self._drop(check.image, session)

@@ -87,7 +87,7 @@ async def test_the_actor_stays_within_max_ahead_of_the_trainer(stage_topics: Cal
         with WorkerProcess("rollout", settings, "rollout.requests", slots=4, env=env) as worker:
             worker.wait_assigned()
             actor = Actor(settings, Addition(1), ActorSettings(client_id=f"actor-{unique}", max_ahead=4, n=4,
-                                                               poll_s=0.2))
+                                                               ))
             running = asyncio.create_task(actor.run(groups=12))
             await asyncio.sleep(3)
             assert not running.done()  # held back: nothing trained yet

@@ -47,6 +47,10 @@ async def test_exec_and_lean_verifiers(stage_topics: Callable[..., KilnSettings]
                 assert [v.reward for v in verdicts] == [exact_match(task, c) for c in completions] == [1, 0, 1, 0, 0]
                 assert [v.detail["said"] for v in verdicts] == ["7", "8", "7", "77", None]
 
+            # Too large for one command line: the group is written to the session first.
+            large = await verifiers.get("exec").verify(task, ["7" + " " * 9_999, "8" + " " * 9_999] * 4, "large")
+            assert [v.reward for v in large] == [1, 0] * 4
+
             def broken(command: str) -> RolloutTask:
                 return task.model_copy(update={"check": {**task.check, "command": command}})
 
@@ -68,8 +72,10 @@ async def test_exec_and_lean_verifiers(stage_topics: Callable[..., KilnSettings]
             await verifiers.close()
     ops = [ExecRequest.model_validate(request_payload(decode_request(m.value()), ExecRequest, None)).op
            for m in read_all(settings, settings.topic("exec.requests"))]
-    # Five checks (three good, two failing) in sessions recycled after two groups: three sessions, all closed.
-    assert ops.count("open") == 3 and ops.count("close") == 3 and ops.count("run") == 5, ops
+    # Six checks (four good, two failing), one command each (the large group's files written first), in sessions
+    # recycled after two groups: three sessions, all closed.
+    assert ops.count("open") == 3 and ops.count("close") == 3 and ops.count("run") == 6, ops
+    assert ops.count("write_files") == 1, ops
 
 
 async def test_rollout_rewards_come_from_the_exec_stage(stage_topics: Callable[..., KilnSettings],
