@@ -8,6 +8,7 @@ import ssl
 import struct
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -215,3 +216,13 @@ def resolve_group_protocol(settings: KilnSettings, wait_s: float = 300.0) -> str
                 raise
             log.warning("%s; waiting for the broker", e)
             time.sleep(1.0)
+
+
+def group_membership(settings: KilnSettings) -> dict[str, Any]:
+    """Consumer-group settings every kiln group member shares: the protocol, and under the classic one a session
+    short enough that a killed member's partitions move on in seconds (KIP-848 takes it from the broker)."""
+    protocol = resolve_group_protocol(settings)
+    if protocol == "classic":
+        return {"group.protocol": protocol, "partition.assignment.strategy": "cooperative-sticky",
+                "session.timeout.ms": 10000, "heartbeat.interval.ms": 1000, "max.poll.interval.ms": 300000}
+    return {"group.protocol": protocol}

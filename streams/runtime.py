@@ -174,22 +174,18 @@ class Worker:
     # ---- consumer thread ----------------------------------------------------------------------------------
 
     def _consumer_config(self) -> dict[str, Any]:
-        protocol = admin.resolve_group_protocol(self.settings)
         conf: dict[str, Any] = self.settings.kafka(**{
             "group.id": self.group_id,
             "client.id": self.worker_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
-            "group.protocol": protocol,
+            **admin.group_membership(self.settings),
             # Bounded prefetch: back-pressure is local pausing, and a revoked partition has little to drop.
             "queued.max.messages.kbytes": 4096,
             "fetch.wait.max.ms": 10,
             "on_commit": self._on_commit,
         })
-        if protocol == "classic":
-            conf.update({"partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": 10000,
-                         "heartbeat.interval.ms": 1000, "max.poll.interval.ms": 300000})
         return conf
 
     def _consumer_main(self) -> None:

@@ -103,8 +103,10 @@ class ExecClient:
         result: ExecResult = self.kiln.result_of(await (await self.submit(session, op, **fields)))
         return result
 
-    async def run(self, session: ExecSession, command: str, *, timeout_s: float = 60.0) -> CommandOutput:
-        result = await self._exec(session, "run", command=command, timeout_s=timeout_s)
+    async def run(self, session: ExecSession, command: str, *, timeout_s: float = 60.0,
+                  max_output_bytes: int = 64 * 1024) -> CommandOutput:
+        result = await self._exec(session, "run", command=command, timeout_s=timeout_s,
+                                  max_output_bytes=max_output_bytes)
         assert result.output is not None
         return result.output
 

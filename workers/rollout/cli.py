@@ -4,7 +4,9 @@ settings ``KILN_TRAIN_*``) and ``kiln rl actor`` (rollout requests, ``KILN_ACTOR
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+from pathlib import Path
 
 import typer
 import uvicorn
@@ -78,6 +80,7 @@ def train(max_steps: int | None = None) -> None:
     from kiln.workers.rollout.train import RolloutTrainer, TrainSettings
 
     torch.set_num_threads(1)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     trainer = RolloutTrainer(get_settings(), TrainSettings())
     signal.signal(signal.SIGTERM, lambda *_: trainer.stop.set())
     trainer.run(max_steps)
@@ -96,6 +99,7 @@ def actor(groups: int | None = None, digits: int = 1, sync: bool = False, exec_i
     from kiln.workers.rollout.actor import Actor, ActorSettings
     from kiln.workers.rollout.tasks import Addition
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = ActorSettings()
     config.sync = config.sync or sync
 
@@ -105,3 +109,14 @@ def actor(groups: int | None = None, digits: int = 1, sync: bool = False, exec_i
         await runner.run(groups)
 
     asyncio.run(run())
+
+
+@app.command()
+def report(records: list[Path], out: Path = Path("rl-report.png")) -> None:
+    """Plot learning-run records (JSON, as ``bench/rl.py --record-dir`` writes them) into one PNG: reward and greedy
+    accuracy vs wall-clock, the lag histogram, the paused fraction."""
+    from kiln.workers.rollout.local import RunRecord
+    from kiln.workers.rollout.report import write_report
+
+    runs = [RunRecord.model_validate_json(path.read_text()) for path in records]
+    typer.echo(write_report(runs, out))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import httpx
 from confluent_kafka import Consumer, TopicPartition
 from pydantic import BaseModel, Field
 
+from kiln.schemas.rl import RolloutGroup
 from kiln.streams import admin
 from kiln.streams.blobstore import open_blob_store
 from kiln.streams.processes import WorkerProcess, free_port
@@ -34,6 +36,8 @@ from kiln.workers.inference.process import ServerProcess
 from kiln.workers.rollout.actor import UpdateFollower
 from kiln.workers.rollout.tasks import Addition, exact_match
 from kiln.workers.rollout.train import ROLLOUTS, UPDATES, PolicyUpdate, lineage
+
+log = logging.getLogger("kiln.rl.run")
 
 
 class RunConfig(BaseModel):
@@ -77,6 +81,7 @@ class RunRecord(BaseModel):
     versions_monotonic: bool = Field(description="the versions the server answered with never went back")
     kills: list[str]
     dead_letters: int
+    verified_by: dict[str, int] = Field(description="samples on rollouts per verifier that rewarded them")
 
     @property
     def time_to_target(self) -> float | None:
@@ -177,15 +182,19 @@ class LearningRun:
                         trainer.kill()
                         trainer.wait()
                         self.kills.append("trainer")
+                        log.info("%s: trainer killed at version %d", c.name, version)
                         trainer = self._trainer()
                     if c.kill_rollout_at is not None and version >= c.kill_rollout_at and "rollout" not in self.kills:
                         await asyncio.to_thread(rollout[0].kill)
                         self.kills.append("rollout")
+                        log.info("%s: a rollout worker killed at version %d", c.name, version)
                         rollout[0] = self._rollout_worker()
                     if time.monotonic() >= next_eval:
                         version, accuracy = await self.evaluate(http)
                         evaluations.append(Evaluation(t=time.monotonic() - started, version=version,
                                                       accuracy=accuracy))
+                        log.info("%s: %.0fs version %d greedy accuracy %.2f", c.name, evaluations[-1].t, version,
+                                 accuracy)
                         next_eval += c.eval_every_s
                         if c.target is not None and accuracy >= c.target:
                             break
@@ -230,12 +239,17 @@ class LearningRun:
         exact = len(digests) == 1 and all(
             _tiles(sorted(covered.get(p.partition, [])), max(p.offset, 0)) for p in committed)
         versions = [e.version for e in evaluations]
+        verified_by: dict[str, int] = {}
+        for message in read_topic(self.settings, ROLLOUTS):
+            for sample in RolloutGroup.model_validate_json(message.value() or b"").samples:
+                name = str(sample.verifier.get("name", ""))
+                verified_by[name] = verified_by.get(name, 0) + 1
         return RunRecord(
             config=self.config, wall_s=wall, evaluations=evaluations,
             updates=[(t - t0, u) for t, u in updates], paused_s=paused, rollouts=sum(ends),
             trained_groups=sum(end - first for s in steps for first, end in s.ranges.values()),
             lineage_ok=exact and [s.version for s in steps] == list(range(1, len(steps) + 1)),
-            versions_monotonic=versions == sorted(versions), kills=self.kills,
+            versions_monotonic=versions == sorted(versions), kills=self.kills, verified_by=verified_by,
             dead_letters=sum(len(read_topic(self.settings, f"{name}.dlq"))
                              for name in ("rollout.requests", "exec.requests")))
 

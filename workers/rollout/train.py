@@ -169,7 +169,8 @@ class RolloutTrainer:
 
     def run(self, max_steps: int | None = None) -> list[PolicyUpdate]:
         consumer = Consumer(self.settings.kafka(**{
-            "group.id": self.train.group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
+            "group.id": self.train.group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
+            **admin.group_membership(self.settings)}))
         consumer.subscribe([self.rollouts], on_assign=self._on_assign)
         if self.broadcaster is not None:
             failed = self.broadcaster.connect()

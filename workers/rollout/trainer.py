@@ -1,5 +1,11 @@
 """The trainer contract (PipelineRL's): forward log-probs, backward on the RL objective, optimizer step, and the
-named weights to broadcast — for any torch causal LM whose forward maps token ids [B, L] to logits [B, L, V]."""
+named weights to broadcast — for any torch causal LM whose forward maps token ids [B, L] to logits [B, L, V]
+(kiln's ``TinyLM``; a Hugging Face causal LM with ``logits_of=hf_logits``).
+
+Data-parallel: with ``world`` > 1 (``torch.distributed`` initialised, e.g. gloo), the model is wrapped in
+``DistributedDataParallel`` and every rank, given the same groups, trains on its share (every ``world``-th group);
+each rank's loss is scaled so that DDP's gradient average equals the single-process gradient over all sequences.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
 from kiln.workers.rollout.loss import LossReport, leave_one_out, policy_loss
 
@@ -44,8 +51,11 @@ class StepReport:
 class PolicyTrainer:
     def __init__(self, model: nn.Module, lr: float = 1e-3, temperature: float = 1.0, max_ratio: float = 2.0,
                  entropy_coef: float = 0.01, pad_id: int = 0,
-                 logits_of: Callable[[nn.Module, Tensor], Tensor] | None = None) -> None:
+                 logits_of: Callable[[nn.Module, Tensor], Tensor] | None = None, rank: int = 0,
+                 world: int = 1) -> None:
         self.model = model
+        self.rank, self.world = rank, world
+        self._forward: nn.Module = DistributedDataParallel(model) if world > 1 else model
         self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         self.temperature, self.max_ratio, self.entropy_coef = temperature, max_ratio, entropy_coef
         self.pad_id = pad_id
@@ -74,11 +84,16 @@ class PolicyTrainer:
 
     def step(self, groups: list[Group]) -> StepReport:
         started = time.perf_counter()
+        if len(groups) < self.world:
+            raise ValueError(f"{len(groups)} groups cannot be shared by {self.world} ranks")
         self.model.train()
-        inputs, targets, mask, old, advantages = self.batch(groups)
-        logits = self._logits_of(self.model, inputs)
+        mine = groups[self.rank::self.world]
+        inputs, targets, mask, old, advantages = self.batch(mine)
+        logits = self._logits_of(self._forward, inputs)
         loss, report = policy_loss(logits, targets, mask, old, advantages, self.temperature, self.max_ratio,
                                    self.entropy_coef)
+        everyone = sum(len(g.samples) for g in groups)
+        loss = loss * (inputs.shape[0] * self.world / everyone)  # DDP averages over ranks
         self.optimizer.zero_grad()
         torch.autograd.backward(loss)
         self.optimizer.step()
@@ -88,7 +103,20 @@ class PolicyTrainer:
         return StepReport(version=self.version, loss=report, reward_mean=sum(rewards) / len(rewards),
                           sequences=len(rewards), tokens=int(mask.sum()), seconds=time.perf_counter() - started)
 
+    def logprobs(self, tokens: Tensor) -> Tensor:
+        """Per-position log-probs of ``tokens`` [B, L] (position t scores token t+1), as the sampler computes them."""
+        with torch.no_grad():
+            logits = self._logits_of(self.model, tokens[:, :-1]).float()
+            scaled = torch.log_softmax(logits / (self.temperature if self.temperature > 0 else 1.0), dim=-1)
+            return scaled.gather(2, tokens[:, 1:].unsqueeze(2)).squeeze(2)
+
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
         """What to broadcast after a step, in a fixed order."""
         for name, p in self.model.named_parameters():
             yield name, p.detach()
+
+
+def hf_logits(model: nn.Module, tokens: Tensor) -> Tensor:
+    """``logits_of`` for a Hugging Face causal LM (its forward returns an output object)."""
+    logits: Tensor = model(input_ids=tokens).logits
+    return logits

@@ -1,10 +1,13 @@
 """Verifiers: a reward for every sample of a prompt group, computed by kiln's own stages through their client facades.
 
 - ``exact_match``: in process, the number a completion starts with equals the task's answer.
-- ``exec``: one exec command checks the whole group inside a sandboxed session — it unpacks the group (prompt,
+- ``exec``: one exec command checks a whole group inside a sandboxed session — it unpacks the group (prompt,
   answer, completions) and the task's checker files into a fresh directory, runs the checker, which prints one JSON
-  verdict per completion, and removes the directory. Sessions are pooled per image and recycled after
-  ``exec_session_groups`` groups: a session costs a container, and each group still runs in its own directory.
+  verdict per completion, and removes the directory. Groups verified at the same time with the same checker share
+  one command (up to ``exec_batch_groups``, gathered for ``exec_batch_window_s``): a round trip to a session costs
+  far more than checking a small group. Sessions are pooled per image and recycled after ``exec_session_groups``
+  commands. Groups sharing a session could tamper with each other; a checker that runs sample code sets
+  ``isolate`` and gets a fresh session for its group alone.
 - ``lean``: the statement is elaborated once (``theorem … := by sorry``), every completion is tried as a tactic script
   on that proof state, concurrently; a sample that mentions ``sorry``/``admit`` scores 0 without running.
 
@@ -21,6 +24,7 @@ import contextlib
 import json
 import re
 import shlex
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -56,6 +60,8 @@ class VerifierContext:
     kiln: KilnClient
     exec_session_groups: int = 16
     exec_sessions: int = 4
+    exec_batch_groups: int = 16
+    exec_batch_window_s: float = 0.02
 
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -88,6 +94,8 @@ class ExecCheck(BaseModel):
     files: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")], str] = Field(
         default_factory=dict, description="checker files by plain name")
     timeout_s: float = Field(60.0, gt=0, le=600)
+    isolate: bool = Field(False, description="a fresh session for this group alone: for checkers that run sample "
+                                             "code, which could tamper with other groups sharing a session")
 
 
 _INLINE_LIMIT = 64_000  # the exec stage takes commands up to 100 kB
@@ -100,31 +108,34 @@ class ExecVerifier:
         self._idle: dict[str, list[tuple[ExecSession, int]]] = {}
         self._open: dict[str, int] = {}
         self._freed = asyncio.Condition()
+        self.batch_groups, self.batch_window_s = context.exec_batch_groups, context.exec_batch_window_s
+        self._batches: dict[tuple[str, str, float], list[_Pending]] = {}
+        self._running: set[asyncio.Future[None]] = set()
 
-    async def _take(self, image: str) -> tuple[ExecSession, int]:
+    async def _take(self, pool: str, image: str) -> tuple[ExecSession, int]:
         async with self._freed:
-            while not self._idle.get(image) and self._open.get(image, 0) >= self.most:
+            while not self._idle.get(pool) and self._open.get(pool, 0) >= self.most:
                 await self._freed.wait()
-            if self._idle.get(image):
-                return self._idle[image].pop()
-            self._open[image] = self._open.get(image, 0) + 1
+            if self._idle.get(pool):
+                return self._idle[pool].pop()
+            self._open[pool] = self._open.get(pool, 0) + 1
         try:
             return await self.exec.open_session(image, limits=SessionLimits()), 0
         except BaseException:
-            await self._drop(image, None)
+            await self._drop(pool, None)
             raise
 
-    async def _give(self, image: str, session: ExecSession, used: int) -> None:
+    async def _give(self, pool: str, session: ExecSession, used: int) -> None:
         if used >= self.recycle_after:
-            await self._drop(image, session)
+            await self._drop(pool, session)
             return
         async with self._freed:
-            self._idle.setdefault(image, []).append((session, used))
+            self._idle.setdefault(pool, []).append((session, used))
             self._freed.notify()
 
-    async def _drop(self, image: str, session: ExecSession | None) -> None:
+    async def _drop(self, pool: str, session: ExecSession | None) -> None:
         async with self._freed:
-            self._open[image] -= 1
+            self._open[pool] -= 1
             self._freed.notify()
         if session is not None:
             # A session that is gone already (its worker died) is reaped by the exec stage.
@@ -133,39 +144,109 @@ class ExecVerifier:
 
     async def close(self) -> None:
         idle, self._idle = self._idle, {}
-        for image, sessions in idle.items():
+        for pool, sessions in idle.items():
             for session, _used in sessions:
-                await self._drop(image, session)
+                await self._drop(pool, session)
 
     async def verify(self, task: RolloutTask, completions: list[str], request_id: str) -> list[Verdict]:
         check = checked(ExecCheck, task)
-        directory = shlex.quote(f".kiln-rollout/{request_id}")
         group = {"task_id": task.task_id, "prompt": task.prompt, "answer": task.answer, "completions": completions}
-        files = {**check.files, "group.json": json.dumps(group)}
-        # One command per group (files travel inside it, base64): a round trip to the session costs more than the
-        # check itself for small tasks. Groups too large for a command line are written first.
-        unpack = " && ".join(f"printf %s {base64.b64encode(text.encode()).decode()} | base64 -d > {shlex.quote(name)}"
-                             for name, text in files.items())
-        inline = len(unpack) < _INLINE_LIMIT
-        command = (f"mkdir -p {directory} && cd {directory} && {unpack if inline else 'true'} && "
-                   f"{{ {check.command} ; }}; status=$?; cd /work && rm -rf {directory}; exit $status")
-        session, used = await self._take(check.image)
+        pending = _Pending(request_id, {**check.files, "group.json": json.dumps(group)}, len(completions),
+                           task.task_id, asyncio.get_running_loop().create_future())
+        if check.isolate:
+            await self._run([pending], check)
+            return await pending.done
+        key = (check.image, check.command, check.timeout_s)
+        batch = self._batches.setdefault(key, [])
+        batch.append(pending)
+        if len(batch) >= self.batch_groups:
+            self._start(key, check)
+        elif len(batch) == 1:
+            asyncio.get_running_loop().call_later(self.batch_window_s, self._start, key, check)
+        return await pending.done
+
+    def _start(self, key: tuple[str, str, float], check: ExecCheck) -> None:
+        batch = self._batches.pop(key, [])
+        if batch:
+            task = asyncio.ensure_future(self._run(batch, check))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _run(self, batch: list[_Pending], check: ExecCheck) -> None:
+        """One command for the whole batch: each group in its own directory, its checker's output and exit status
+        framed by a marker the command is built with."""
+        marker = f"@@kiln-{uuid.uuid4().hex}"
+        parts: list[str] = []
+        written: dict[str, str | bytes] = {}
+        for i, p in enumerate(batch):
+            directory = f".kiln-rollout/{p.name}"
+            unpack = " && ".join(f"printf %s {base64.b64encode(text.encode()).decode()} | base64 -d > "
+                                 f"{shlex.quote(name)}" for name, text in p.files.items())
+            if len(unpack) >= _INLINE_LIMIT // len(batch):  # too large for the command line: written first
+                written.update({f"{directory}/{name}": text for name, text in p.files.items()})
+                unpack = "true"
+            d = shlex.quote(directory)
+            parts.append(f"(mkdir -p {d} && cd {d} && {unpack} && {{ {check.command} ; }} > ../{i}.out "
+                         f"2> ../{i}.err); s=$?; printf '\\n{marker} {i} %d\\n' $s; cat .kiln-rollout/{i}.out; "
+                         f"printf '\\n{marker}-err\\n'; tail -c 2000 .kiln-rollout/{i}.err; "
+                         f"rm -rf {d} .kiln-rollout/{i}.out .kiln-rollout/{i}.err")
+        command = "cd /work && mkdir -p .kiln-rollout && " + "; ".join(parts)
+        # Isolated groups get sessions of their own pool, never given back for another group.
+        pool = f"{check.image} (isolated)" if check.isolate else check.image
         try:
-            if not inline:
-                await self.exec.write_files(session, {f".kiln-rollout/{request_id}/{name}": text
-                                                      for name, text in files.items()})
-            output = await self.exec.run(session, command, timeout_s=check.timeout_s)
-        except RequestFailed as e:
-            await self._drop(check.image, session)
-            raise TransientJobError(f"exec session {session.session_id} failed: {e.reason}") from None
-        except BaseException:
-            await self._drop(check.image, session)
-            raise
-        await self._give(check.image, session, used + 1)
-        if output.exit_code != 0:
-            raise RoutineJobError(f"task {task.task_id}: checker exited {output.exit_code} "
-                                  f"(timed out: {output.timed_out}): {output.stderr[-2000:]}")
-        return parse_verdicts(output.stdout, len(completions), task.task_id)
+            session, used = await self._take(pool, check.image)
+            try:
+                if written:
+                    await self.exec.write_files(session, written)
+                output = await self.exec.run(session, command, timeout_s=check.timeout_s * len(batch),
+                                             max_output_bytes=4 << 20)
+            except RequestFailed as e:
+                await self._drop(pool, session)
+                raise TransientJobError(f"exec session {session.session_id} failed: {e.reason}") from None
+            except BaseException:
+                await self._drop(pool, session)
+                raise
+            await self._give(pool, session, self.recycle_after if check.isolate else used + 1)
+            if output.stdout_truncated:
+                raise RoutineJobError(f"checker output over 4 MB for {len(batch)} groups")
+            sections = _sections(output.stdout, marker)
+        except Exception as e:
+            for p in batch:
+                if not p.done.done():
+                    p.done.set_exception(e)
+            return
+        for i, p in enumerate(batch):
+            if i not in sections:
+                p.done.set_exception(TransientJobError(f"the batch's command ended before group {i} "
+                                                       f"(exit {output.exit_code}, timed out: {output.timed_out})"))
+                continue
+            status, stdout, stderr = sections[i]
+            try:
+                if status != 0:
+                    raise RoutineJobError(f"task {p.task_id}: checker exited {status}: {stderr[-2000:]}")
+                p.done.set_result(parse_verdicts(stdout, p.expected, p.task_id))
+            except RoutineJobError as e:
+                p.done.set_exception(e)
+
+
+@dataclass
+class _Pending:
+    name: str
+    files: dict[str, str]
+    expected: int
+    task_id: str
+    done: asyncio.Future[list[Verdict]]
+
+
+def _sections(stdout: str, marker: str) -> dict[int, tuple[int, str, str]]:
+    """group index -> (exit status, stdout, stderr) from a batch's framed output."""
+    found: dict[int, tuple[int, str, str]] = {}
+    for chunk in stdout.split(f"\n{marker} ")[1:]:
+        head, _, rest = chunk.partition("\n")
+        out, _, err = rest.partition(f"\n{marker}-err\n")
+        index, status = (int(x) for x in head.split())
+        found[index] = (status, out, err)
+    return found
 
 
 def parse_verdicts(stdout: str, expected: int, task_id: str) -> list[Verdict]:

@@ -5,6 +5,7 @@ gets its rewards from the exec stage end to end."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +60,15 @@ async def test_exec_and_lean_verifiers(stage_topics: Callable[..., KilnSettings]
             with pytest.raises(RoutineJobError, match="1 verdicts for 5"):
                 await verifiers.get("exec").verify(broken("echo '{\"reward\": 1}'"), completions,
                                                    "miscounting")
+            # Groups verified at once share one command; one group's failing checker fails that group alone.
+            together = [task] * 5 + [task.model_copy(update={"prompt": "x+y="})]
+            outcomes = await asyncio.gather(*(verifiers.get("exec").verify(t, completions, f"together-{i}")
+                                              for i, t in enumerate(together)), return_exceptions=True)
+            assert [[v.reward for v in o] for o in outcomes[:5]] == [[1, 0, 1, 0, 0]] * 5  # type: ignore[union-attr]
+            assert isinstance(outcomes[5], RoutineJobError) and "ValueError" in str(outcomes[5])
+            isolated = task.model_copy(update={"check": {**task.check, "isolate": True}})
+            assert [v.reward for v in await verifiers.get("exec").verify(isolated, completions, "alone")] == \
+                [1, 0, 1, 0, 0]
             with pytest.raises(RoutineJobError, match="check for 'exec' is invalid"):
                 await verifiers.get("exec").verify(task.model_copy(update={"check": {}}), completions, "unreadable")
             with pytest.raises(RoutineJobError, match="no verifier 'nope'"):
@@ -72,9 +82,10 @@ async def test_exec_and_lean_verifiers(stage_topics: Callable[..., KilnSettings]
             await verifiers.close()
     ops = [ExecRequest.model_validate(request_payload(decode_request(m.value()), ExecRequest, None)).op
            for m in read_all(settings, settings.topic("exec.requests"))]
-    # Six checks (four good, two failing), one command each (the large group's files written first), in sessions
-    # recycled after two groups: three sessions, all closed.
-    assert ops.count("open") == 3 and ops.count("close") == 3 and ops.count("run") == 6, ops
+    # Eight commands: four good groups and two failing ones one by one (the large group's files written first), six
+    # groups at once in one, an isolated group in one; sessions recycled after two commands, the isolated one after
+    # its own: five sessions, all closed.
+    assert ops.count("open") == 5 and ops.count("close") == 5 and ops.count("run") == 8, ops
     assert ops.count("write_files") == 1, ops
 
 
