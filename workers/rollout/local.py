@@ -44,12 +44,12 @@ class RunConfig(BaseModel):
     name: str = "async"
     sync: bool = False
     steps: int = Field(150, ge=1, description="Trainer steps; the actor submits steps x groups_per_step groups.")
-    groups_per_step: int = 32
-    n: int = Field(16, description="samples per group")
-    lr: float = 2e-3
-    max_ahead: int = Field(64, description="groups the actor may run ahead of the trainer (sync: one step's)")
+    groups_per_step: int = 64
+    n: int = Field(8, description="samples per group")
+    lr: float = 1e-3
+    max_ahead: int = Field(128, description="groups the actor may run ahead of the trainer (sync: one step's)")
     rollout_workers: int = 2
-    rollout_slots: int = 8
+    rollout_slots: int = 32
     exec_workers: int = 1
     exec_slots: int = 4
     exec_image: str | None = Field(None, description="verify in exec sessions on this image; None: in process")

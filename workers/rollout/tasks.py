@@ -16,16 +16,23 @@ class TaskSource(Protocol):
     def held_out(self) -> list[Task]: ...
 
 
-# Runs in the exec session's group directory (see verifiers.ExecCheck): the sum is computed in the sandbox and each
-# completion's leading number compared with it, as ``exact_match`` does in process.
+# Runs in the exec session (see verifiers.ExecCheck): the sum is computed in the sandbox and each completion's
+# leading number compared with it, as ``exact_match`` does in process.
 ADDITION_CHECKER = """\
 import json, re
-group = json.load(open("group.json"))
-a, b = (int(x) for x in group["prompt"].rstrip("=").split("+"))
-for completion in group["completions"]:
-    found = re.match(r"\\s*(-?\\d+)", completion)
-    said = found.group(1) if found else None
-    print(json.dumps({"reward": 1.0 if said == str(a + b) else 0.0, "said": said}))
+for line in open("groups.jsonl"):
+    group = json.loads(line)
+    try:
+        a, b = (int(x) for x in group["prompt"].rstrip("=").split("+"))
+    except ValueError as e:
+        print(json.dumps({"error": f"not an addition: {e}"}))
+        continue
+    verdicts = []
+    for completion in group["completions"]:
+        found = re.match(r"\\s*(-?\\d+)", completion)
+        said = found.group(1) if found else None
+        verdicts.append({"reward": 1.0 if said == str(a + b) else 0.0, "said": said})
+    print(json.dumps({"verdicts": verdicts}))
 """
 
 

@@ -1,11 +1,11 @@
 """Verifiers: a reward for every sample of a prompt group, computed by kiln's own stages through their client facades.
 
 - ``exact_match``: in process, the number a completion starts with equals the task's answer.
-- ``exec``: one exec command checks a whole group inside a sandboxed session — it unpacks the group (prompt,
-  answer, completions) and the task's checker files into a fresh directory, runs the checker, which prints one JSON
-  verdict per completion, and removes the directory. Groups verified at the same time with the same checker share
-  one command (up to ``exec_batch_groups``, gathered for ``exec_batch_window_s``): a round trip to a session costs
-  far more than checking a small group. Sessions are pooled per image and recycled after ``exec_session_groups``
+- ``exec``: one exec command checks a whole group inside a sandboxed session — it unpacks the groups and the
+  task's checker files into a fresh directory, runs the checker once (see ``ExecCheck``) and removes the directory.
+  Groups verified at the same time with the same checker share that command and that checker process (up to
+  ``exec_batch_groups``, gathered for ``exec_batch_window_s``): a round trip to a session, and a checker's start,
+  cost far more than checking a small group. Sessions are pooled per image and recycled after ``exec_session_groups``
   commands. Groups sharing a session could tamper with each other; a checker that runs sample code sets
   ``isolate`` and gets a fresh session for its group alone.
 - ``lean``: the statement is elaborated once (``theorem … := by sorry``), every completion is tried as a tactic script
@@ -84,8 +84,10 @@ class ExactMatch:
 
 
 class ExecCheck(BaseModel):
-    """``command`` runs in the group's directory, which holds ``group.json`` (``task_id``, ``prompt``, ``answer``,
-    ``completions``) and ``files``; it prints one JSON object per completion, in order, each with a ``reward``."""
+    """``command`` runs in a fresh directory holding ``files`` and ``groups.jsonl``: one group per line (``task_id``,
+    ``prompt``, ``answer``, ``completions``). It prints one JSON line per group, in order:
+    ``{"verdicts": [{"reward": r, ...}, ...]}`` (one per completion; other keys become the sample's verifier
+    details) or ``{"error": "why"}`` (that group fails, the others stand)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -109,7 +111,7 @@ class ExecVerifier:
         self._open: dict[str, int] = {}
         self._freed = asyncio.Condition()
         self.batch_groups, self.batch_window_s = context.exec_batch_groups, context.exec_batch_window_s
-        self._batches: dict[tuple[str, str, float], list[_Pending]] = {}
+        self._batches: dict[tuple[str, str, float, str], list[_Pending]] = {}
         self._running: set[asyncio.Future[None]] = set()
 
     async def _take(self, pool: str, image: str) -> tuple[ExecSession, int]:
@@ -151,12 +153,11 @@ class ExecVerifier:
     async def verify(self, task: RolloutTask, completions: list[str], request_id: str) -> list[Verdict]:
         check = checked(ExecCheck, task)
         group = {"task_id": task.task_id, "prompt": task.prompt, "answer": task.answer, "completions": completions}
-        pending = _Pending(request_id, {**check.files, "group.json": json.dumps(group)}, len(completions),
-                           task.task_id, asyncio.get_running_loop().create_future())
+        pending = _Pending(group, asyncio.get_running_loop().create_future())
         if check.isolate:
             await self._run([pending], check)
             return await pending.done
-        key = (check.image, check.command, check.timeout_s)
+        key = (check.image, check.command, check.timeout_s, json.dumps(check.files, sort_keys=True))
         batch = self._batches.setdefault(key, [])
         batch.append(pending)
         if len(batch) >= self.batch_groups:
@@ -165,7 +166,7 @@ class ExecVerifier:
             asyncio.get_running_loop().call_later(self.batch_window_s, self._start, key, check)
         return await pending.done
 
-    def _start(self, key: tuple[str, str, float], check: ExecCheck) -> None:
+    def _start(self, key: tuple[str, str, float, str], check: ExecCheck) -> None:
         batch = self._batches.pop(key, [])
         if batch:
             task = asyncio.ensure_future(self._run(batch, check))
@@ -173,33 +174,23 @@ class ExecVerifier:
             task.add_done_callback(self._running.discard)
 
     async def _run(self, batch: list[_Pending], check: ExecCheck) -> None:
-        """One command for the whole batch: each group in its own directory, its checker's output and exit status
-        framed by a marker the command is built with."""
-        marker = f"@@kiln-{uuid.uuid4().hex}"
-        parts: list[str] = []
-        written: dict[str, str | bytes] = {}
-        for i, p in enumerate(batch):
-            directory = f".kiln-rollout/{p.name}"
-            unpack = " && ".join(f"printf %s {base64.b64encode(text.encode()).decode()} | base64 -d > "
-                                 f"{shlex.quote(name)}" for name, text in p.files.items())
-            if len(unpack) >= _INLINE_LIMIT // len(batch):  # too large for the command line: written first
-                written.update({f"{directory}/{name}": text for name, text in p.files.items()})
-                unpack = "true"
-            d = shlex.quote(directory)
-            parts.append(f"(mkdir -p {d} && cd {d} && {unpack} && {{ {check.command} ; }} > ../{i}.out "
-                         f"2> ../{i}.err); s=$?; printf '\\n{marker} {i} %d\\n' $s; cat .kiln-rollout/{i}.out; "
-                         f"printf '\\n{marker}-err\\n'; tail -c 2000 .kiln-rollout/{i}.err; "
-                         f"rm -rf {d} .kiln-rollout/{i}.out .kiln-rollout/{i}.err")
-        command = "cd /work && mkdir -p .kiln-rollout && " + "; ".join(parts)
+        """One command, one checker process for the whole batch, in a fresh directory removed afterwards."""
+        directory = shlex.quote(f".kiln-rollout/{uuid.uuid4().hex}")
+        files = {**check.files, "groups.jsonl": "".join(json.dumps(p.group) + "\n" for p in batch)}
+        # Files travel inside the command (base64) unless too large for a command line: one round trip.
+        unpack = " && ".join(f"printf %s {base64.b64encode(text.encode()).decode()} | base64 -d > {shlex.quote(name)}"
+                             for name, text in files.items())
+        inline = len(unpack) < _INLINE_LIMIT
+        command = (f"mkdir -p {directory} && cd {directory} && {unpack if inline else 'true'} && "
+                   f"{{ {check.command} ; }}; status=$?; cd /work && rm -rf {directory}; exit $status")
         # Isolated groups get sessions of their own pool, never given back for another group.
         pool = f"{check.image} (isolated)" if check.isolate else check.image
         try:
             session, used = await self._take(pool, check.image)
             try:
-                if written:
-                    await self.exec.write_files(session, written)
-                output = await self.exec.run(session, command, timeout_s=check.timeout_s * len(batch),
-                                             max_output_bytes=4 << 20)
+                if not inline:
+                    await self.exec.write_files(session, {f"{directory}/{name}": text for name, text in files.items()})
+                output = await self.exec.run(session, command, timeout_s=check.timeout_s, max_output_bytes=4 << 20)
             except RequestFailed as e:
                 await self._drop(pool, session)
                 raise TransientJobError(f"exec session {session.session_id} failed: {e.reason}") from None
@@ -207,60 +198,42 @@ class ExecVerifier:
                 await self._drop(pool, session)
                 raise
             await self._give(pool, session, self.recycle_after if check.isolate else used + 1)
+            if output.exit_code != 0:
+                raise RoutineJobError(f"checker exited {output.exit_code} (timed out: {output.timed_out}) on "
+                                      f"{len(batch)} groups: {output.stderr[-2000:]}")
             if output.stdout_truncated:
                 raise RoutineJobError(f"checker output over 4 MB for {len(batch)} groups")
-            sections = _sections(output.stdout, marker)
+            lines = [line for line in output.stdout.splitlines() if line.strip()]
+            if len(lines) != len(batch):
+                raise RoutineJobError(f"checker printed {len(lines)} lines for {len(batch)} groups")
         except Exception as e:
             for p in batch:
-                if not p.done.done():
-                    p.done.set_exception(e)
+                p.done.set_exception(e)
             return
-        for i, p in enumerate(batch):
-            if i not in sections:
-                p.done.set_exception(TransientJobError(f"the batch's command ended before group {i} "
-                                                       f"(exit {output.exit_code}, timed out: {output.timed_out})"))
-                continue
-            status, stdout, stderr = sections[i]
+        for p, line in zip(batch, lines, strict=True):
             try:
-                if status != 0:
-                    raise RoutineJobError(f"task {p.task_id}: checker exited {status}: {stderr[-2000:]}")
-                p.done.set_result(parse_verdicts(stdout, p.expected, p.task_id))
+                p.done.set_result(parse_verdicts(line, len(p.group["completions"]), p.group["task_id"]))
             except RoutineJobError as e:
                 p.done.set_exception(e)
 
 
 @dataclass
 class _Pending:
-    name: str
-    files: dict[str, str]
-    expected: int
-    task_id: str
+    group: dict[str, Any]
     done: asyncio.Future[list[Verdict]]
 
 
-def _sections(stdout: str, marker: str) -> dict[int, tuple[int, str, str]]:
-    """group index -> (exit status, stdout, stderr) from a batch's framed output."""
-    found: dict[int, tuple[int, str, str]] = {}
-    for chunk in stdout.split(f"\n{marker} ")[1:]:
-        head, _, rest = chunk.partition("\n")
-        out, _, err = rest.partition(f"\n{marker}-err\n")
-        index, status = (int(x) for x in head.split())
-        found[index] = (status, out, err)
-    return found
-
-
-def parse_verdicts(stdout: str, expected: int, task_id: str) -> list[Verdict]:
-    """One JSON object per line with a numeric ``reward``; anything else is the checker's fault (routine error)."""
-    verdicts = []
-    for line in stdout.splitlines():
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-            reward = float(item["reward"])
-        except (ValueError, TypeError, KeyError) as e:
-            raise RoutineJobError(f"task {task_id}: checker printed {line[:200]!r}: {e}") from None
-        verdicts.append(Verdict(reward, {k: v for k, v in item.items() if k != "reward"}))
+def parse_verdicts(line: str, expected: int, task_id: str) -> list[Verdict]:
+    """A group's line: ``{"verdicts": [{"reward": r, ...}, ...]}`` or ``{"error": "why"}``; anything else is the
+    checker's fault (routine error)."""
+    try:
+        item = json.loads(line)
+        if "error" in item:
+            raise RoutineJobError(f"task {task_id}: the checker refused the group: {str(item['error'])[:1000]}")
+        verdicts = [Verdict(float(v["reward"]), {k: x for k, x in v.items() if k != "reward"})
+                    for v in item["verdicts"]]
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise RoutineJobError(f"task {task_id}: checker printed {line[:200]!r}: {type(e).__name__}: {e}") from None
     if len(verdicts) != expected:
         raise RoutineJobError(f"task {task_id}: checker gave {len(verdicts)} verdicts for {expected} completions")
     return verdicts

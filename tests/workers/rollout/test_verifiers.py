@@ -58,14 +58,14 @@ async def test_exec_and_lean_verifiers(stage_topics: Callable[..., KilnSettings]
             with pytest.raises(RoutineJobError, match="exited 3"):
                 await verifiers.get("exec").verify(broken("exit 3"), completions, "failing")
             with pytest.raises(RoutineJobError, match="1 verdicts for 5"):
-                await verifiers.get("exec").verify(broken("echo '{\"reward\": 1}'"), completions,
+                await verifiers.get("exec").verify(broken("echo '{\"verdicts\": [{\"reward\": 1}]}'"), completions,
                                                    "miscounting")
-            # Groups verified at once share one command; one group's failing checker fails that group alone.
+            # Groups verified at once share one command and one checker; a group the checker refuses fails alone.
             together = [task] * 5 + [task.model_copy(update={"prompt": "x+y="})]
             outcomes = await asyncio.gather(*(verifiers.get("exec").verify(t, completions, f"together-{i}")
                                               for i, t in enumerate(together)), return_exceptions=True)
             assert [[v.reward for v in o] for o in outcomes[:5]] == [[1, 0, 1, 0, 0]] * 5  # type: ignore[union-attr]
-            assert isinstance(outcomes[5], RoutineJobError) and "ValueError" in str(outcomes[5])
+            assert isinstance(outcomes[5], RoutineJobError) and "not an addition" in str(outcomes[5])
             isolated = task.model_copy(update={"check": {**task.check, "isolate": True}})
             assert [v.reward for v in await verifiers.get("exec").verify(isolated, completions, "alone")] == \
                 [1, 0, 1, 0, 0]
