@@ -19,6 +19,9 @@ class RolloutTask(BaseModel):
     answer: str = Field("", max_length=100_000)
     verifier: str = Field("exact_match", pattern=r"^[a-z][a-z0-9_.-]{0,63}$")
     check: dict[str, Any] = Field(default_factory=dict)
+    max_turns: int = Field(1, ge=1, le=64, description="model turns per sample; between turns, a ``<run>command"
+                                                         "</run>`` in the model's text runs in the sample's own exec "
+                                                         "session on ``check['image']`` and its output is appended")
 
 
 class Sampling(BaseModel):
@@ -50,6 +53,9 @@ class RolloutSample(BaseModel):
     finish_reason: str
     reward: float
     verifier: dict[str, Any] = Field(default_factory=dict)
+    turns: int = 1
+    tool_mask: list[int] = Field(default_factory=list, description="1 where a token is a tool's output (not the "
+                                                                   "policy's, so not trained on); empty: none")
 
 
 class RolloutGroup(BaseModel):

@@ -8,11 +8,11 @@ kiln's server (``kiln rl serve``), whose choices carry the token ids and the pol
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import socket
 import time
-from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -21,11 +21,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.schemas.rl import RolloutGroup, RolloutRequest, RolloutSample
 from kiln.streams.client import KilnClient
-from kiln.streams.errors import RoutineJobError, TransientJobError
+from kiln.streams.errors import RequestFailed, RoutineJobError, TransientJobError
 from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
+from kiln.workers.exec.client import ExecClient
 from kiln.workers.inference.endpoints import KilnEndpoint
 from kiln.workers.rollout import spec
+from kiln.workers.rollout.episodes import Episode, Turn, run_episode
 from kiln.workers.rollout.verifiers import VerifierContext, Verifiers
 
 
@@ -37,7 +39,7 @@ class RolloutSettings(BaseSettings):
     timeout_s: float = Field(600.0, gt=0, description="Per completion request.")
     exec_sessions: int = Field(4, ge=1, description="Exec sessions per image a worker keeps for verifying.")
     exec_session_groups: int = Field(16, ge=1, description="Commands an exec session runs before it is replaced.")
-    exec_batch_groups: int = Field(16, ge=1, description="Groups one exec command may verify together.")
+    exec_batch_groups: int = Field(32, ge=1, description="Groups one exec command may verify together.")
     exec_batch_window_s: float = Field(0.02, ge=0, description="How long a group waits for others to share its "
                                                                 "command.")
 
@@ -70,43 +72,53 @@ async def teardown() -> None:
         await verifiers.close()
 
 
-def _samples(answer: dict[str, Any]) -> list[tuple[str, list[int], list[float], list[int], str]]:
-    out = []
-    for choice in answer["choices"]:
-        kiln = choice["kiln"]
-        out.append((choice["text"], kiln["token_ids"], choice["logprobs"]["token_logprobs"], kiln["token_versions"],
-                    choice["finish_reason"]))
-    return out
+async def _episodes(endpoint: KilnEndpoint, request: RolloutRequest, request_id: str) -> list[Episode]:
+    s, task = request.sampling, request.task
+    sampling = {"max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p}
+    if task.max_turns == 1:
+        answer = await endpoint.complete(task.prompt, n=s.n, logprobs=0, **sampling)
+        episodes = [Episode() for _ in answer["choices"]]
+        for episode, choice in zip(episodes, answer["choices"], strict=True):
+            episode.policy(Turn.from_choice(choice))
+        return episodes
+    image = str(task.check.get("image", ""))
+    if not image:
+        raise RoutineJobError(f"task {task.task_id}: tool calls need check['image'] (the sessions' image)")
+    tools = ExecClient(_verifiers[0].context.kiln)
+    return list(await asyncio.gather(*(run_episode(endpoint, tools, image, task.prompt, task.max_turns, sampling,
+                                                   f"{request_id}/{i}") for i in range(s.n))))
 
 
 async def handle(request: RolloutRequest, ctx: JobContext) -> RolloutGroup:
     endpoint = _endpoints[next(_turn) % len(_endpoints)]
-    s = request.sampling
     started = time.perf_counter()
     try:
-        answer = await endpoint.complete(request.task.prompt, n=s.n, max_tokens=s.max_tokens,
-                                         temperature=s.temperature, top_p=s.top_p, logprobs=0)
+        episodes = await _episodes(endpoint, request, ctx.envelope.request_id)
     except httpx.HTTPStatusError as e:
         if e.response.status_code in (400, 422):
             raise RoutineJobError(f"{endpoint.url} refused the prompt: {e.response.text[:500]}") from None
         raise TransientJobError(f"{endpoint.url}: HTTP {e.response.status_code}") from None
     except httpx.HTTPError as e:
         raise TransientJobError(f"{endpoint.url}: {type(e).__name__}: {e}") from None
+    except RequestFailed as e:
+        raise TransientJobError(f"a tool call's exec session failed: {e.reason}") from None
     generated = time.perf_counter()
-    drawn = _samples(answer)
     verifier = _verifiers[0].get(request.task.verifier)
-    verdicts = await verifier.verify(request.task, [text for text, *_ in drawn], ctx.envelope.request_id)
+    verdicts = await verifier.verify(request.task, [e.answer for e in episodes], ctx.envelope.request_id)
     VERIFY.labels(request.task.verifier).observe(time.perf_counter() - generated)
     samples = []
-    for (text, token_ids, logprobs, versions, finish), verdict in zip(drawn, verdicts, strict=True):
+    for episode, verdict in zip(episodes, verdicts, strict=True):
         REWARD.observe(verdict.reward)
-        samples.append(RolloutSample(text=text, token_ids=token_ids, logprobs=logprobs, versions=versions,
-                                     finish_reason=finish, reward=verdict.reward,
-                                     verifier={"name": request.task.verifier, **verdict.detail}))
+        samples.append(RolloutSample(
+            text=episode.text, token_ids=episode.token_ids, logprobs=episode.logprobs, versions=episode.versions,
+            finish_reason=episode.finish_reason, reward=verdict.reward, turns=episode.turns,
+            tool_mask=episode.tool_mask if episode.tool_calls else [],
+            verifier={"name": request.task.verifier, **verdict.detail}))
     GROUPS.inc()
     GENERATE.observe(generated - started)
+    versions = [v for e in episodes for v in e.versions]
     return RolloutGroup(task_id=request.task.task_id, prompt=request.task.prompt, samples=samples,
-                        version_start=answer["kiln"]["version_start"], version_end=answer["kiln"]["version_end"],
+                        version_start=min(versions, default=0), version_end=max(versions, default=0),
                         actor_version=request.actor_version, endpoint=endpoint.url, generate_s=generated - started,
                         verify_s=time.perf_counter() - generated)
 

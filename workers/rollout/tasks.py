@@ -7,6 +7,8 @@ import random
 import re
 from typing import Protocol
 
+from pydantic import BaseModel
+
 from kiln.schemas.rl import RolloutTask as Task
 
 
@@ -88,6 +90,41 @@ class Propositions:
 
     def held_out(self) -> list[Task]:
         return [self.task(i, s) for i, s in enumerate(self.STATEMENTS)]
+
+
+class Problem(BaseModel):
+    """One repository task: what to do, and the tests that say it is done (applied after the candidate patch)."""
+
+    problem_id: str
+    statement: str
+    test_patch: str = ""
+
+
+class RepositoryTasks:
+    """SWE-style tasks on a repository revision's built image: the policy may run commands in its own session
+    (``<run>…</run>``, up to ``max_turns`` turns) and answers with ``<patch>unified diff</patch>``; the repository's
+    tests with the task's test patch are the reward (``swe`` verifier)."""
+
+    def __init__(self, repository: str, image: str, problems: list[Problem], max_turns: int = 4,
+                 test_command: str | None = None, seed: int = 0) -> None:
+        self.repository, self.image, self.problems, self.max_turns = repository, image, problems, max_turns
+        self.test_command = test_command
+        self._rng = random.Random(seed)
+
+    def task(self, problem: Problem) -> Task:
+        check: dict[str, str] = {"image": self.image, "test_patch": problem.test_patch}
+        if self.test_command is not None:
+            check["test_command"] = self.test_command
+        prompt = (f"Repository {self.repository}. {problem.statement}\n"
+                  "Run commands as <run>command</run>; answer with <patch>unified diff</patch>.\n")
+        return Task(task_id=f"{self.repository}:{problem.problem_id}", prompt=prompt, verifier="swe", check=check,
+                    max_turns=self.max_turns)
+
+    def sample(self, n: int) -> list[Task]:
+        return [self.task(self._rng.choice(self.problems)) for _ in range(n)]
+
+    def held_out(self) -> list[Task]:
+        return [self.task(p) for p in self.problems]
 
 
 _LEADING = re.compile(r"\s*(-?\d+)")

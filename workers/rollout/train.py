@@ -131,7 +131,7 @@ def load_state(trainer: PolicyTrainer, store: BlobStore, digest: str) -> int:
 
 def to_group(rollout: RolloutGroup) -> Group:
     return Group(prompt=TOKENIZER.encode(rollout.prompt),
-                 samples=[Sample(s.token_ids, s.logprobs, s.versions, s.reward) for s in rollout.samples
+                 samples=[Sample(s.token_ids, s.logprobs, s.versions, s.reward, s.tool_mask) for s in rollout.samples
                           if s.token_ids])
 
 

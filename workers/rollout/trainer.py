@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -28,6 +28,8 @@ class Sample:
     logprobs: list[float]
     versions: list[int]
     reward: float
+    tool_mask: list[int] = field(default_factory=list)
+    """1 where the completion holds a tool's output (multi-turn samples): not the policy's, not trained on."""
 
 
 @dataclass
@@ -64,7 +66,7 @@ class PolicyTrainer:
 
     def batch(self, groups: list[Group]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """(inputs, targets, mask, old log-probs, advantages): every sample as prompt + completion, shifted by one,
-        right-padded; the mask covers the completion's positions."""
+        right-padded; the mask covers the completion's positions the policy produced (not tools' output)."""
         rows = [(g.prompt, s) for g in groups for s in g.samples]
         width = max(len(p) + len(s.completion) for p, s in rows) - 1
         inputs = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -78,6 +80,8 @@ class PolicyTrainer:
             targets[i, :n] = torch.tensor(seq[1:])
             start = len(prompt) - 1
             mask[i, start:n] = 1.0
+            if sample.tool_mask:
+                mask[i, start:n] -= torch.tensor(sample.tool_mask, dtype=mask.dtype)
             old[i, start:n] = torch.tensor(sample.logprobs)
         advantages = torch.cat([leave_one_out(torch.tensor([s.reward for s in g.samples])) for g in groups])
         return inputs, targets, mask, old, advantages

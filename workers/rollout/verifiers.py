@@ -11,6 +11,9 @@
 - ``lean``: the statement is elaborated once (``theorem … := by sorry``), every completion is tried as a tactic script
   on that proof state, concurrently; a sample that mentions ``sorry``/``admit`` scores 0 without running.
 
+- ``swe``: a repository task (``SWECheck``): each completion's patch and the task's test patch applied to a copy of
+  the repository's built tree, its tests as the reward — one command for the group, in a session of its own.
+
 A user plugs in their own through the ``kiln.verifiers`` entry point group: ``name = "module:factory"``, the factory
 takes a ``VerifierContext`` and returns a ``Verifier``. ``RolloutTask.check`` carries what the verifier needs; each
 validates it with its own model, and a task it cannot read fails as a routine error (dead-lettered with the reason).
@@ -25,7 +28,7 @@ import json
 import re
 import shlex
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Annotated, Any, Protocol, TypeVar
@@ -60,7 +63,7 @@ class VerifierContext:
     kiln: KilnClient
     exec_session_groups: int = 16
     exec_sessions: int = 4
-    exec_batch_groups: int = 16
+    exec_batch_groups: int = 32
     exec_batch_window_s: float = 0.02
 
 
@@ -160,20 +163,35 @@ class ExecVerifier:
         key = (check.image, check.command, check.timeout_s, json.dumps(check.files, sort_keys=True))
         batch = self._batches.setdefault(key, [])
         batch.append(pending)
-        if len(batch) >= self.batch_groups:
-            self._start(key, check)
-        elif len(batch) == 1:
-            asyncio.get_running_loop().call_later(self.batch_window_s, self._start, key, check)
+        if len(batch) == 1:
+            self._spawn(self._dispatch(key, check))
         return await pending.done
 
-    def _start(self, key: tuple[str, str, float, str], check: ExecCheck) -> None:
-        batch = self._batches.pop(key, [])
-        if batch:
-            task = asyncio.ensure_future(self._run(batch, check))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
+    def _spawn(self, dispatch: Coroutine[Any, Any, None]) -> None:
+        running = asyncio.ensure_future(dispatch)
+        self._running.add(running)
+        running.add_done_callback(self._running.discard)
 
-    async def _run(self, batch: list[_Pending], check: ExecCheck) -> None:
+    async def _dispatch(self, key: tuple[str, str, float, str], check: ExecCheck) -> None:
+        """Sends the groups gathered for ``key`` once a session is free: while every session is busy, groups keep
+        joining the waiting batch (so batches grow with load instead of queueing as many small commands)."""
+        await asyncio.sleep(self.batch_window_s)
+        try:
+            session = await self._take(check.image, check.image)
+        except Exception as e:
+            for p in self._batches.pop(key, []):
+                p.done.set_exception(e)
+            return
+        waiting = self._batches.pop(key, [])
+        batch, rest = waiting[:self.batch_groups], waiting[self.batch_groups:]
+        for p in rest:  # beyond one command's share: they start the next batch
+            self._batches.setdefault(key, []).append(p)
+        if rest:
+            self._spawn(self._dispatch(key, check))
+        await self._run(batch, check, session)
+
+    async def _run(self, batch: list[_Pending], check: ExecCheck,
+                   taken: tuple[ExecSession, int] | None = None) -> None:
         """One command, one checker process for the whole batch, in a fresh directory removed afterwards."""
         directory = shlex.quote(f".kiln-rollout/{uuid.uuid4().hex}")
         files = {**check.files, "groups.jsonl": "".join(json.dumps(p.group) + "\n" for p in batch)}
@@ -186,7 +204,7 @@ class ExecVerifier:
         # Isolated groups get sessions of their own pool, never given back for another group.
         pool = f"{check.image} (isolated)" if check.isolate else check.image
         try:
-            session, used = await self._take(pool, check.image)
+            session, used = taken or await self._take(pool, check.image)
             try:
                 if not inline:
                     await self.exec.write_files(session, {f"{directory}/{name}": text for name, text in files.items()})
@@ -276,8 +294,68 @@ class LeanVerifier:
         pass
 
 
+class SWECheck(BaseModel):
+    """A repository task: the completion's ``<patch>…</patch>`` is applied to a copy of the session's tree (the
+    repository's built image), then ``test_patch`` (the tests that define done), then ``test_command`` decides."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str = Field(min_length=1)
+    test_patch: str = ""
+    test_command: str = "python -m pytest -q -p no:cacheprovider"
+    timeout_s: float = Field(300.0, gt=0, le=600)
+
+
+# Runs in the group's own session (isolated: candidate patches run arbitrary code in the tests).
+SWE_CHECKER = """\
+import json, re, shutil, subprocess
+test_patch, command = open("test.patch").read(), open("test_command").read()
+def attempt(i, completion):
+    found = re.search(r"<patch>\\n?(.*?)</patch>", completion, re.DOTALL)
+    if found is None:
+        return {"reward": 0.0, "stage": "no patch"}
+    tree = f"/tmp/kiln-swe-{i}"
+    shutil.rmtree(tree, ignore_errors=True)
+    shutil.copytree("/work", tree, symlinks=True, ignore=shutil.ignore_patterns(".kiln-rollout"))
+    try:
+        for stage, diff in (("patch", found.group(1)), ("test patch", test_patch)):
+            if not diff.strip():
+                continue
+            with open(tree + ".diff", "w") as f:
+                f.write(diff)
+            done = subprocess.run(["git", "apply", "--whitespace=nowarn", tree + ".diff"], cwd=tree,
+                                  capture_output=True, text=True)
+            if done.returncode:
+                return {"reward": 0.0, "stage": f"{stage} does not apply", "log": done.stderr[-500:]}
+        run = subprocess.run(command, shell=True, cwd=tree, capture_output=True, text=True)
+        return {"reward": 1.0 if run.returncode == 0 else 0.0, "stage": "tests", "exit": run.returncode,
+                "log": (run.stdout + run.stderr)[-500:]}
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+for line in open("groups.jsonl"):
+    group = json.loads(line)
+    print(json.dumps({"verdicts": [attempt(i, c) for i, c in enumerate(group["completions"])]}))
+"""
+
+
+class SWEVerifier:
+    def __init__(self, context: VerifierContext) -> None:
+        self.exec = ExecVerifier(context)
+
+    async def verify(self, task: RolloutTask, completions: list[str], request_id: str) -> list[Verdict]:
+        check = checked(SWECheck, task)
+        files = {"swe_check.py": SWE_CHECKER, "test.patch": check.test_patch, "test_command": check.test_command}
+        as_exec = ExecCheck(image=check.image, command="python3 -I swe_check.py", files=files,
+                            timeout_s=check.timeout_s, isolate=True)
+        return await self.exec.verify(task.model_copy(update={"check": as_exec.model_dump()}), completions,
+                                      request_id)
+
+    async def close(self) -> None:
+        await self.exec.close()
+
+
 BUILT_IN: dict[str, Callable[[VerifierContext], Verifier]] = {
-    "exact_match": lambda _ctx: ExactMatch(), "exec": ExecVerifier, "lean": LeanVerifier}
+    "exact_match": lambda _ctx: ExactMatch(), "exec": ExecVerifier, "lean": LeanVerifier, "swe": SWEVerifier}
 
 
 class Verifiers:
