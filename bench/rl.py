@@ -8,7 +8,7 @@ code, the same seed and sample budget, every part its own process (``LearningRun
 - ``rl_inference_paused_fraction``: the async run's decoding pause for weight updates (server-measured) ÷ wall-clock.
 - ``rl_mean_lag_versions``: the async run's mean versions between a sample's first token and its training step.
 Writes each run's record and the PNG of ``kiln rl report`` to ``--record-dir``.
-Usage: python -m bench.rl [--steps 150] [--target 0.3] [--in-process]   (--in-process: verify without exec)
+Usage: python -m bench.rl [--steps 150] [--target 0.3] [--deadline 900] [--seed 1] [--in-process]   (--in-process: verify without exec)
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ async def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--target", type=float, default=0.3)
     parser.add_argument("--deadline", type=float, default=900)
+    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--in-process", action="store_true")
     parser.add_argument("--record-dir", type=Path, default=Path(tempfile.gettempdir()) / "kiln-bench-rl")
     args = parser.parse_args()
@@ -48,7 +49,7 @@ async def main() -> None:
     records: dict[str, RunRecord] = {}
     for name in ("async", "sync"):
         config = RunConfig(name=name, sync=name == "sync", steps=args.steps, target=args.target,
-                           deadline_s=args.deadline, exec_image=image)
+                           deadline_s=args.deadline, exec_image=image, seed=args.seed)
         console.print(f"[bold]{name}[/] run: up to {args.steps} steps or greedy accuracy {args.target}")
         records[name] = await LearningRun(settings, config).run()
         args.record_dir.mkdir(parents=True, exist_ok=True)
