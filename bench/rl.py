@@ -8,7 +8,8 @@ code, the same seed and sample budget, every part its own process (``LearningRun
 - ``rl_inference_paused_fraction``: the async run's decoding pause for weight updates (server-measured) ÷ wall-clock.
 - ``rl_mean_lag_versions``: the async run's mean versions between a sample's first token and its training step.
 Writes each run's record and the PNG of ``kiln rl report`` to ``--record-dir``.
-Usage: python -m bench.rl [--steps 150] [--target 0.3] [--deadline 900] [--seed 1] [--in-process]   (--in-process: verify without exec)
+Usage: python -m bench.rl [--steps 150] [--target 0.3] [--deadline 900] [--seed 1] [--in-process]
+(--in-process: verify without exec)
 """
 
 from __future__ import annotations
