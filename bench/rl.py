@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import tempfile
 from pathlib import Path
+
+from rich.logging import RichHandler
 
 from bench.common import broker, console, report
 from bench.exec import build_image
@@ -41,6 +44,10 @@ async def main() -> None:
     parser.add_argument("--in-process", action="store_true")
     parser.add_argument("--record-dir", type=Path, default=Path(tempfile.gettempdir()) / "kiln-bench-rl")
     args = parser.parse_args()
+    # The runs log each evaluation and kill (kiln.rl.run): that is the bench's progress.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s",
+                        handlers=[RichHandler(console=console, show_path=False)])
+    logging.getLogger("kiln.rl.run").setLevel(logging.INFO)
     settings = broker()
     image = None
     if not args.in_process:
