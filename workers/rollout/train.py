@@ -49,6 +49,8 @@ class TrainSettings(BaseSettings, ModelShape):
 
     group_id: str = Field("kiln-trainer", description="Consumer group on rollouts (one trainer per group).")
     groups_per_step: int = Field(64, ge=1, description="Rollout groups per optimizer step.")
+    tokens_per_step: int = Field(0, ge=0, description="Step as soon as this many sampled tokens have arrived, even "
+                                                      "with fewer groups (0: groups only).")
     lr: float = 1e-3
     entropy_coef: float = 0.01
     max_ratio: float = 2.0
@@ -178,15 +180,19 @@ class RolloutTrainer:
                 log.warning("servers not in a weight group yet: %s", failed)
         done: list[PolicyUpdate] = []
         pending: list[tuple[Message, RolloutGroup]] = []
+        tokens = 0
         try:
             while not self.stop.is_set() and (max_steps is None or len(done) < max_steps):
                 msg = consumer.poll(0.2)
                 if msg is None or msg.error() is not None:
                     continue
-                pending.append((msg, RolloutGroup.model_validate_json(msg.value() or b"")))
-                if len(pending) >= self.train.groups_per_step:
+                group = RolloutGroup.model_validate_json(msg.value() or b"")
+                pending.append((msg, group))
+                tokens += sum(len(s.token_ids) for s in group.samples)
+                enough_tokens = 0 < self.train.tokens_per_step <= tokens
+                if len(pending) >= self.train.groups_per_step or enough_tokens:
                     done.append(self._step(consumer, pending))
-                    pending = []
+                    pending, tokens = [], 0
         finally:
             consumer.close()  # uncommitted rollouts replay into the next life's first step
             self.producer.flush(30)
