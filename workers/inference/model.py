@@ -105,10 +105,12 @@ class Block(nn.Module):
         out: Tensor = x + self.down(F.gelu(self.up(self.ln2(x))))
         return out
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Whole sequences, causal; also returns their keys and values (for prefill)."""
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Whole sequences, causal (or ``mask``: [batch, 1, length, length], True where attending is allowed); also
+        returns their keys and values (for prefill)."""
         q, k, v = self._split(x)
-        return self._finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True)), k, v
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=mask is None, attn_mask=mask)
+        return self._finish(x, attended), k, v
 
     def step(self, x: Tensor, layer: int, cache: KVCache, rows: slice | Tensor, positions: Tensor) -> Tensor:
         """One new position per sequence (x: [batch, 1, d]) in cache ``rows``, attending to its cached prefix."""
@@ -148,17 +150,27 @@ class TinyLM(nn.Module):
                     p.normal_(0.0, 0.02 if "embed" in name or "position" in name
                               else 1 / math.sqrt(p.shape[1]), generator=generator)
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """Logits for every position of ``tokens`` [batch, length]."""
-        logits, _keys, _values = self.prefill(tokens)
+    def forward(self, tokens: Tensor, segments: Tensor | None = None) -> Tensor:
+        """Logits for every position of ``tokens`` [batch, length]. ``segments`` [batch, length] packs several
+        sequences into a row: positions restart and attention stays within each segment id (the trainer's packing)."""
+        logits, _keys, _values = self.prefill(tokens, segments)
         return logits
 
-    def prefill(self, tokens: Tensor) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        positions = torch.arange(tokens.shape[1])
+    def prefill(self, tokens: Tensor, segments: Tensor | None = None) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        mask = None
+        if segments is None:
+            positions = torch.arange(tokens.shape[1]).unsqueeze(0)
+        else:
+            starts = torch.ones_like(segments, dtype=torch.bool)
+            starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+            index = torch.arange(tokens.shape[1]).expand_as(segments)
+            positions = index - torch.cummax(torch.where(starts, index, 0), dim=1).values
+            causal = torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool).tril()
+            mask = (causal & (segments.unsqueeze(2) == segments.unsqueeze(1))).unsqueeze(1)
         x = self.embed(tokens) + self.position(positions)
         keys, values = [], []
         for block in self.blocks:
-            x, k, v = block(x)
+            x, k, v = block(x, mask)
             keys.append(k)
             values.append(v)
         return self.head(self.ln(x)), keys, values

@@ -29,19 +29,19 @@ class LossReport:
 
 def policy_loss(logits: Tensor, tokens: Tensor, mask: Tensor, old_logprobs: Tensor, advantages: Tensor,
                 temperature: float = 1.0, max_ratio: float = 2.0,
-                entropy_coef: float = 0.01) -> tuple[Tensor, LossReport]:
+                entropy_coef: float = 0.01, sequences: int | None = None) -> tuple[Tensor, LossReport]:
     """``logits`` [B, L, V] predict ``tokens`` [B, L] (already shifted); ``mask`` marks generated positions;
-    ``old_logprobs`` are the sampler's; ``advantages`` [B] one per sequence. The ratio is truncated at ``max_ratio``
-    (its gradient stops there); the sum over each sequence's tokens is averaged over sequences."""
+    ``old_logprobs`` are the sampler's; ``advantages`` [B] one per row, or [B, L] per position (packed rows hold
+    several sequences). The ratio is truncated at ``max_ratio`` (its gradient stops there); the sum over the tokens is
+    divided by ``sequences`` (default: one per row)."""
     logprobs_all = F.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
     logprobs = logprobs_all.gather(2, tokens.unsqueeze(2)).squeeze(2)
     ratio = torch.exp(logprobs - old_logprobs)
     truncated = torch.clamp(ratio, max=max_ratio)
-    per_token = -truncated * advantages.unsqueeze(1)
+    per_token = -truncated * (advantages if advantages.dim() == 2 else advantages.unsqueeze(1))
     entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
     per_token = per_token - entropy_coef * entropy
-    sequences = tokens.shape[0]
-    loss = (per_token * mask).sum() / sequences
+    loss = (per_token * mask).sum() / (sequences or tokens.shape[0])
     tokens_counted = mask.sum().clamp(min=1)
     report = LossReport(loss=float(loss.detach()), entropy=float((entropy.detach() * mask).sum() / tokens_counted),
                         ratio_mean=float((ratio.detach() * mask).sum() / tokens_counted),

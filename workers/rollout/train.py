@@ -52,6 +52,7 @@ class TrainSettings(BaseSettings, ModelShape):
     tokens_per_step: int = Field(0, ge=0, description="Step as soon as this many sampled tokens have arrived, even "
                                                       "with fewer groups (0: groups only).")
     lr: float = 1e-3
+    pack_to: int = Field(0, ge=0, description="Pack sequences into rows of this many positions (0: a row each).")
     entropy_coef: float = 0.01
     max_ratio: float = 2.0
     temperature: float = 1.0
@@ -142,7 +143,7 @@ class RolloutTrainer:
         self.settings, self.train = settings, train
         model = policy or TinyLM(train.shape())
         self.trainer = PolicyTrainer(model, lr=train.lr, temperature=train.temperature, max_ratio=train.max_ratio,
-                                     entropy_coef=train.entropy_coef)
+                                     entropy_coef=train.entropy_coef, pack_to=train.pack_to)
         self.store = open_blob_store(settings)
         self.rollouts, self.updates = settings.topic(ROLLOUTS), settings.topic(UPDATES)
         admin.create_topics(settings, [TopicSpec(UPDATES, 1, WEEK)])

@@ -72,9 +72,10 @@ async def test_steps_checkpoint_commit_broadcast_and_resume(stage_topics: Callab
             assert server.weights()["version"] == 3
             assert latest_update(settings) == events[0].model_dump(mode="json")
 
-            # Enough tokens start a step before enough groups have arrived.
+            # Enough tokens start a step before enough groups have arrived (rows packed).
             await rollouts(2)
-            eager = RolloutTrainer(settings, train.model_copy(update={"groups_per_step": 100, "tokens_per_step": 1}))
+            eager = RolloutTrainer(settings, train.model_copy(update={"groups_per_step": 100, "tokens_per_step": 1,
+                                                                      "pack_to": 64}))
             events = await asyncio.to_thread(eager.run, 2)
             assert [(e.version, e.groups) for e in events] == [(4, 1), (5, 1)]
             worker.stop()

@@ -82,3 +82,16 @@ def test_two_data_parallel_ranks_give_the_single_process_gradient(tmp_path: Path
     half.step(_groups(half)[0::2])
     assert any(not torch.allclose(q.grad, ranks[0][n], atol=1e-6)  # type: ignore[arg-type]
                for n, q in half.model.named_parameters())
+
+
+def test_packed_rows_give_the_padded_gradient_with_fewer_rows() -> None:
+    padded = PolicyTrainer(TinyLM(ModelConfig(max_len=32)), entropy_coef=0.01)
+    packed = PolicyTrainer(TinyLM(ModelConfig(max_len=32)), entropy_coef=0.01, pack_to=32)
+    groups = _groups(padded)
+    padded.step(groups)
+    packed.step(groups)
+    for (name, p), q in zip(padded.model.named_parameters(), packed.model.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    rows = packed.packed_batch(groups)[0]
+    assert rows.shape[0] < sum(len(g.samples) for g in groups) and rows.shape[1] <= 32
