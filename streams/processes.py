@@ -68,6 +68,19 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
 
+    @staticmethod
+    def stop_all(workers: list[WorkerProcess], timeout: float = 60) -> None:
+        """Graceful stop of several at once (SIGTERM to all, then one shared grace), SIGKILL for stragglers."""
+        running = [w for w in workers if w.proc.poll() is None]
+        for worker in running:
+            worker.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for worker in running:
+            try:
+                worker.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                worker.kill()
+
     def __enter__(self) -> WorkerProcess:
         return self
 

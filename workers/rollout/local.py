@@ -147,8 +147,8 @@ class LearningRun:
         return worker
 
     async def evaluate(self, http: httpx.AsyncClient) -> tuple[int, float]:
-        """Greedy accuracy over every prompt of the task, and the version that answered."""
-        prompts = [self.tasks.task(a, b) for a, b in self.tasks.pairs()]
+        """Greedy accuracy over the task's held-out prompts (never trained on), and the version that answered."""
+        prompts = self.tasks.held_out()
         answer = (await http.post(f"{self.server.url}/v1/completions", json={
             "prompt": [t.prompt for t in prompts], "max_tokens": 3, "temperature": 0})).json()
         right = sum(exact_match(t, c["text"]) for t, c in zip(prompts, answer["choices"], strict=True))
@@ -218,8 +218,7 @@ class LearningRun:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
-            for worker in self._workers:
-                worker.stop(30)
+            WorkerProcess.stop_all(self._workers, 30)
             self.server.stop()
         return self._record(wall, evaluations, paused)
 

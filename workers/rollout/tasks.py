@@ -24,50 +24,55 @@ ADDITION_CHECKER = """\
 import json, re
 for line in open("groups.jsonl"):
     group = json.loads(line)
-    try:
-        a, b = (int(x) for x in group["prompt"].rstrip("=").split("+"))
-    except ValueError as e:
-        print(json.dumps({"error": f"not an addition: {e}"}))
+    operands = re.fullmatch(r"[a-z ]*(\\d+)\\s*\\+\\s*(\\d+)\\s*=\\s*", group["prompt"])
+    if operands is None:
+        print(json.dumps({"error": "not an addition: " + group["prompt"][:40]}))
         continue
+    total = str(int(operands.group(1)) + int(operands.group(2)))
     verdicts = []
     for completion in group["completions"]:
         found = re.match(r"\\s*(-?\\d+)", completion)
         said = found.group(1) if found else None
-        verdicts.append({"reward": 1.0 if said == str(a + b) else 0.0, "said": said})
+        verdicts.append({"reward": 1.0 if said == total else 0.0, "said": said})
     print(json.dumps({"verdicts": verdicts}))
 """
 
 
 class Addition:
-    """Digit addition written as text: ``"3+4="`` → ``"7"``. Held-out prompts are a fixed share of all pairs that
-    training never samples. With ``exec_image`` every group is checked by the exec stage in a session on that image
-    (which needs ``python3``) instead of in process."""
+    """Digit addition written as text: ``"add 3+4="`` → ``"7"``, each pair under three instruction words. Held-out
+    prompts: for every pair, the one word that training never shows it with — each held-out prompt's pair and its
+    word were both trained, never together, so a policy that memorised prompt strings scores nothing on them. (Pairs
+    never seen at all are not learnable from scratch by RL in minutes: measured on this machine, a quarter of the
+    pairs held out rose to at most 0.16.) With ``exec_image`` every group is checked by the exec stage in a session
+    on that image (which needs ``python3``) instead of in process."""
 
-    def __init__(self, digits: int = 1, held_out_share: float = 0.25, seed: int = 0,
-                 exec_image: str | None = None) -> None:
+    PHRASINGS = ("add {a}+{b}=", "sum {a}+{b}=", "get {a}+{b}=")
+
+    def __init__(self, digits: int = 1, seed: int = 0, exec_image: str | None = None) -> None:
         self.exec_image = exec_image
         top = 10 ** digits
         pairs = [(a, b) for a in range(top) for b in range(top)]
         random.Random(seed).shuffle(pairs)
-        cut = int(len(pairs) * held_out_share)
-        self._held, self._train = pairs[:cut], pairs[cut:]
+        # Round robin over the shuffled pairs: each phrasing is held out for an equal share of them.
+        held = {(a, b, i % len(self.PHRASINGS)) for i, (a, b) in enumerate(pairs)}
+        self._held = sorted(held)
+        self._train = [(a, b, p) for a, b in sorted(pairs) for p in range(len(self.PHRASINGS))
+                       if (a, b, p) not in held]
         self._rng = random.Random(seed + 1)
 
-    def task(self, a: int, b: int) -> Task:
-        task = Task(task_id=f"add-{a}-{b}", prompt=f"{a}+{b}=", answer=str(a + b))
+    def task(self, a: int, b: int, phrasing: int = 0) -> Task:
+        task = Task(task_id=f"add-{a}-{b}-{phrasing}", prompt=self.PHRASINGS[phrasing].format(a=a, b=b),
+                    answer=str(a + b))
         if self.exec_image is None:
             return task
         return task.model_copy(update={"verifier": "exec", "check": {
             "image": self.exec_image, "command": "python3 -I check.py", "files": {"check.py": ADDITION_CHECKER}}})
 
-    def pairs(self) -> list[tuple[int, int]]:
-        return self._train + self._held
-
     def sample(self, n: int) -> list[Task]:
         return [self.task(*self._rng.choice(self._train)) for _ in range(n)]
 
     def held_out(self) -> list[Task]:
-        return [self.task(a, b) for a, b in self._held]
+        return [self.task(*held) for held in self._held]
 
 
 class Propositions:
