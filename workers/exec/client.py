@@ -118,6 +118,12 @@ class ExecClient:
         return {f.path: f.text.encode() if f.text is not None else base64.b64decode(f.content_b64 or "")
                 for f in result.files}
 
+    async def apply_patch(self, session: ExecSession, patch: str, *, timeout_s: float = 60.0) -> CommandOutput:
+        """``git apply`` of a unified diff in /work; a patch that does not apply is a nonzero exit, not an error."""
+        result = await self._exec(session, "apply_patch", patch=patch, timeout_s=timeout_s)
+        assert result.output is not None
+        return result.output
+
     async def run_tests(self, session: ExecSession, *, timeout_s: float = 600.0) -> ExecResult:
         return await self._exec(session, "run_tests", timeout_s=timeout_s)
 

@@ -1,0 +1,67 @@
+"""SandboxFusion's own client (``sandbox-fusion`` from PyPI, unmodified) against the gateway: code in six languages
+runs in exec sessions on the toolchain image, with stdin, files, a compile error, a timeout, and kiln's limits
+refused with a reason."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from sandbox_fusion import RunCodeRequest, RunStatus, run_code
+
+from tests.workers.gateway.conftest import Gateway
+
+pytestmark = pytest.mark.docker
+
+HELLO = {
+    "python": "import sys\nprint('hello', sys.stdin.read().strip())",
+    "bash": "read name; echo hello $name",
+    "nodejs": "let s='';process.stdin.on('data',d=>s+=d).on('end',()=>console.log('hello '+s.trim()))",
+    "cpp": "#include <iostream>\nint main(){std::string s;std::cin>>s;std::cout<<\"hello \"<<s<<std::endl;}",
+    "go": "package main\nimport \"fmt\"\nfunc main(){var s string;fmt.Scan(&s);fmt.Println(\"hello \"+s)}",
+    "rust": "use std::io::Read;\nfn main(){let mut s=String::new();std::io::stdin().read_to_string(&mut s)"
+            ".unwrap();println!(\"hello {}\",s.trim());}",
+}
+
+
+def test_run_code_through_the_peer_client(gateway: Gateway) -> None:
+    url = gateway()
+    for language, code in HELLO.items():
+        answer = run_code(RunCodeRequest(code=code, language=language, stdin="kiln\n", compile_timeout=60),
+                          endpoint=url, max_attempts=1)
+        assert answer.status == RunStatus.Success, (language, answer)
+        assert answer.run_result is not None and answer.run_result.stdout == "hello kiln\n", (language, answer)
+        assert (answer.compile_result is not None) == (language in ("cpp", "go", "rust")), (language, answer)
+
+    broken = run_code(RunCodeRequest(code="int main( { return 0; }", language="cpp"), endpoint=url, max_attempts=1)
+    assert broken.status == RunStatus.Failed and broken.run_result is None
+    assert broken.compile_result is not None and broken.compile_result.return_code != 0
+    assert "error" in (broken.compile_result.stderr or "")
+
+    slow = run_code(RunCodeRequest(code="while True: pass", language="python", run_timeout=1), endpoint=url,
+                    max_attempts=1)
+    assert slow.status == RunStatus.Failed and slow.run_result is not None
+    assert slow.run_result.status == "TimeLimitExceeded" and slow.run_result.return_code is None
+
+    failing = run_code(RunCodeRequest(code="import sys; print('out'); sys.exit(3)", language="python"),
+                       endpoint=url, max_attempts=1)
+    assert failing.status == RunStatus.Failed and failing.run_result is not None
+    assert failing.run_result.return_code == 3 and failing.run_result.stdout == "out\n"
+
+    data = base64.b64encode(b"21\n").decode()
+    with_files = run_code(RunCodeRequest(
+        code="n = int(open('data/in.txt').read()); open('out.txt', 'w').write(str(2 * n))", language="python",
+        files={"data/in.txt": data}, fetch_files=["out.txt"]), endpoint=url, max_attempts=1)
+    assert with_files.status == RunStatus.Success, with_files
+    assert base64.b64decode(with_files.files["out.txt"]) == b"42"
+
+
+def test_what_kiln_refuses_is_said(gateway: Gateway) -> None:
+    url = gateway(KILN_GATEWAY_MAX_TIMEOUT_S="30")
+    cases = [(RunCodeRequest(code="print(1)", language="python", run_timeout=100), "run_timeout=100s"),
+             (RunCodeRequest(code="x", language="java"), "language 'java'"),
+             (RunCodeRequest(code="print(1)", language="python", files={"/etc/passwd": ""}), "/etc/passwd")]
+    for request, reason in cases:
+        with pytest.raises(Exception, match="400") as refused:
+            run_code(request, endpoint=url, max_attempts=1)
+        assert reason in str(refused.value)

@@ -1,0 +1,64 @@
+"""The gateway's FastAPI application: one ``KilnClient`` for the process, shared by every request of every API."""
+
+from __future__ import annotations
+
+import hmac
+import os
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+
+from kiln.streams.client import KilnClient
+from kiln.streams.settings import KilnSettings
+from kiln.workers.exec.client import ExecClient
+from kiln.workers.gateway import kimina, sandbox_fusion, swerex
+from kiln.workers.gateway.settings import GatewaySettings
+from kiln.workers.lean.client import LeanClient
+
+REQUESTS = Counter("kiln_gateway_requests_total", "Gateway requests, by route and status code.", ["route", "code"])
+
+
+def _authorized(request: Request) -> None:
+    expected: str = request.app.state.settings.api_key
+    if not expected:
+        return
+    given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise HTTPException(401, "missing or wrong API key (KILN_GATEWAY_API_KEY)")
+
+
+def create_app(settings: GatewaySettings, kiln_settings: KilnSettings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # One client id per process: results of this gateway's jobs come back to it alone.
+        async with KilnClient(kiln_settings, f"gateway.{socket.gethostname()}.{os.getpid()}") as kiln:
+            app.state.kiln = kiln
+            app.state.exec_client = ExecClient(kiln)
+            app.state.lean_client = LeanClient(kiln)
+            app.state.runtimes = swerex.Runtimes(app.state.exec_client, settings)
+            yield
+
+    app = FastAPI(title="kiln gateway", lifespan=lifespan)
+    app.state.settings = settings
+    for router in (sandbox_fusion.router, kimina.router, swerex.router):
+        app.include_router(router, dependencies=[Depends(_authorized)])
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):  # type: ignore[no-untyped-def]
+        response = await call_next(request)
+        route = request.scope.get("route")
+        REQUESTS.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
+        return response
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,29 @@
+"""``KILN_GATEWAY_*``: the gateway process's settings."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KILN_GATEWAY_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Bind address.")
+    port: int = Field(8500, description="Port of every API (SandboxFusion, kimina, SWE-ReX, /health, /metrics).")
+    api_key: str = Field("", description="When set, every API route needs it (X-API-Key, or Authorization: "
+                         "Bearer — what the peers' clients send); empty = loopback trust.")
+    toolchain_image: str = Field("kiln/toolchain:latest", description="Image of SandboxFusion run_code sessions.")
+    max_timeout_s: float = Field(60.0, gt=0, description="Cap on run_code compile/run timeouts and on SWE-ReX "
+                                 "command timeouts; a request over it is refused.")
+    max_memory_mb: int = Field(4096, ge=32, description="Cap on run_code memory_limit_MB.")
+    memory_mb: int = Field(1024, ge=32, description="run_code sessions' memory when the request sets none.")
+    cpus: float = Field(1.0, gt=0, description="CPUs of every gateway session.")
+    pids: int = Field(256, ge=16, description="Process limit of every gateway session.")
+    disk_mb: int = Field(1024, ge=8, description="Writable area of every gateway session.")
+    max_output_bytes: int = Field(512 << 10, ge=1024, description="Per stream (stdout, stderr) of a run_code step.")
+    exec_output_bytes: int = Field(4 << 20, ge=1024, description="Output one exec command of the gateway may return "
+                                   "(at most the exec workers' own cap).")
+    max_command_s: float = Field(1800.0, gt=0, description="Cap on SWE-ReX command timeouts (also their default).")
+    swerex_idle_s: float = Field(1800.0, gt=0, description="A SWE-ReX runtime's session closes after this idle.")
+    lean_timeout_s: float = Field(300.0, gt=0, description="Cap on kimina check timeouts.")
