@@ -98,9 +98,10 @@ async def run_code(exec_client: ExecClient, settings: GatewaySettings, request: 
             "compile_timeout": request.compile_timeout, "run_timeout": request.run_timeout,
             "fetch_files": [_relative(p) for p in request.fetch_files], "max_output": settings.max_output_bytes}
     encoded = base64.b64encode(json.dumps(spec).encode()).decode()
-    memory = request.memory_limit_MB if request.memory_limit_MB > 0 else settings.memory_mb
-    limits = SessionLimits(memory_mb=max(memory, 32), cpus=settings.cpus, pids=settings.pids,
-                           disk_mb=settings.disk_mb, idle_timeout_s=60)
+    # The exec stage's default limits unless the request sets memory: only those are served from the warm pool.
+    limits = SessionLimits()
+    if request.memory_limit_MB > 0:
+        limits = SessionLimits(memory_mb=max(request.memory_limit_MB, 32))
     try:
         session = await exec_client.open_session(settings.toolchain_image, limits=limits)
     except KilnError as e:

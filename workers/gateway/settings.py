@@ -14,13 +14,9 @@ class GatewaySettings(BaseSettings):
     api_key: str = Field("", description="When set, every API route needs it (X-API-Key, or Authorization: "
                          "Bearer — what the peers' clients send); empty = loopback trust.")
     toolchain_image: str = Field("kiln/toolchain:latest", description="Image of SandboxFusion run_code sessions.")
-    max_timeout_s: float = Field(60.0, gt=0, description="Cap on run_code compile/run timeouts and on SWE-ReX "
-                                 "command timeouts; a request over it is refused.")
+    max_timeout_s: float = Field(60.0, gt=0, description="Cap on run_code compile and run timeouts; a request "
+                                 "over it is refused.")
     max_memory_mb: int = Field(4096, ge=32, description="Cap on run_code memory_limit_MB.")
-    memory_mb: int = Field(1024, ge=32, description="run_code sessions' memory when the request sets none.")
-    cpus: float = Field(1.0, gt=0, description="CPUs of every gateway session.")
-    pids: int = Field(256, ge=16, description="Process limit of every gateway session.")
-    disk_mb: int = Field(1024, ge=8, description="Writable area of every gateway session.")
     max_output_bytes: int = Field(512 << 10, ge=1024, description="Per stream (stdout, stderr) of a run_code step.")
     exec_output_bytes: int = Field(4 << 20, ge=1024, description="Output one exec command of the gateway may return "
                                    "(at most the exec workers' own cap).")

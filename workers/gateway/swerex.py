@@ -104,9 +104,8 @@ class Runtimes:
 
     async def session(self, runtime: Runtime) -> ExecSession:
         if runtime.session is None:
-            s = self.settings
-            runtime.session = await self.exec_client.open_session(runtime.image, limits=SessionLimits(
-                memory_mb=s.memory_mb, cpus=s.cpus, pids=s.pids, disk_mb=s.disk_mb, idle_timeout_s=s.swerex_idle_s))
+            runtime.session = await self.exec_client.open_session(
+                runtime.image, limits=SessionLimits(idle_timeout_s=self.settings.swerex_idle_s))
         return runtime.session
 
     async def close(self, runtime_id: str, image: str) -> None:
