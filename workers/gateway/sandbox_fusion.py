@@ -89,15 +89,26 @@ def refuse_beyond_limits(request: RunCodeRequest, settings: GatewaySettings) -> 
                                  f"{settings.max_memory_mb} (KILN_GATEWAY_MAX_MEMORY_MB)")
 
 
-async def run_code(exec_client: ExecClient, settings: GatewaySettings, request: RunCodeRequest) -> RunCodeResponse:
-    refuse_beyond_limits(request, settings)
+def encode_spec(request: RunCodeRequest, settings: GatewaySettings) -> str:
+    """What the driver needs to run ``request``, as its base64 argument."""
     language = LANGUAGES[request.language]
     files = {_relative(p): c or "" for p, c in request.files.items()}
     files[language.source] = base64.b64encode(request.code.encode()).decode()
     spec = {"files": files, "compile": language.compile, "run": language.run, "stdin": request.stdin,
             "compile_timeout": request.compile_timeout, "run_timeout": request.run_timeout,
             "fetch_files": [_relative(p) for p in request.fetch_files], "max_output": settings.max_output_bytes}
-    encoded = base64.b64encode(json.dumps(spec).encode()).decode()
+    return base64.b64encode(json.dumps(spec).encode()).decode()
+
+
+def driver_command(argument: str) -> str:
+    """The one command that runs a request in a session: ``argument`` is the spec, or ``spec.json`` holding it."""
+    return f"{_DRIVER_COMMAND} {argument}"
+
+
+async def run_code(exec_client: ExecClient, settings: GatewaySettings, request: RunCodeRequest) -> RunCodeResponse:
+    refuse_beyond_limits(request, settings)
+    language = LANGUAGES[request.language]
+    encoded = encode_spec(request, settings)
     # The exec stage's default limits unless the request sets memory: only those are served from the warm pool.
     limits = SessionLimits()
     if request.memory_limit_MB > 0:
@@ -107,13 +118,12 @@ async def run_code(exec_client: ExecClient, settings: GatewaySettings, request: 
     except KilnError as e:
         return RunCodeResponse(status=RunStatus.sandbox_error, message=f"opening a session: {e}")
     try:
+        argument = encoded
         if len(encoded) > _INLINE_SPEC:
             await exec_client.write_files(session, {"spec.json": encoded})
             argument = "spec.json"
-        else:
-            argument = encoded
         budget = (request.compile_timeout if language.compile else 0) + request.run_timeout + 30
-        output = await exec_client.run(session, f"{_DRIVER_COMMAND} {argument}", timeout_s=budget,
+        output = await exec_client.run(session, driver_command(argument), timeout_s=budget,
                                        max_output_bytes=settings.exec_output_bytes)
     except KilnError as e:
         return RunCodeResponse(status=RunStatus.sandbox_error, message=str(e))
