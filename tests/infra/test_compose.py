@@ -31,12 +31,12 @@ def test_compose_file_is_valid_and_complete() -> None:
                              text=True, check=False, env={"PATH": os.environ["PATH"]})
     assert refused.returncode != 0 and "KILN_S3_SECRET_KEY" in refused.stderr + refused.stdout
     env = {"PATH": os.environ["PATH"], "KILN_S3_ACCESS_KEY": "k" * 8, "KILN_S3_SECRET_KEY": "s" * 24,
-           "KILN_SAUCER_TOKEN": "t" * 24}
+           "KILN_SAUCER_TOKEN": "t" * 24, "KILN_GATEWAY_API_KEY": "g" * 24}
     rendered = subprocess.run([compose, "-f", str(ROOT / "docker-compose.yml"), "config"], capture_output=True,
                               text=True, check=True, env=env).stdout
     services = yaml.safe_load(rendered)["services"]
     assert {"redpanda", "s3", "registry", "prometheus", "worker-echo", "worker-sleep", "topics",
-            "worker-ingest", "saucer", "worker-build", "worker-exec"} <= set(services)
+            "worker-ingest", "saucer", "worker-build", "worker-exec", "gateway"} <= set(services)
     build = services["worker-echo"]["build"]
     assert build["network"] == "host" and build["args"]["BASE_IMAGE"] == "python:3.11-slim"
     assert services["registry"]["environment"]["REGISTRY_STORAGE"] == "s3"
