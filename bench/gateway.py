@@ -32,7 +32,7 @@ from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec
 from kiln.workers.exec.client import ExecClient
-from kiln.workers.gateway.sandbox_fusion import RunCodeRequest, driver_command, encode_spec
+from kiln.workers.gateway.sandbox_fusion import RunCodeRequest, driver_command
 from kiln.workers.gateway.settings import GatewaySettings
 from tests.workers.gateway.conftest import gateway_process
 
@@ -74,7 +74,7 @@ async def run(settings: KilnSettings, url: str, args: argparse.Namespace) -> dic
 
         def through_driver() -> Awaitable[None]:
             request = RunCodeRequest(code="print(1)", language="python")
-            return direct_run(driver_command(encode_spec(request, GatewaySettings())), '"1\\n"')
+            return direct_run(driver_command(request, GatewaySettings()), "STEP run 0 ")
 
         paths = {"direct": through_exec, "driver": through_driver, "gateway": through_gateway}
         for one in paths.values():

@@ -1,9 +1,11 @@
 """The languages the SandboxFusion-compatible ``run_code`` serves, and the driver that runs one request inside an
-exec session: it writes the files, compiles with the compile timeout, runs with stdin and the run timeout, and
-prints one JSON line with both results (one round trip per request instead of one per step)."""
+exec session as ONE bash command (no interpreter of its own to start): it writes the files, compiles with the
+compile timeout, runs with stdin and the run timeout, and prints a line per step and per fetched file."""
 
 from __future__ import annotations
 
+import base64
+import shlex
 from dataclasses import dataclass
 
 
@@ -14,51 +16,50 @@ class Language:
     compile: str | None = None
 
 
-# Commands run in /work/<request dir> of a session on the toolchain image (infra/docker/toolchain.Dockerfile).
+# Commands run in /work/run of a session on the toolchain image (infra/docker/toolchain.Dockerfile).
 LANGUAGES: dict[str, Language] = {
     "python": Language("main.py", "python3 main.py"),
     "bash": Language("main.sh", "bash main.sh"),
     "nodejs": Language("main.js", "node main.js"),
     "cpp": Language("main.cpp", "./main", "g++ -O2 -std=c++17 -o main main.cpp"),
-    "go": Language("main.go", "./main", "go build -o main main.go"),
+    "go": Language("main.go", "./main", "GOCACHE=/tmp/go-build GOPATH=/tmp/go go build -o main main.go"),
     "rust": Language("main.rs", "./main", "rustc -O --edition 2021 -o main main.rs"),
 }
 
-DRIVER = r'''
-import base64, json, os, signal, subprocess, sys, time
-spec = json.loads(base64.b64decode(open(sys.argv[1]).read() if sys.argv[1].endswith(".json") else sys.argv[1]))
-os.makedirs("run", exist_ok=True)
-os.chdir("run")
-for path, content in spec["files"].items():
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(base64.b64decode(content))
-env = dict(os.environ, GOCACHE="/tmp/go-build", GOPATH="/tmp/go", GOFLAGS="-mod=mod")
-def step(command, timeout, stdin):
-    started = time.monotonic()
-    process = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, start_new_session=True, env=env)
-    try:
-        out, err = process.communicate(stdin.encode() if stdin is not None else None, timeout=timeout)
-        status = "Finished"
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        status = "TimeLimitExceeded"
-    cap = spec["max_output"]
-    return {"status": status, "execution_time": round(time.monotonic() - started, 4),
-            "return_code": process.returncode if status == "Finished" else None,
-            "stdout": out[:cap].decode(errors="replace"), "stderr": err[:cap].decode(errors="replace")}
-result = {"compile_result": None, "run_result": None, "files": {}}
-if spec["compile"]:
-    result["compile_result"] = step(spec["compile"], spec["compile_timeout"], None)
-if result["compile_result"] is None or result["compile_result"]["return_code"] == 0:
-    result["run_result"] = step(spec["run"], spec["run_timeout"], spec["stdin"])
-for path in spec["fetch_files"]:
-    try:
-        with open(path, "rb") as f:
-            result["files"][path] = base64.b64encode(f.read()).decode()
-    except OSError:
-        pass
-print(json.dumps(result, ensure_ascii=False))
-'''
+# ``timeout`` signals its whole process group, so a step's children die with it. Output: ``STEP <name> <exit code>
+# <microseconds> <stdout b64> <stderr b64>``, each stream cut at the cap first.
+_STEP = """step() {
+  local t0 t1 rc
+  t0=$(date +%s%N)
+  timeout -s KILL "$2" bash -c "$3" < "$4" > ".kiln-$1.out" 2> ".kiln-$1.err"; rc=$?
+  t1=$(date +%s%N)
+  echo "STEP $1 $rc $(( (t1 - t0) / 1000 )) $(head -c $CAP ".kiln-$1.out" | base64 -w0) \
+$(head -c $CAP ".kiln-$1.err" | base64 -w0)"
+  return $rc
+}
+"""
+
+
+def write_file(path: str, content_b64: str) -> str:
+    """The shell line that writes one file of the run directory."""
+    target = shlex.quote(path)
+    return f"mkdir -p \"$(dirname {target})\" && printf %s {shlex.quote(content_b64)} | base64 -d > {target}\n"
+
+
+def driver(language: Language, *, writes: str, stdin: str | None, compile_timeout: float, run_timeout: float,
+           fetch_files: list[str], cap: int) -> str:
+    """The bash script for one request; ``writes`` are ``write_file`` lines (empty when the files were written
+    beforehand with the exec stage's write_files)."""
+    script = f"CAP={cap}\nmkdir -p run && cd run || exit 90\n{_STEP}{writes}"
+    stdin_file = "/dev/null"
+    if stdin is not None:
+        script += write_file(".kiln-stdin", base64.b64encode(stdin.encode()).decode())
+        stdin_file = ".kiln-stdin"
+    run = f"step run {run_timeout:g} {shlex.quote(language.run)} {stdin_file}"
+    if language.compile is not None:
+        run = f"step compile {compile_timeout:g} {shlex.quote(language.compile)} /dev/null && {run}"
+    script += run + "\n"
+    for path in fetch_files:
+        quoted = shlex.quote(path)
+        script += (f"[ -f {quoted} ] && echo \"FILE $(printf %s {quoted} | base64 -w0) $(base64 -w0 < {quoted})\"\n")
+    return script + "exit 0\n"

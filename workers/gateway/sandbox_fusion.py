@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import logging
 from enum import StrEnum
 from pathlib import PurePosixPath
@@ -18,14 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from kiln.schemas.exec import SessionLimits
 from kiln.streams.errors import KilnError
 from kiln.workers.exec.client import ExecClient
-from kiln.workers.gateway.languages import DRIVER, LANGUAGES
+from kiln.workers.gateway.languages import LANGUAGES, Language, driver, write_file
 from kiln.workers.gateway.settings import GatewaySettings
 
 log = logging.getLogger("kiln.gateway")
 router = APIRouter(tags=["SandboxFusion"])
-_INLINE_SPEC = 90_000  # characters of base64 spec that still fit in one command; larger specs are written first
-_DRIVER_B64 = base64.b64encode(DRIVER.encode()).decode()
-_DRIVER_COMMAND = f"python3 -I -c \"import base64; exec(base64.b64decode('{_DRIVER_B64}'))\""
+_INLINE = 90_000  # characters of command that carry the files inline; beyond, files are written first
 
 
 class RunStatus(StrEnum):
@@ -89,26 +86,50 @@ def refuse_beyond_limits(request: RunCodeRequest, settings: GatewaySettings) -> 
                                  f"{settings.max_memory_mb} (KILN_GATEWAY_MAX_MEMORY_MB)")
 
 
-def encode_spec(request: RunCodeRequest, settings: GatewaySettings) -> str:
-    """What the driver needs to run ``request``, as its base64 argument."""
-    language = LANGUAGES[request.language]
+def driver_command(request: RunCodeRequest, settings: GatewaySettings, *, inline: bool = True) -> str:
+    """The one command that runs ``request`` in a session; ``inline=False`` leaves the files to write_files."""
+    files = request_files(request) if inline else {}
+    return driver(LANGUAGES[request.language], writes="".join(write_file(p, c) for p, c in files.items()),
+                  stdin=request.stdin, compile_timeout=request.compile_timeout, run_timeout=request.run_timeout,
+                  fetch_files=[_relative(p) for p in request.fetch_files], cap=settings.max_output_bytes)
+
+
+def request_files(request: RunCodeRequest) -> dict[str, str]:
+    """Every file of the run directory, base64: the request's and the source."""
     files = {_relative(p): c or "" for p, c in request.files.items()}
-    files[language.source] = base64.b64encode(request.code.encode()).decode()
-    spec = {"files": files, "compile": language.compile, "run": language.run, "stdin": request.stdin,
-            "compile_timeout": request.compile_timeout, "run_timeout": request.run_timeout,
-            "fetch_files": [_relative(p) for p in request.fetch_files], "max_output": settings.max_output_bytes}
-    return base64.b64encode(json.dumps(spec).encode()).decode()
+    files[LANGUAGES[request.language].source] = base64.b64encode(request.code.encode()).decode()
+    return files
 
 
-def driver_command(argument: str) -> str:
-    """The one command that runs a request in a session: ``argument`` is the spec, or ``spec.json`` holding it."""
-    return f"{_DRIVER_COMMAND} {argument}"
+def _step(fields: list[str], limit: float) -> CommandRunResult:
+    code, elapsed = int(fields[0]), int(fields[1]) / 1e6
+    timed_out = code == 137 and elapsed >= limit * 0.95  # timeout -s KILL
+    return CommandRunResult(status="TimeLimitExceeded" if timed_out else "Finished", execution_time=round(elapsed, 4),
+                            return_code=None if timed_out else code,
+                            stdout=base64.b64decode(fields[2]).decode(errors="replace"),
+                            stderr=base64.b64decode(fields[3]).decode(errors="replace"))
+
+
+def read_driver_output(request: RunCodeRequest, stdout: str) -> RunCodeResponse:
+    steps: dict[str, CommandRunResult] = {}
+    files: dict[str, str] = {}
+    for line in stdout.splitlines():
+        fields = line.split(" ")
+        if fields[0] == "STEP" and len(fields) == 6 and fields[1] in ("compile", "run"):
+            limit = request.compile_timeout if fields[1] == "compile" else request.run_timeout
+            steps[fields[1]] = _step(fields[2:], limit)
+        elif fields[0] == "FILE" and len(fields) == 3:
+            files[base64.b64decode(fields[1]).decode(errors="replace")] = fields[2]
+    compiled, ran = steps.get("compile"), steps.get("run")
+    ok = ran is not None and ran.return_code == 0 and (compiled is None or compiled.return_code == 0)
+    return RunCodeResponse(status=RunStatus.success if ok else RunStatus.failed, compile_result=compiled,
+                           run_result=ran, files=files)
 
 
 async def run_code(exec_client: ExecClient, settings: GatewaySettings, request: RunCodeRequest) -> RunCodeResponse:
     refuse_beyond_limits(request, settings)
-    language = LANGUAGES[request.language]
-    encoded = encode_spec(request, settings)
+    language: Language = LANGUAGES[request.language]
+    command = driver_command(request, settings)
     # The exec stage's default limits unless the request sets memory: only those are served from the warm pool.
     limits = SessionLimits()
     if request.memory_limit_MB > 0:
@@ -118,28 +139,21 @@ async def run_code(exec_client: ExecClient, settings: GatewaySettings, request: 
     except KilnError as e:
         return RunCodeResponse(status=RunStatus.sandbox_error, message=f"opening a session: {e}")
     try:
-        argument = encoded
-        if len(encoded) > _INLINE_SPEC:
-            await exec_client.write_files(session, {"spec.json": encoded})
-            argument = "spec.json"
+        if len(command) > _INLINE:
+            await exec_client.write_files(session, {f"run/{p}": base64.b64decode(c)
+                                                    for p, c in request_files(request).items()})
+            command = driver_command(request, settings, inline=False)
         budget = (request.compile_timeout if language.compile else 0) + request.run_timeout + 30
-        output = await exec_client.run(session, driver_command(argument), timeout_s=budget,
-                                       max_output_bytes=settings.exec_output_bytes)
+        output = await exec_client.run(session, command, timeout_s=budget, max_output_bytes=settings.exec_output_bytes)
     except KilnError as e:
         return RunCodeResponse(status=RunStatus.sandbox_error, message=str(e))
     finally:
         asyncio.get_running_loop().create_task(_close(exec_client, session))
-    try:
-        result: dict[str, Any] = json.loads(output.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return RunCodeResponse(status=RunStatus.sandbox_error,
-                               message=f"the driver answered no result (exit {output.exit_code}): "
-                                       f"{output.stderr[-500:]}")
-    steps = [r for r in (result["compile_result"], result["run_result"]) if r is not None]
-    ok = result["run_result"] is not None and all(s["return_code"] == 0 for s in steps)
-    return RunCodeResponse(status=RunStatus.success if ok else RunStatus.failed,
-                           compile_result=result["compile_result"], run_result=result["run_result"],
-                           files=result["files"])
+    answer = read_driver_output(request, output.stdout)
+    if answer.run_result is None and answer.compile_result is None:
+        return RunCodeResponse(status=RunStatus.sandbox_error, message=f"the driver answered no result (exit "
+                                                                       f"{output.exit_code}): {output.stderr[-500:]}")
+    return answer
 
 
 async def _close(exec_client: ExecClient, session: Any) -> None:
