@@ -20,7 +20,7 @@ pytestmark = pytest.mark.docker
 @pytest.mark.timeout(600)
 async def test_accuracy_rises_with_exec_rewards_through_kills(kafka: KilnSettings, project_image: str,
                                                               tmp_path: Path) -> None:
-    config = RunConfig(name="e2e", steps=250, target=0.3, deadline_s=500, exec_image=project_image, seed=1,
+    config = RunConfig(name="e2e", steps=300, target=0.3, deadline_s=530, exec_image=project_image, seed=1,
                        kill_trainer_at=12, kill_rollout_at=24, eval_every_s=15)
     record = await LearningRun(kafka, config, tmp_path).run()
     first, last = record.evaluations[0], record.evaluations[-1]
