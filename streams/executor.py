@@ -139,7 +139,7 @@ class JobExecutor:
                     raise
                 await asyncio.sleep(0.5 * 2**attempt)
 
-    async def produce(self, topic: str, value: bytes, key: bytes | str | None = None,
+    async def produce(self, topic: str, value: bytes | None, key: bytes | str | None = None,
                       partition: int | None = None, headers: list[tuple[str, bytes]] | None = None) -> None:
         """Produce one record and wait until the broker has it (acks=all)."""
         assert self._producer is not None and self._loop is not None
@@ -169,17 +169,24 @@ class JobExecutor:
                 raise KilnError(f"producing to {topic} failed: {e.args[0] if e.args else e}") from None
         await done
 
-    async def _check_destination(self, topic: str, partition: int | None) -> None:
-        """A reply's topic and partition exist (a request names them; a wrong one must fail fast, not after the
-        producer's metadata timeout)."""
+    async def partitions(self, topic: str) -> int:
+        """How many partitions ``topic`` has (0: it does not exist), asked once per topic."""
         assert self._producer is not None
         if topic not in self._topic_partitions:
             producer = self._producer
             md = await asyncio.to_thread(lambda: producer.list_topics(topic, timeout=10).topics.get(topic))
             if md is None or md.error is not None or not md.partitions:
-                raise KilnError(f"reply topic {topic!r} does not exist")
+                return 0
             self._topic_partitions[topic] = len(md.partitions)
-        if partition is not None and partition >= self._topic_partitions[topic]:
+        return self._topic_partitions[topic]
+
+    async def _check_destination(self, topic: str, partition: int | None) -> None:
+        """A reply's topic and partition exist (a request names them; a wrong one must fail fast, not after the
+        producer's metadata timeout)."""
+        count = await self.partitions(topic)
+        if not count:
+            raise KilnError(f"reply topic {topic!r} does not exist")
+        if partition is not None and partition >= count:
             raise KilnError(f"reply topic {topic!r} has no partition {partition}")
 
     async def _reply(self, envelope: RequestEnvelope, outcome: Outcome, started: datetime) -> None:

@@ -33,6 +33,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from kiln.streams import admin
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.executor import JobExecutor, new_worker_id
+from kiln.streams.heartbeat import Heartbeat
 from kiln.streams.metrics import WorkerMetrics, start_worker_endpoints
 from kiln.streams.middleware import Middleware
 from kiln.streams.offsets import (
@@ -143,6 +144,9 @@ class Worker:
                                         serve_metrics=serve_metrics)
         self.metrics_port = server.server_address[1] if server else 0
         await self.executor.start(self._loop, self.slots)
+        heartbeat = Heartbeat(self.settings, self.executor, self.health, topic=self.topic, group=self.group_id,
+                              mode="group")
+        heartbeat.start()
         consumer_thread = threading.Thread(target=self._consumer_main, name="kiln-consumer", daemon=True)
         consumer_thread.start()
         log.info("worker %s: stage %s on %s (%d slots, group %s)", self.worker_id, self.stage.name, self.topic,
@@ -153,6 +157,7 @@ class Worker:
         finally:
             self._stopping.set()
             await asyncio.to_thread(self._consumer_done.wait)
+            await heartbeat.stop()
             await self.executor.close()
             if server:
                 server.shutdown()

@@ -47,6 +47,8 @@ class KilnSettings(BaseSettings):
     grace_s: float = Field(30.0, ge=0, description="On SIGTERM or revoke, how long running jobs may finish.")
     queue_topics: list[str] = Field(default_factory=list, description="Request topics consumed in queue mode "
                                     "(share groups); clients send them one record per batch. JSON list.")
+    heartbeat_s: float = Field(5.0, gt=0, le=300, description="How often a worker publishes its heartbeat "
+                               "(slots, busy, state) to kiln.workers.")
     job_timeout_s: float | None = Field(None, gt=0, description="Per-attempt time limit; overrides the stage's own.")
 
     def topic(self, name: str) -> str:

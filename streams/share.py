@@ -42,6 +42,7 @@ from kiln.streams import admin
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import ConfigError
 from kiln.streams.executor import JobExecutor, new_worker_id
+from kiln.streams.heartbeat import Heartbeat
 from kiln.streams.metrics import WorkerMetrics, start_worker_endpoints
 from kiln.streams.middleware import Middleware, RetryMiddleware
 from kiln.streams.settings import KilnSettings
@@ -212,6 +213,9 @@ class ShareWorker:
                                         serve_metrics=serve_metrics)
         self.metrics_port = server.server_address[1] if server else 0
         await self.executor.start(self._loop, self.slots)
+        heartbeat = Heartbeat(self.settings, self.executor, self.health, topic=self.topic, group=self.group_id,
+                              mode="queue")
+        heartbeat.start()
         threads = [threading.Thread(target=self._consumer_main, args=(i,), name=f"kiln-share-{i}", daemon=True)
                    for i in range(2 * self.slots)]
         for t in threads:
@@ -228,6 +232,7 @@ class ShareWorker:
             self._stopping.set()
             for t in threads:
                 await asyncio.to_thread(t.join, self.grace_s + 15)
+            await heartbeat.stop()
             await self.executor.close()
             if server:
                 server.shutdown()

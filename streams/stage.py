@@ -26,10 +26,16 @@ ENTRY_POINT_GROUP = "kiln.stages"
 RESULTS_TOPIC = "kiln.results"
 """Where results go unless a client names another topic: the runtime's own topic, one partition per client id."""
 RESULTS_PARTITIONS = 16
+WORKERS_TOPIC = "kiln.workers"
+"""Worker heartbeats (``schemas.ops.WorkerHeartbeat``), compacted: the latest state of each worker, by worker id."""
+STATS_TOPIC = "kiln.stats"
+"""The stats stream's per-stage numbers (``schemas.ops.StageStats``), compacted: the latest, by stage."""
 
 # Kept forever: replaying it from offset 0 rebuilds a derived store; dead letters are evidence until looked at.
 FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 WEEK = {"retention.ms": str(7 * 24 * 3600 * 1000)}
+# Latest value per key; a tombstone is dropped a day later (the stats app writes them for silent workers).
+COMPACTED = {"cleanup.policy": "compact", "delete.retention.ms": str(24 * 3600 * 1000), "segment.ms": str(3600 * 1000)}
 
 
 @dataclass(frozen=True)
@@ -139,8 +145,9 @@ def spec_for_topic(topic: str) -> StageSpec | None:
 
 
 def topology(specs: dict[str, StageSpec] | None = None) -> list[TopicSpec]:
-    """Every topic kiln needs: the runtime's results topic plus each registered stage's topics."""
-    topics = [TopicSpec(RESULTS_TOPIC, RESULTS_PARTITIONS, WEEK)]
+    """Every topic kiln needs: the runtime's results, heartbeat and stats topics plus each registered stage's topics."""
+    topics = [TopicSpec(RESULTS_TOPIC, RESULTS_PARTITIONS, WEEK), TopicSpec(WORKERS_TOPIC, 1, COMPACTED),
+              TopicSpec(STATS_TOPIC, 1, COMPACTED)]
     for spec in (specs if specs is not None else stage_specs()).values():
         topics.extend(spec.topics())
     return topics

@@ -1,0 +1,265 @@
+"""The faust app: three counting agents (results, dead letters, heartbeats), one timer that assembles and
+publishes ``StageStats`` per stage, and the HTTP pages serving them.
+
+Tables live in memory and are rebuilt from their changelog topics on restart (faust's recovery). Internal topics
+have one partition, so one instance holds every table; a second instance is a standby, not a shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import faust
+from confluent_kafka.admin import AdminClient
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from kiln.schemas.envelope import ResultEnvelope
+from kiln.schemas.ops import StageStats, WorkerHeartbeat
+from kiln.streams.errors import ConfigError
+from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import RESULTS_TOPIC, STATS_TOPIC, WORKERS_TOPIC, stage_specs
+from kiln.streams.stats import windows
+from kiln.streams.stats.queue import queue_length
+
+log = logging.getLogger("kiln.stats")
+STALE_BEATS = 3
+"""A worker whose heartbeat is this many intervals old is not counted as alive."""
+
+
+class StatsSettings(BaseSettings):
+    """The stats app's own knobs (``KILN_STATS_`` + field name); Kafka and topics come from ``KilnSettings``."""
+
+    model_config = SettingsConfigDict(env_prefix="KILN_STATS_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Bind address of the HTTP pages.")
+    port: int = Field(8600, description="HTTP port: /stats, /stats/<stage>, /workers, /healthz, /metrics.")
+    publish_s: float = Field(5.0, gt=0, description="How often per-stage numbers are computed and published.")
+    result_topics: list[str] = Field(default_factory=lambda: [RESULTS_TOPIC],
+                                     description="Topics results are read from (unprefixed; JSON list).")
+    forget_after_s: float = Field(600.0, gt=0, description="A worker silent this long gets a tombstone on "
+                                                           "kiln.workers (it was killed without saying so).")
+
+
+def _credentials(settings: KilnSettings) -> dict[str, Any]:
+    """The deployment's Kafka security settings, as faust (aiokafka) takes them."""
+    conf = settings.kafka_config
+    protocol = str(conf.get("security.protocol", "PLAINTEXT")).upper()
+    if protocol == "PLAINTEXT":
+        return {}
+    if protocol == "SASL_PLAINTEXT" and "sasl.username" in conf:
+        return {"broker_credentials": faust.SASLCredentials(
+            username=str(conf["sasl.username"]), password=str(conf.get("sasl.password", "")),
+            mechanism=str(conf.get("sasl.mechanism", "PLAIN")))}
+    raise ConfigError(f"the stats app supports PLAINTEXT and SASL_PLAINTEXT brokers, not {protocol}")
+
+
+class StatsApp:
+    """``StatsApp(settings, stats).app`` is the faust app; ``snapshot()`` is what was published last."""
+
+    def __init__(self, settings: KilnSettings, stats: StatsSettings) -> None:
+        self.settings = settings
+        self.stats = stats
+        self.latest: dict[str, StageStats] = {}
+        self._admin: AdminClient | None = None
+        prefix = settings.topic_prefix
+        self.app = faust.App(
+            f"{prefix}kiln-stats", broker=[f"kafka://{s.strip()}" for s in settings.bootstrap_servers.split(",")],
+            store="memory://", web_host=stats.host, web_port=stats.port, web_bind=stats.host,
+            topic_partitions=1, topic_replication_factor=1, datadir=str(settings.cache / "stats"),
+            consumer_auto_offset_reset="earliest", web_enabled=True, **_credentials(settings))
+        results = self._raw_topic(*[settings.topic(t) for t in stats.result_topics])
+        self.heartbeats = self._raw_topic(settings.topic(WORKERS_TOPIC))
+        self.out = self._raw_topic(settings.topic(STATS_TOPIC))
+        # Faust co-partitions a table with the stream that writes it: the sources (results: 16 partitions, the rest:
+        # 1) are first turned into counting events on one internal topic keyed by stage, and only its agent writes.
+        self.events = self.app.topic(f"{prefix}kiln-stats-events", internal=True, key_serializer="raw",
+                                     value_serializer="json")
+        self.counts = self.app.Table("counts", default=None)
+        self.totals = self.app.Table("totals", default=int)
+        self.workers = self.app.Table("workers", default=None)
+        self.consumers = self.app.Table("consumers", default=None)
+        self._stage_of_worker: dict[str, str] = {}
+        self.app.agent(results, name="results")(self._from_results)
+        if dead_letter_topics := self._dead_letter_topics():
+            self.app.agent(self._raw_topic(*dead_letter_topics), name="dead-letters")(self._from_dead_letters)
+        self.app.agent(self.heartbeats, name="heartbeats")(self._from_heartbeats)
+        self.app.agent(self.events, name="count")(self._count)
+        self.app.timer(stats.publish_s, on_leader=True, name="publish")(self._publish)
+        self._pages()
+
+    def _raw_topic(self, *names: str) -> Any:
+        return self.app.topic(*names, key_serializer="raw", value_serializer="raw")
+
+    def _dead_letter_topics(self) -> list[str]:
+        """Every dead-letter topic under this deployment's prefix that exists when the app starts (faust's pattern
+        subscription does not combine with named topics; a topic created later is read after a restart)."""
+        names = AdminClient(self.settings.kafka()).list_topics(timeout=30).topics
+        prefix = self.settings.topic_prefix
+        return sorted(n for n in names if n.startswith(prefix) and n.endswith(".dlq"))
+
+    # ---- agents: turning records into counting events, counting -------------------------------------------
+
+    async def _emit(self, stage: str, event: dict[str, Any]) -> None:
+        await self.events.send(key=stage.encode(), value={"stage": stage, **event})
+
+    async def _from_results(self, stream: Any) -> None:
+        async for value in stream:
+            try:
+                result = ResultEnvelope.model_validate_json(value)
+            except ValidationError:
+                continue  # not a result: nothing to count
+            add = {"done": 1}
+            if result.status == "error":
+                add[f"fail:{result.error.type if result.error else 'unknown'}"] = 1
+            await self._emit(result.kind, {"t": result.finished_at.timestamp(), "add": add, "total": 1})
+
+    async def _from_dead_letters(self, stream: Any) -> None:
+        async for event in stream.events():
+            stage = dict(event.message.headers or []).get("kiln-stage")
+            if stage:
+                name = stage.decode(errors="replace") if isinstance(stage, bytes) else str(stage)
+                await self._emit(name, {"t": event.message.timestamp, "add": {"dlq": 1}})
+
+    async def _from_heartbeats(self, stream: Any) -> None:
+        async for event in stream.events():
+            worker = event.key.decode(errors="replace") if isinstance(event.key, bytes) else str(event.key)
+            if event.value is None:
+                await self._emit(self._stage_of_worker.pop(worker, ""), {"gone": worker})
+                continue
+            try:
+                beat = WorkerHeartbeat.model_validate_json(event.value)
+            except ValidationError:
+                continue
+            self._stage_of_worker[beat.worker] = beat.stage
+            await self._emit(beat.stage, {"t": beat.at, "beat": beat.model_dump(mode="json"), "add": {
+                "worker_s": beat.interval_s, "slot_s": beat.slots * beat.interval_s,
+                "busy_s": beat.busy * beat.interval_s}})
+
+    async def _count(self, stream: Any) -> None:
+        async for event in stream:
+            stage = event["stage"]
+            for metric, amount in event.get("add", {}).items():
+                windows.add(self.counts, stage, metric, event["t"], amount)
+            if event.get("total"):
+                self.totals[stage] += event["total"]
+            if "gone" in event:
+                self.workers.pop(event["gone"], None)
+            if beat := event.get("beat"):
+                self.workers[beat["worker"]] = beat
+                self.consumers[windows.SEP.join((stage, beat["topic"], beat["group"]))] = beat["mode"]
+
+    # ---- the timer: assemble, publish ---------------------------------------------------------------------
+
+    def _consumer_groups(self) -> dict[str, set[tuple[str, str]]]:
+        """(topic, group) pairs per stage: those its workers' heartbeats ever named; a stage no worker has announced
+        yet is measured on its default topic and group (``kiln worker``'s defaults)."""
+        announced: dict[str, set[tuple[str, str]]] = {}
+        for key, mode in list(self.consumers.items()):
+            stage, topic, group = key.split(windows.SEP)
+            if mode == "group":
+                announced.setdefault(stage, set()).add((topic, group))
+        defaults = {kind: {(self.settings.topic(spec.request_topic), f"kiln.{kind}")}
+                    for kind, spec in stage_specs().items()}
+        return {**defaults, **announced}
+
+    def _queue_lengths(self, pairs: dict[str, set[tuple[str, str]]]) -> dict[str, int | None]:
+        if self._admin is None:
+            self._admin = AdminClient(self.settings.kafka())
+        lengths: dict[str, int | None] = {}
+        for stage, combos in pairs.items():
+            found = [queue_length(self._admin, topic, group) for topic, group in sorted(combos)]
+            known = [n for n in found if n is not None]
+            lengths[stage] = sum(known) if known else None
+        return lengths
+
+    def compute(self, now: float, lengths: dict[str, int | None]) -> dict[str, StageStats]:
+        """Every stage's numbers at ``now`` from the tables (read only) and the queue lengths."""
+        live = [WorkerHeartbeat.model_validate(b) for b in list(self.workers.values()) if b is not None]
+        live = [b for b in live if b.at >= now - STALE_BEATS * b.interval_s]
+        keys = list(self.counts.keys())
+        stages = set(lengths) | {b.stage for b in live} | {k.split(windows.SEP)[0] for k in keys}
+        out = {}
+        for stage in sorted(stages):
+            def per_min(metric: str, stage: str = stage) -> float:
+                return windows.last_minute(self.counts.get, stage, metric, now) * 60 / windows.WINDOW_S
+            mine = [b for b in live if b.stage == stage]
+            failures = {m.removeprefix("fail:"): per_min(m) for m in windows.metrics_of(keys, stage, "fail:")}
+            out[stage] = StageStats(
+                stage=stage, at=now, window_s=windows.WINDOW_S, queue_length=lengths.get(stage),
+                completions_per_min=per_min("done"), failures_per_min={k: v for k, v in failures.items() if v},
+                dead_letters_per_min=per_min("dlq"), workers_avg=per_min("worker_s") / 60,
+                slots_avg=per_min("slot_s") / 60, busy_avg=per_min("busy_s") / 60, workers_now=len(mine),
+                slots_now=sum(b.slots for b in mine), busy_now=sum(b.busy for b in mine),
+                completions_total=int(self.totals.get(stage) or 0))
+        return out
+
+    async def _publish(self) -> None:
+        lengths = await asyncio.to_thread(self._queue_lengths, self._consumer_groups())
+        now = time.time()
+        self.latest = self.compute(now, lengths)
+        for stage, numbers in self.latest.items():
+            await self.out.send(key=stage.encode(), value=numbers.model_dump_json().encode())
+        await self._forget_silent(now)
+
+    async def _forget_silent(self, now: float) -> None:
+        """Tombstones for workers killed without one, so kiln.workers compacts instead of growing forever."""
+        for worker, beat in list(self.workers.items()):
+            if beat is not None and beat["at"] < now - self.stats.forget_after_s:
+                await self.heartbeats.send(key=worker.encode(), value=None)
+
+    # ---- HTTP -------------------------------------------------------------------------------------------------
+
+    def _pages(self) -> None:
+        app = self.app
+
+        @app.page("/stats")
+        async def all_stages(web: Any, request: Any) -> Any:
+            return web.json({stage: s.model_dump(mode="json") for stage, s in self.latest.items()})
+
+        @app.page("/stats/{stage}")
+        async def one_stage(web: Any, request: Any, stage: str) -> Any:
+            if stage not in self.latest:
+                return web.json({"error": f"no numbers for stage {stage!r}"}, status=404)
+            return web.json(self.latest[stage].model_dump(mode="json"))
+
+        @app.page("/workers")
+        async def workers(web: Any, request: Any) -> Any:
+            return web.json({k: v for k, v in list(self.workers.items()) if v is not None})
+
+        @app.page("/healthz")
+        async def health(web: Any, request: Any) -> Any:
+            ready = bool(self.latest) or time.time() - self._started < 60
+            return web.json({"status": "ok" if ready else "starting", "stages": len(self.latest)},
+                            status=200 if ready else 503)
+
+        @app.page("/metrics")
+        async def metrics(web: Any, request: Any) -> Any:
+            return web.bytes(self.render_metrics(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
+
+        self._started = time.time()
+
+    def render_metrics(self) -> bytes:
+        """The published numbers as Prometheus gauges (``kiln_stats_*``, label ``stage``)."""
+        registry = CollectorRegistry()
+        fields = {"queue_length": "Unfinished records (broker offsets).",
+                  "completions_per_min": "Results per minute.", "dead_letters_per_min": "Dead letters per minute.",
+                  "workers_avg": "Workers alive, minute average.", "slots_avg": "Slots, minute average.",
+                  "busy_avg": "Busy slots, minute average.", "workers_now": "Workers with a fresh heartbeat."}
+        gauges = {name: Gauge(f"kiln_stats_{name}", doc, ["stage"], registry=registry) for name, doc in fields.items()}
+        failures = Gauge("kiln_stats_failures_per_min", "Error results per minute by reason.", ["stage", "reason"],
+                         registry=registry)
+        for stage, numbers in self.latest.items():
+            for name, gauge in gauges.items():
+                value = getattr(numbers, name)
+                if value is not None:
+                    gauge.labels(stage=stage).set(value)
+            for reason, rate in numbers.failures_per_min.items():
+                failures.labels(stage=stage, reason=reason).set(rate)
+        return generate_latest(registry)
+
