@@ -20,6 +20,7 @@ from kiln.schemas.envelope import SCHEMA_VERSION, RequestEnvelope, ResultEnvelop
 from kiln.schemas.exec import ExecRequest, ExecResult
 from kiln.schemas.ingest import IngestEvent, IngestRequest
 from kiln.schemas.lean import LeanRequest, LeanResult
+from kiln.schemas.ops import StageStats, WorkerHeartbeat
 from kiln.schemas.reports import CoverageReport, TestReport
 from kiln.schemas.rl import RolloutGroup, RolloutRequest
 
@@ -27,7 +28,7 @@ SCHEMA_DIR = Path(__file__).parent / "jsonschema"
 MODELS: list[type[BaseModel]] = [
     RequestEnvelope, ResultEnvelope, EchoRequest, EchoResult, SleepRequest, SleepResult, TestReport, CoverageReport,
     IngestRequest, IngestEvent, LeanRequest, LeanResult, BuildRequest, BuildEvent,
-    ExecRequest, ExecResult, RolloutRequest, RolloutGroup,
+    ExecRequest, ExecResult, RolloutRequest, RolloutGroup, WorkerHeartbeat, StageStats,
 ]
 
 

@@ -88,20 +88,18 @@ class WorkerMetrics:
         return generate_latest(self.registry) + extra
 
 
-def serve_http(host: str, port: int, metrics: WorkerMetrics,
-               health: Callable[[], dict[str, Any]]) -> ThreadingHTTPServer:
-    """Serve /metrics and /healthz in a daemon thread (host ``0.0.0.0`` in containers, loopback otherwise)."""
+Route = Callable[[str], tuple[int, str, bytes]]
+"""An HTTP GET handler: path -> status, content type, body."""
+
+
+def serve_routes(host: str, port: int, routes: dict[str, Route],
+                 name: str = "kiln-http") -> ThreadingHTTPServer:
+    """Serve GET by path prefix (the handler gets the full path) in a daemon thread; anything else is 404."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path.startswith("/metrics"):
-                body, ctype, code = metrics.render(), CONTENT_TYPE_LATEST, 200
-            elif self.path.startswith("/healthz"):
-                state = health()
-                body, ctype = json.dumps(state).encode(), "application/json"
-                code = 200 if state.get("status") == "ok" else 503
-            else:
-                body, ctype, code = b"not found\n", "text/plain", 404
+            prefix = next((p for p in routes if self.path.startswith(p)), None)
+            code, ctype, body = routes[prefix](self.path) if prefix else (404, "text/plain", b"not found\n")
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
@@ -112,8 +110,23 @@ def serve_http(host: str, port: int, metrics: WorkerMetrics,
             return
 
     server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, name="kiln-metrics", daemon=True).start()
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
     return server
+
+
+def health_route(health: Callable[[], dict[str, Any]]) -> Route:
+    """``/healthz``: the state as JSON, 200 when its status is ok, else 503."""
+    def answer(_path: str) -> tuple[int, str, bytes]:
+        state = health()
+        return 200 if state.get("status") == "ok" else 503, "application/json", json.dumps(state).encode()
+    return answer
+
+
+def serve_http(host: str, port: int, metrics: WorkerMetrics,
+               health: Callable[[], dict[str, Any]]) -> ThreadingHTTPServer:
+    """Serve /metrics and /healthz in a daemon thread (host ``0.0.0.0`` in containers, loopback otherwise)."""
+    return serve_routes(host, port, {"/metrics": lambda _p: (200, CONTENT_TYPE_LATEST, metrics.render()),
+                                     "/healthz": health_route(health)}, name="kiln-metrics")
 
 
 def start_worker_endpoints(loop: asyncio.AbstractEventLoop, stop: Callable[[], None], host: str, port: int,

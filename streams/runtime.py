@@ -358,6 +358,10 @@ class Worker:
                 done = set()
             states[(tp.topic, tp.partition)] = PartitionOffsets(start, done)
         self._call_in_loop(lambda: self._add_partitions(states), timeout=30)
+        # librdkafka keeps a partition's pause across a revoke: one paused for back-pressure in an earlier
+        # assignment would never be fetched again (its new state here starts unpaused). Seen when an autoscaler
+        # moved partitions away from a busy worker and back.
+        consumer.resume(partitions)
         self._owned.update(states)
         self._unconfirmed.clear()  # the group just handed these out: ownership is fresh
         log.info("assigned %s", sorted(p for _, p in states))
@@ -432,7 +436,7 @@ class Worker:
     # ---- event loop: dispatch -----------------------------------------------------------------------------
 
     def _on_messages(self, msgs: list[Message]) -> None:
-        to_pause: list[TopicPartition] = []
+        to_pause: list[tuple[TP, _Partition]] = []
         for msg in msgs:
             err = msg.error()
             if err is not None:
@@ -451,12 +455,19 @@ class Worker:
             part.backlog.append(msg)
             if not part.paused and len(part.backlog) >= self.prefetch:
                 part.paused = True
-                to_pause.append(TopicPartition(topic, partition))
+                to_pause.append((tp, part))
         if to_pause:
-            self._commands.put(lambda c: c.pause(to_pause))
+            self._commands.put(lambda c: self._pause(c, to_pause))
         self._dispatch()
         if self._dirty:
             self._commit_wake.set()
+
+    def _pause(self, consumer: Consumer, parts: list[tuple[TP, _Partition]]) -> None:
+        """(Consumer thread.) Pause only what is still the same assignment of a partition: a pause queued before
+        a revoke must not land on the partition's next assignment, whose state starts unpaused."""
+        still = [TopicPartition(*tp) for tp, part in parts if self._parts.get(tp) is part and part.paused]
+        if still:
+            consumer.pause(still)
 
     def _dispatch(self) -> None:
         if self._stopping.is_set():

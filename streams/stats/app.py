@@ -68,6 +68,7 @@ class StatsApp:
         self.latest: dict[str, StageStats] = {}
         self._admin: AdminClient | None = None
         prefix = settings.topic_prefix
+        (settings.cache / "stats").mkdir(parents=True, exist_ok=True)
         self.app = faust.App(
             f"{prefix}kiln-stats", broker=[f"kafka://{s.strip()}" for s in settings.bootstrap_servers.split(",")],
             store="memory://", web_host=stats.host, web_port=stats.port, web_bind=stats.host,

@@ -13,11 +13,10 @@ from confluent_kafka import Producer
 from kiln.schemas.builtin import SleepRequest
 from kiln.schemas.ops import StageStats
 from kiln.streams.client import KilnClient
-from kiln.streams.processes import WorkerProcess
+from kiln.streams.processes import StatsProcess, WorkerProcess
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import STATS_TOPIC
 from tests.streams.harness import journal_events, read_all
-from tests.streams.stats.conftest import StatsProcess
 
 FAST = {"KILN_HEARTBEAT_S": "1"}
 
