@@ -1,10 +1,10 @@
 """Autoscaling: seed 000's rule (``streams/autoscale/decide.py``) in a simulated cluster against an HPA-style CPU-only
 baseline, and the real thing on this machine (stats app + ``kiln autoscale run`` + worker processes).
 
-Simulation: pods start 60–90 s after they are asked for, job times are log-normal, a spike needs ~100 pods to
+Simulation: pods start 60-90 s after they are asked for, job times are log-normal, a spike needs ~100 pods to
 clear in Cm. Both runs see the same jobs and start delays (one seed). The seed's minimum is recomputed each minute
 from the same per-minute numbers the stats stream publishes; the CPU trigger (Kubernetes' HPA: desired =
-ceil(ready pods × utilisation / target), unready pods counted idle, at most +100 % or +4 pods per 15 s) runs in both,
+ceil(ready pods x utilisation / target), unready pods counted idle, at most +100 % or +4 pods per 15 s) runs in both,
 and the cluster size is the larger of the two — what KEDA does with a metrics-api and a cpu trigger.
 
     python -m bench.autoscale                       # both, METRIC lines
