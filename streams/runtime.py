@@ -19,7 +19,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import os
 import queue
 import threading
 import time
@@ -94,7 +93,7 @@ class Worker:
     ) -> None:
         self.stage = stage
         self.settings = settings
-        self.slots = slots or settings.slots or len(os.sched_getaffinity(0))
+        self.slots = slots or settings.job_slots()
         self.topic = settings.topic(topic or stage.spec.request_topic)
         self.dlq_topic = f"{self.topic}.dlq"
         self.group_id = group_id or f"kiln.{stage.name}"

@@ -44,12 +44,18 @@ class KilnSettings(BaseSettings):
     group_protocol: str = Field("auto", pattern="^(auto|consumer|classic)$",
                                 description="'consumer' = KIP-848; 'auto' uses it when the broker has it.")
     slots: int = Field(0, ge=0, description="Job slots per worker; 0 = the CPUs available to this process.")
+    cpu_fraction: float = Field(1.0, gt=0, le=1, description="With slots 0: the share of this machine's CPUs to "
+                                "run jobs on (a GPU node lending its spare CPUs: e.g. 0.25).")
     grace_s: float = Field(30.0, ge=0, description="On SIGTERM or revoke, how long running jobs may finish.")
     queue_topics: list[str] = Field(default_factory=list, description="Request topics consumed in queue mode "
                                     "(share groups); clients send them one record per batch. JSON list.")
     heartbeat_s: float = Field(5.0, gt=0, le=300, description="How often a worker publishes its heartbeat "
                                "(slots, busy, state) to kiln.workers.")
     job_timeout_s: float | None = Field(None, gt=0, description="Per-attempt time limit; overrides the stage's own.")
+
+    def job_slots(self) -> int:
+        """Slots of a worker not told otherwise: ``slots``, else the CPUs available times ``cpu_fraction``."""
+        return self.slots or max(1, int(len(os.sched_getaffinity(0)) * self.cpu_fraction))
 
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}{name}"

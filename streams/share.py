@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -146,7 +145,7 @@ class ShareWorker:
                  worker_id: str | None = None) -> None:
         self.stage = stage
         self.settings = settings
-        self.slots = slots or settings.slots or len(os.sched_getaffinity(0))
+        self.slots = slots or settings.job_slots()
         self.topic = settings.topic(topic or stage.spec.request_topic)
         self.group_id = group_id or f"kiln.{stage.name}.queue"
         self.grace_s = settings.grace_s if grace_s is None else grace_s

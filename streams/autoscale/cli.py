@@ -28,13 +28,15 @@ def run(
     slots: Annotated[int, typer.Option(help="Slots of each worker the local backend starts (and the size a "
                                             "Kubernetes pod brings).")] = 1,
     job_seconds_guess: Annotated[float, typer.Option(help="Job time assumed before any has finished.")] = 60.0,
+    slots_of: Annotated[list[str] | None, typer.Option(help="STAGE=N: that stage's workers bring N slots "
+                                                           "(repeatable; default --slots).")] = None,
     down_ticks: Annotated[int, typer.Option(help="Ticks that all want fewer workers before scaling down.")] = 3,
     worker_arg: Annotated[list[str] | None, typer.Option(help="Extra argument of each local worker (repeatable), "
                                                               "e.g. --worker-arg=--topic=x.")] = None,
     log_dir: Annotated[Path, typer.Option(help="Local workers' logs.")] = Path("autoscale-workers"),
     decision_log: Annotated[Path | None, typer.Option(help="Append each decision as a JSON line.")] = None,
     port: Annotated[int, typer.Option(envvar="KILN_AUTOSCALE_PORT", help="/keda/<stage>, /metrics, /healthz.")]
-    = 8700,
+    = 8800,
     host: Annotated[str, typer.Option(envvar="KILN_AUTOSCALE_HOST")] = "127.0.0.1",
 ) -> None:
     """Every tick, per stage: Lq, Rmin, Bmin from the stats stream -> the seed's minimum -> the backend."""
@@ -53,7 +55,13 @@ def run(
     policy = Policy(goal_minutes=goal_minutes, min_workers=min_workers, max_workers=max_workers,
                     slots_per_worker=slots, job_seconds_guess=job_seconds_guess, busy_trigger=backend == "local",
                     down_ticks=down_ticks)
-    scaler = Autoscaler(stages, policy, chosen, stats_url, decision_log)
+    sizes = {}
+    for item in slots_of or []:
+        stage, _, n = item.partition("=")
+        if not n.isdigit() or int(n) < 1:
+            raise typer.BadParameter(f"--slots-of {item!r}: expected STAGE=N with N >= 1")
+        sizes[stage] = int(n)
+    scaler = Autoscaler(stages, policy, chosen, stats_url, decision_log, sizes)
     stop = threading.Event()
 
     def health() -> dict[str, Any]:

@@ -24,9 +24,11 @@ log = logging.getLogger("kiln.autoscale")
 
 class Autoscaler:
     def __init__(self, stages: list[str], policy: Policy, backend: Backend, stats_url: str,
-                 decision_log: Path | None = None) -> None:
+                 decision_log: Path | None = None, slots_of: dict[str, int] | None = None) -> None:
+        """``slots_of``: stages whose workers bring another slot count than ``policy.slots_per_worker``."""
         self.stages = stages
-        self.policy = policy
+        self.policies = {s: policy.model_copy(update={"slots_per_worker": (slots_of or {}).get(
+            s, policy.slots_per_worker)}) for s in stages}
         self.backend = backend
         self.stats_url = stats_url.rstrip("/")
         self.decision_log = decision_log
@@ -60,7 +62,7 @@ class Autoscaler:
                             slots_avg=numbers.slots_avg if numbers else 0.0,
                             busy_now=numbers.busy_now if numbers else 0,
                             current=self.backend.current(stage), down_streak=self._streak.get(stage, 0))
-            decision = decide(inputs, self.policy)
+            decision = decide(inputs, self.policies[stage])
             self.backend.scale(stage, decision.chosen)
             self._streak[stage] = decision.down_streak
             self.latest[stage] = decision
@@ -68,7 +70,7 @@ class Autoscaler:
             if inputs.queue_length is not None:
                 self._lq.labels(stage=stage).set(inputs.queue_length)
             entry = {"at": time.time(), "stage": stage, "inputs": inputs.model_dump(),
-                     "decision": decision.model_dump(), "policy": self.policy.model_dump()}
+                     "decision": decision.model_dump(), "policy": self.policies[stage].model_dump()}
             log.info("%s: Lq=%s Rmin=%.1f Bmin=%.2f busy=%d current=%d -> %s (%s)", stage,
                      inputs.queue_length, inputs.completions_per_min, inputs.workers_avg, inputs.busy_now,
                      inputs.current, decision.chosen, decision.branch)

@@ -1,4 +1,5 @@
-"""The stats app as a real process (``kiln stats serve``) on a topology under a test-unique prefix."""
+"""Fixtures of the operations tests (stats stream, autoscaler): a topology under a test-unique prefix, and the
+stats app as a real process."""
 
 from __future__ import annotations
 

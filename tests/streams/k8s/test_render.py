@@ -1,0 +1,113 @@
+"""The Kubernetes manifests render for every registered stage and validate against the Kubernetes API's own
+OpenAPI schemas (kubernetes-validate, strict) and KEDA's ScaledObject CRD schema from its Go module."""
+
+from __future__ import annotations
+
+import io
+import os
+import urllib.request
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from kiln.streams.k8s.render import render
+from kiln.streams.k8s.values import Values
+from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import stage_specs
+
+K8S_VERSION = "1.37.0"
+KEDA_VERSION = "v2.21.0"
+ROOT = Path(__file__).parents[3]
+
+
+@pytest.fixture(scope="session")
+def scaled_object_schema() -> dict[str, Any]:
+    """KEDA's ScaledObject CRD (v1alpha1 schema), from the Go module proxy once, cached by version."""
+    cached = KilnSettings().cache / f"keda-crd-{KEDA_VERSION}" / "keda.sh_scaledobjects.yaml"
+    if not cached.exists():
+        proxy = os.environ.get("GOPROXY", "https://proxy.golang.org").split(",")[0]
+        with urllib.request.urlopen(f"{proxy}/github.com/kedacore/keda/v2/@v/{KEDA_VERSION}.zip", timeout=120) as r:
+            archive = zipfile.ZipFile(io.BytesIO(r.read()))
+        name = f"github.com/kedacore/keda/v2@{KEDA_VERSION}/config/crd/bases/keda.sh_scaledobjects.yaml"
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_bytes(archive.read(name))
+    crd = yaml.safe_load(cached.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")
+    return dict(version["schema"]["openAPIV3Schema"])
+
+
+def _manifests(values: Values) -> list[dict[str, Any]]:
+    # through YAML, as kubectl would get them
+    return list(yaml.safe_load_all(yaml.safe_dump_all(render(values, sorted(stage_specs())))))
+
+
+def _validate(doc: dict[str, Any], scaled_object_schema: dict[str, Any]) -> None:
+    if doc["kind"] == "ScaledObject":
+        jsonschema.validate(doc, scaled_object_schema)
+    else:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_every_manifest_validates(scaled_object_schema: dict[str, Any]) -> None:
+    docs = _manifests(Values.model_validate(yaml.safe_load((ROOT / "infra/k8s/values.yaml").read_text())))
+    for doc in docs:
+        _validate(doc, scaled_object_schema)
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    for stage in stage_specs():
+        assert ("Deployment", f"kiln-worker-{stage}") in kinds and ("ScaledObject", f"kiln-worker-{stage}") in kinds
+    assert {("DaemonSet", "kiln-spare-lean"), ("Deployment", "kiln-autoscaler"), ("Deployment", "kiln-stats"),
+            ("Deployment", "kiln-saucer"), ("NetworkPolicy", "kiln-engine-pods")} <= kinds
+
+
+def test_a_broken_manifest_is_refused(scaled_object_schema: dict[str, Any]) -> None:
+    """The validators do reject: an unknown field, a wrong type, a trigger without its type."""
+    deployment, scaled = (next(d for d in _manifests(Values()) if d["kind"] == kind)
+                          for kind in ("Deployment", "ScaledObject"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy2"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _validate(deployment, scaled_object_schema)
+    scaled["spec"]["maxReplicaCount"] = "many"
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(scaled, scaled_object_schema)
+
+
+def test_workers_drain_on_preemptible_nodes_and_never_touch_the_node() -> None:
+    values = Values()
+    docs = _manifests(values)
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Deployment",
+                                                                                                "DaemonSet")}
+    for name, pod in pods.items():
+        assert all("hostPath" not in v for v in pod.get("volumes", [])), name
+        assert not pod.get("hostNetwork") and not pod.get("hostPID"), name
+        if name.startswith("kiln-worker-"):
+            assert pod["terminationGracePeriodSeconds"] > values.grace_s
+            assert pod["tolerations"][0]["key"] == "cloud.google.com/gke-preemptible"
+            assert pod["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    build = pods["kiln-worker-build"]
+    assert [c["name"] for c in build["containers"]] == ["worker", "engine"] and build["shareProcessNamespace"]
+    assert build["containers"][0]["resources"]["requests"]["cpu"] == "2"  # from its slots
+    spare = pods["kiln-spare-lean"]["containers"][0]
+    assert "--slots" not in spare["args"]
+    assert {"name": "KILN_CPU_FRACTION", "value": "0.25"} in spare["env"]
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"kiln.dev/engine": "true"}
+    assert all(rule["to"][0]["ipBlock"]["cidr"] == "10.0.0.0/8" for rule in policy["spec"]["egress"] if "to" in rule)
+
+
+def test_scaled_objects_combine_the_queue_minimum_with_cpu() -> None:
+    for doc in (d for d in _manifests(Values()) if d["kind"] == "ScaledObject"):
+        stage = doc["metadata"]["name"].removeprefix("kiln-worker-")
+        metrics_api, cpu = doc["spec"]["triggers"]
+        assert metrics_api["type"] == "metrics-api" and metrics_api["metadata"]["url"].endswith(f"/keda/{stage}")
+        assert metrics_api["metadata"]["valueLocation"] == "desired" and cpu["type"] == "cpu"
+
+
+def test_spare_cpu_slots_are_a_fraction_of_the_cpus() -> None:
+    cpus = len(os.sched_getaffinity(0))
+    assert KilnSettings(cpu_fraction=0.5).job_slots() == max(1, int(cpus * 0.5))
+    assert KilnSettings(cpu_fraction=0.5, slots=7).job_slots() == 7
