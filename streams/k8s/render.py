@@ -93,8 +93,8 @@ def worker_pod(stage: str, sv: StageValues, values: Values, *, spare: bool = Fal
         spec["shareProcessNamespace"] = True
         spec["volumes"] = [{"name": "engine-socket", "emptyDir": {}}, {"name": "exec-dirs", "emptyDir": {}}]
         spec["nodeSelector"] = {**spec.get("nodeSelector", {}), **values.sandbox_label}
-        spec.setdefault("tolerations", []).extend(
-            {"key": k, "operator": "Equal", "value": v, "effect": "NoSchedule"} for k, v in values.sandbox_label.items())
+        spec.setdefault("tolerations", []).extend({"key": k, "operator": "Equal", "value": v, "effect": "NoSchedule"}
+                                                  for k, v in values.sandbox_label.items())
     labels = {"kiln.dev/stage": stage, "kiln.dev/engine": str(sv.container_engine).lower()}
     return {"metadata": {"labels": labels, "annotations": _pod_annotations(values.metrics_port)}, "spec": spec}
 
@@ -150,7 +150,8 @@ def _prometheus(values: Values) -> Manifest:
         "  - job_name: kiln-pods\n"
         "    kubernetes_sd_configs: [{role: pod, namespaces: {names: [" + values.namespace + "]}}]\n"
         "    relabel_configs:\n"
-        "      - {source_labels: [__meta_kubernetes_pod_annotation_prometheus_io_scrape], action: keep, regex: 'true'}\n"
+        "      - {source_labels: [__meta_kubernetes_pod_annotation_prometheus_io_scrape], action: keep,\n"
+        "         regex: 'true'}\n"
         "      - {source_labels: [__address__, __meta_kubernetes_pod_annotation_prometheus_io_port], action: replace,\n"
         "         regex: '([^:]+)(?::\\d+)?;(\\d+)', replacement: '$1:$2', target_label: __address__}\n"
         "      - {source_labels: [__meta_kubernetes_pod_label_kiln_dev_stage], target_label: stage}\n")
