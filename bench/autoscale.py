@@ -128,7 +128,9 @@ def _topics(settings: KilnSettings) -> None:
 async def _spike(settings: KilnSettings, jobs: int, job_s: float) -> tuple[list[str], float]:
     async with KilnClient(settings) as client:
         started = time.monotonic()
-        futures = [await client.submit("sleep", SleepRequest(seconds=job_s, tag=f"spike{i}")) for i in range(jobs)]
+        # A key per job: the spike spreads over every partition, so added workers have work to take.
+        futures = [await client.submit("sleep", SleepRequest(seconds=job_s, tag=f"spike{i}"), key=f"spike{i}")
+                   for i in range(jobs)]
         results = await asyncio.gather(*futures)
         return [r.request_id for r in results if r.status == "ok"], time.monotonic() - started
 
@@ -180,7 +182,7 @@ def main() -> None:
     parser.add_argument("--job-s", type=float, default=1.0)
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--tick-s", type=float, default=10.0)
-    parser.add_argument("--goal-minutes", type=float, default=0.5)
+    parser.add_argument("--goal-minutes", type=float, default=1.0)
     parser.add_argument("--max-workers", type=int, default=8)
     args = parser.parse_args()
     cfg = SimConfig()

@@ -12,7 +12,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kiln.schemas.exec import SessionLimits
 from kiln.streams.errors import KilnError
@@ -23,6 +23,7 @@ from kiln.workers.gateway.settings import GatewaySettings
 log = logging.getLogger("kiln.gateway")
 router = APIRouter(tags=["SandboxFusion"])
 _INLINE = 90_000  # characters of command that carry the files inline; beyond, files are written first
+_closing: set[asyncio.Task[None]] = set()
 
 
 class RunStatus(StrEnum):
@@ -53,6 +54,17 @@ class RunCodeRequest(BaseModel):
     stdin: str | None = None
     files: dict[str, str | None] = Field(default_factory=dict, description="path -> base64 content")
     fetch_files: list[str] = Field(default_factory=list)
+
+    @field_validator("files")
+    @classmethod
+    def _base64(cls, files: dict[str, str | None]) -> dict[str, str | None]:
+        """Refused here (HTTP 422), not half-written into the sandbox: every content must be valid base64."""
+        for path, content in files.items():
+            try:
+                base64.b64decode(content or "", validate=True)
+            except ValueError:
+                raise ValueError(f"files[{path!r}] is not base64") from None
+        return files
 
 
 class RunCodeResponse(BaseModel):
@@ -148,7 +160,9 @@ async def run_code(exec_client: ExecClient, settings: GatewaySettings, request: 
     except KilnError as e:
         return RunCodeResponse(status=RunStatus.sandbox_error, message=str(e))
     finally:
-        asyncio.get_running_loop().create_task(_close(exec_client, session))
+        closing = asyncio.get_running_loop().create_task(_close(exec_client, session))
+        _closing.add(closing)  # a task nothing references may be collected before it ran
+        closing.add_done_callback(_closing.discard)
     answer = read_driver_output(request, output.stdout)
     if answer.run_result is None and answer.compile_result is None:
         return RunCodeResponse(status=RunStatus.sandbox_error, message=f"the driver answered no result (exit "

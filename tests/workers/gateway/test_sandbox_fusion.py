@@ -65,3 +65,9 @@ def test_what_kiln_refuses_is_said(gateway: Gateway) -> None:
         with pytest.raises(Exception, match="400") as refused:
             run_code(request, endpoint=url, max_attempts=1)
         assert reason in str(refused.value)
+    # Bad base64 in a file: refused before any sandbox opens, naming the file (inline and beyond the inline size).
+    for code in ("print(1)", "print(1)" + " " * 100_000):
+        bad = RunCodeRequest(code=code, language="python", files={"in.txt": "not base64!"})
+        with pytest.raises(Exception, match="422") as refused:
+            run_code(bad, endpoint=url, max_attempts=1)
+        assert "in.txt" in str(refused.value)
