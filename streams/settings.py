@@ -11,12 +11,24 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 def _default_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kiln"
+
+
+class Cluster(BaseModel):
+    """One Kafka cluster a client may use (``KILN_CLUSTERS``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64)
+    bootstrap_servers: str = Field(min_length=1)
+    kafka_config: dict[str, str | int | bool] = Field(default_factory=dict, description="Added to KILN_KAFKA_CONFIG.")
+    draining: bool = Field(False, description="Take no new requests; keep reading results until in-flight ones are "
+                                              "in.")
 
 
 class KilnSettings(BaseSettings):
@@ -28,6 +40,9 @@ class KilnSettings(BaseSettings):
     kafka_config: dict[str, str | int | bool] = Field(
         default_factory=dict, description="librdkafka settings added to every Kafka client kiln makes (JSON): "
         "security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.ca.location, ...")
+    clusters: list[Cluster] = Field(default_factory=list, description="Ordered clusters for ClusterClient (JSON "
+                                    "list): new requests go to the first not draining, results are read from all. "
+                                    "Empty: the one at bootstrap_servers.")
     topic_prefix: str = Field("", description="Prefix for every topic name, to share one cluster.")
     cache: Path = Field(default_factory=_default_cache, description="Cache and state directory (outside repo).")
     blob_store: str = Field(
