@@ -526,3 +526,9 @@ class KilnClient:
     @property
     def in_flight(self) -> int:
         return len(self._state.pending) if self._state else 0
+
+    async def settled(self) -> None:
+        """Until every request this process has submitted so far has its result (or was given up)."""
+        state = self._state
+        if state is not None and state.pending:
+            await asyncio.wait(list(state.pending.values()))

@@ -67,10 +67,9 @@ class ClusterClient:
             raise ConfigError(f"no cluster {name!r}; configured: {', '.join(self.order)}")
         self.draining.add(name)
 
-    async def drained(self, name: str, poll_s: float = 0.2) -> None:
+    async def drained(self, name: str) -> None:
         """Until every request this process sent to ``name`` has its result."""
-        while self.clients[name].in_flight:
-            await asyncio.sleep(poll_s)
+        await self.clients[name].settled()
 
     async def unclaimed(self) -> AsyncIterator[ResultEnvelope]:
         """Results from any cluster for requests this process did not submit (an earlier life's)."""

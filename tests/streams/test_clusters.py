@@ -61,6 +61,7 @@ async def _second_life(settings: KilnSettings, clusters: list[Cluster], client_i
         await asyncio.wait_for(collect(), 120)
         await asyncio.sleep(3)  # anything delivered twice would show up here
         client.drain("b")
+        await asyncio.wait_for(client.drained("b"), 5)
         with pytest.raises(ConfigError, match="every cluster is draining"):
             await client.submit("sleep", SleepRequest())
         return list(fresh), late
