@@ -36,10 +36,10 @@ from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.infra import COMPONENT_STEPS, run_script, run_steps
 from kiln.workers.builder import images, layers
 from kiln.workers.builder.images import BaseImages
-from kiln.workers.builder.registry import Registry
 from kiln.workers.builder.revisions import image_for, push
 from kiln.workers.builder.rules import plan
 from kiln.workers.common.containers import Limits, docker_client
+from kiln.workers.common.registry import Registry
 from tests.ingest.gitrepos import write
 from tests.workers.builder.projects import python_project
 

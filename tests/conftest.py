@@ -20,7 +20,7 @@ from kiln.streams import admin
 from kiln.streams.infra import COMPONENT_STEPS, run_script, run_steps
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec
-from kiln.workers.builder.registry import Registry
+from kiln.workers.common.registry import Registry
 
 
 def _ensure(component: str) -> None:

@@ -12,7 +12,7 @@ import httpx
 from botocore.config import Config
 
 from kiln.streams.settings import KilnSettings
-from kiln.workers.builder.registry import Registry
+from kiln.workers.common.registry import Registry
 
 MANIFEST_TYPES = ",".join([
     "application/vnd.docker.distribution.manifest.v2+json",

@@ -26,9 +26,9 @@ from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import BlobNotFound, InfraError
 from kiln.workers.builder.errors import StepFailed
 from kiln.workers.builder.images import repository_slug
-from kiln.workers.builder.registry import CONFIG_V1, LAYER_GZIP, Registry, sha256_digest
 from kiln.workers.builder.sandbox import UNPRIVILEGED, BuildSandbox
 from kiln.workers.common.containers import kill_on_cancel
+from kiln.workers.common.registry import CONFIG_V1, LAYER_GZIP, Registry, sha256_digest
 
 # Files that cannot change a build or its tests (overridable per call).
 INERT = ("*.md", "*.rst", "docs/*", "doc/*", ".github/*", ".gitlab-ci.yml", ".travis.yml", "LICENSE*", "COPYING*",

@@ -16,11 +16,11 @@ from kiln.streams.errors import InfraError
 from kiln.workers.builder import layers
 from kiln.workers.builder.errors import PlanError, StepFailed
 from kiln.workers.builder.images import BaseImages
-from kiln.workers.builder.registry import Registry
 from kiln.workers.builder.rules import REPORTS, RULES_VERSION, plan
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common import reports
 from kiln.workers.common.containers import Limits, run_sandboxed
+from kiln.workers.common.registry import Registry
 
 
 async def push(client: Any, registry: Registry, local: str, name: str, tag: str) -> str:

@@ -23,10 +23,10 @@ from kiln.streams.stage import JobContext, Stage
 from kiln.workers.builder import spec
 from kiln.workers.builder.agent import AgentConfig, ModelClient
 from kiln.workers.builder.images import BaseImages
-from kiln.workers.builder.registry import Registry
 from kiln.workers.builder.revisions import build_layered
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits, docker_client
+from kiln.workers.common.registry import Registry
 
 
 class BuilderSettings(BaseSettings):

@@ -36,6 +36,8 @@ from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
 from kiln.workers.common import reports
 from kiln.workers.common.containers import docker_client
+from kiln.workers.common.image_cache import ImageCache
+from kiln.workers.common.registry import Registry
 from kiln.workers.exec import spec
 from kiln.workers.exec.sessions import ROLE, LimitExceeded, Session, SessionError, SessionManager, safe_path
 
@@ -55,6 +57,12 @@ class ExecSettings(BaseSettings):
     max_idle_timeout_s: float = Field(3600.0, gt=0, description="Cap on how long a session may sit idle.")
     max_timeout_s: float = Field(3600.0, gt=0, description="Cap on one command's time limit.")
     max_output_bytes: int = Field(4 << 20, ge=0, description="Cap on the output kept per stream of a command.")
+    registry: str = Field("", description="Registry (host:port) sessions may pull images from by reference, e.g. "
+                                          "a built revision's registry/name@sha256:...; its prefix must also be in "
+                                          "image_prefixes. Empty: local images only.")
+    registry_user: str = ""
+    registry_password: str = Field("", repr=False)
+    pulled_images_max: int = Field(8, ge=1, description="Images pulled by this worker kept on its engine (LRU).")
     max_session_age_s: float = Field(24 * 3600.0, gt=0, description="Containers of workers this one cannot see "
                                                                     "are reaped past this age.")
 
@@ -93,6 +101,7 @@ class ExecService:
     def __init__(self) -> None:
         self.settings = ExecSettings()
         self.manager: SessionManager | None = None
+        self.images: ImageCache | None = None
         self.warm: OrderedDict[str, list[WarmEntry]] = OrderedDict()
         self._lock_file: Any = None
         self._opening: set[str] = set()  # containers taken from the warm pool, not yet adopted
@@ -108,6 +117,9 @@ class ExecService:
         labels = {"kiln.lock": str(self._lock_path()), "kiln.lockns": _namespace()}
         self.manager = SessionManager(client, self.worker_id, open_blob_store(get_settings()),
                                       self.settings.image_prefixes, labels)
+        registry_ = (Registry(self.settings.registry, self.settings.registry_user, self.settings.registry_password)
+                     if self.settings.registry else None)
+        self.images = ImageCache(client, registry_, self.settings.pulled_images_max)
         await asyncio.to_thread(self.reap)
         self._tasks = [asyncio.create_task(self._housekeeping())]
 
@@ -235,6 +247,8 @@ class ExecService:
         assert self.manager is not None and request.client_key is not None
         manager = self.manager
         manager.check_image(image)
+        assert self.images is not None
+        await ctx.cancel.run(self.images.ensure, image)
         entry = self._take_warm(image) if request.limits == SessionLimits() and request.snapshot is None else None
         warm = entry is not None
         if entry is None:

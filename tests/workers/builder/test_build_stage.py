@@ -21,7 +21,7 @@ from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.client import KilnClient
 from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
-from kiln.workers.builder.registry import Registry
+from kiln.workers.common.registry import Registry
 from tests.ingest.gitrepos import git, write
 from tests.streams.harness import read_all
 from tests.workers.builder.projects import PROJECTS

@@ -28,10 +28,10 @@ from kiln.streams.processes import free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.builder.agent import AgentConfig
 from kiln.workers.builder.images import BaseImages
-from kiln.workers.builder.registry import Registry
 from kiln.workers.builder.sandbox import BuildSandbox
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits
+from kiln.workers.common.registry import Registry
 from tests.ingest.gitrepos import Builder, write
 
 pytestmark = pytest.mark.docker

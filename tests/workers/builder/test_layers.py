@@ -19,10 +19,10 @@ from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.settings import KilnSettings
 from kiln.workers.builder import layers
 from kiln.workers.builder.images import BaseImages
-from kiln.workers.builder.registry import Registry, read_layer_from_s3
 from kiln.workers.builder.revisions import image_for
 from kiln.workers.common import reports
 from kiln.workers.common.containers import Limits, run_sandboxed
+from kiln.workers.common.registry import Registry, read_layer_from_s3
 from tests.ingest.gitrepos import Builder, git, write
 from tests.workers.builder.projects import python_project
 
