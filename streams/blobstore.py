@@ -35,6 +35,14 @@ class BlobRef:
     size: int
 
 
+@dataclass(frozen=True)
+class BlobInfo:
+    digest: str
+    size: int
+    modified: float
+    """Unix time the blob was (last) written."""
+
+
 def digest_of(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
@@ -95,6 +103,18 @@ class BlobStore(ABC):
     @abstractmethod
     def list_names(self, prefix: str) -> list[str]:
         """Names under ``prefix/``, sorted, without the prefix."""
+
+    @abstractmethod
+    def blobs(self) -> Iterator[BlobInfo]:
+        """Every stored blob (for the garbage collector, ``streams/gc.py``)."""
+
+    @abstractmethod
+    def delete(self, digest: str) -> None:
+        """Remove a blob (absent: nothing to do). Only the garbage collector calls this."""
+
+    @abstractmethod
+    def all_names(self) -> list[str]:
+        """Every name, with its full path."""
 
     def put(self, data: bytes) -> BlobRef:
         return self.put_stream(io.BytesIO(data))
@@ -201,6 +221,20 @@ class FileBlobStore(BlobStore):
             return []
         return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file())
 
+    def all_names(self) -> list[str]:
+        base = self.root / "names"
+        return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
+
+    def blobs(self) -> Iterator[BlobInfo]:
+        for path in sorted((self.root / "sha256").glob("*/*")):
+            if _DIGEST.match(f"sha256:{path.name}"):
+                stat = path.stat()
+                yield BlobInfo(f"sha256:{path.name}", stat.st_size, stat.st_mtime)
+
+    def delete(self, digest: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path(digest).unlink()
+
 
 @contextlib.contextmanager
 def _s3_errors(what: str) -> Iterator[None]:
@@ -262,11 +296,10 @@ class S3BlobStore(BlobStore):
         with _s3_errors("put"):
             self.client.upload_fileobj(reader, self.bucket, tmp_key, Config=self.transfer)
             try:
-                final = self._key(reader.digest)
-                if not self.exists(reader.digest):
-                    self.client.copy(
-                        {"Bucket": self.bucket, "Key": tmp_key}, self.bucket, final, Config=self.transfer
-                    )
+                # Copied even when the digest exists (same bytes, readers see no change): a blob written again
+                # is fresh in the garbage collector's eyes, as a file store's rename makes it.
+                self.client.copy({"Bucket": self.bucket, "Key": tmp_key}, self.bucket, self._key(reader.digest),
+                                 Config=self.transfer)
             finally:
                 self.client.delete_object(Bucket=self.bucket, Key=tmp_key)
         return BlobRef(reader.digest, reader.size)
@@ -306,6 +339,27 @@ class S3BlobStore(BlobStore):
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
                 names.extend(obj["Key"][len(base):] for obj in page.get("Contents", []))
         return sorted(names)
+
+    def all_names(self) -> list[str]:
+        base = f"{self.prefix}names/"
+        return sorted(key[len(base):] for key, _size, _when in self._objects(base))
+
+    def blobs(self) -> Iterator[BlobInfo]:
+        base = f"{self.prefix}sha256/"
+        for key, size, when in self._objects(base):
+            digest = f"sha256:{key[len(base):]}"
+            if _DIGEST.match(digest):
+                yield BlobInfo(digest, size, when)
+
+    def _objects(self, base: str) -> Iterator[tuple[str, int, float]]:
+        with _s3_errors(f"list {base}"):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
+                for obj in page.get("Contents", []):
+                    yield obj["Key"], int(obj["Size"]), obj["LastModified"].timestamp()
+
+    def delete(self, digest: str) -> None:
+        with _s3_errors(f"delete {digest}"):
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(digest))
 
     def exists(self, digest: str) -> bool:
         from botocore.exceptions import ClientError

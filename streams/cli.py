@@ -199,6 +199,28 @@ def stages() -> None:
     out.print(table)
 
 
+@app.command()
+def gc(
+    delete: Annotated[bool, typer.Option("--delete", help="Remove what is unreferenced (default: only report).")]
+    = False,
+    min_age_hours: Annotated[float, typer.Option(help="Never remove a blob younger than this.")] = 24.0,
+) -> None:
+    """The blob store's garbage collector: blobs no retained record, name or live blob references (dry run)."""
+    from kiln.streams.blobstore import open_blob_store
+    from kiln.streams.gc import collect
+
+    settings = get_settings()
+    with out.status("marking") as status:
+        report = collect(settings, open_blob_store(settings), min_age_s=min_age_hours * 3600, delete=delete,
+                         progress=lambda m: status.update(m))
+    table = Table("blobs", "referenced", "younger than min age", "unreferenced", "bytes", "removed")
+    table.add_row(str(report.blobs), str(report.referenced), str(report.young), str(len(report.unreferenced)),
+                  str(report.unreferenced_bytes), str(report.removed))
+    out.print(table)
+    if not delete and report.unreferenced:
+        out.print("dry run: nothing removed (--delete removes the unreferenced blobs)")
+
+
 def _add_plugin_commands() -> None:
     """Commands other packages contribute (entry point group ``kiln.commands``), e.g. ``kiln saucer``, ``kiln demo``."""
     from importlib.metadata import entry_points

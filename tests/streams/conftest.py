@@ -1,5 +1,5 @@
-"""Fixtures of the operations tests (stats stream, autoscaler): a topology under a test-unique prefix, and the
-stats app as a real process."""
+"""Fixtures of the streams tests: a blob store of each kind, a topology under a test-unique prefix, and the stats
+app as a real process."""
 
 from __future__ import annotations
 
@@ -9,9 +9,18 @@ from pathlib import Path
 import pytest
 
 from kiln.streams import admin
+from kiln.streams.blobstore import BlobStore, FileBlobStore, open_blob_store
 from kiln.streams.processes import StatsProcess
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import COMPACTED, STATS_TOPIC, WORKERS_TOPIC, TopicSpec
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> BlobStore:
+    if request.param == "file":
+        return FileBlobStore(tmp_path / "blobs")
+    s3: KilnSettings = request.getfixturevalue("s3_settings")
+    return open_blob_store(s3.model_copy(update={"blob_store": f"s3://kiln-test-{unique}/pre"}))
 
 
 @pytest.fixture

@@ -17,14 +17,6 @@ from kiln.streams.errors import BlobCorrupt, BlobError, BlobNotFound, ConfigErro
 from kiln.streams.settings import KilnSettings
 
 
-@pytest.fixture(params=["file", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> BlobStore:
-    if request.param == "file":
-        return FileBlobStore(tmp_path / "blobs")
-    s3: KilnSettings = request.getfixturevalue("s3_settings")
-    return open_blob_store(s3.model_copy(update={"blob_store": f"s3://kiln-test-{unique}/pre"}))
-
-
 class _Chunks(io.RawIOBase):
     """n pseudo-random bytes made on demand (64 KiB blocks seeded by position): never held whole in memory."""
 
