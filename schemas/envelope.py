@@ -94,6 +94,9 @@ class RequestEnvelope(BaseModel):
     reply_to: ReplyTo | None = None
     payload: dict[str, Any] | None = None
     claim_check: ClaimCheck | None = Field(None, description="Set instead of payload when it is large.")
+    redriven_from: str | None = Field(None, min_length=1, max_length=64,
+                                      description="Request id of the dead-lettered request this one re-drives "
+                                                  "(``kiln dlq redrive``); echoed on the result.")
 
     @model_validator(mode="after")
     def _plausible_times(self) -> RequestEnvelope:
@@ -140,3 +143,4 @@ class ResultEnvelope(BaseModel):
     worker: str = ""
     started_at: datetime | None = None
     finished_at: datetime = Field(default_factory=utcnow)
+    redriven_from: str | None = None

@@ -24,6 +24,9 @@ class WorkerHeartbeat(BaseModel):
     state: Literal["starting", "ok", "stopping", "failed"]
     interval_s: float = Field(gt=0, le=3600, description="Seconds until the next heartbeat of this worker.")
     at: float = Field(description="Unix time of this heartbeat.")
+    gauges: dict[str, float] = Field(default_factory=dict, max_length=64,
+                                     description="The stage's own levels (e.g. sessions open, REPL processes per "
+                                                 "header), summed over a stage's workers by the stats stream.")
 
 
 class StageStats(BaseModel):
@@ -48,3 +51,19 @@ class StageStats(BaseModel):
     slots_now: int
     busy_now: int
     completions_total: int = Field(description="Results counted since the stats app's tables began.")
+    failures_total: dict[str, int] = Field(default_factory=dict, description="Error results by reason, since the "
+                                                                             "tables began.")
+    dead_letters_total: int = Field(0, description="Dead letters of the stage since its DLQ began (the stats app "
+                                                   "reads DLQ topics from their first record).")
+    job_seconds_p50: float | None = Field(None, description="Median time from a job's start to its result over the "
+                                                            "last minute: the upper bound of its histogram bucket.")
+    job_seconds_p99: float | None = None
+    facets_per_min: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="Results per minute by facet value (the stage's ``StageSpec.facets``, "
+                                          "e.g. build system -> outcome).")
+    facets_total: dict[str, dict[str, int]] = Field(default_factory=dict)
+    values: dict[str, float] = Field(default_factory=dict, description="Numeric facets averaged over the last "
+                                                                       "minute (e.g. rollout lag in versions).")
+    values_last: dict[str, float] = Field(default_factory=dict, description="Numeric facets of the newest result.")
+    gauges: dict[str, float] = Field(default_factory=dict, description="Workers' gauges summed over fresh "
+                                                                       "heartbeats.")

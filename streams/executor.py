@@ -196,6 +196,7 @@ class JobExecutor:
             request_id=envelope.request_id, kind=envelope.kind, client_id=envelope.client_id,
             status=outcome.status, result=outcome.result.model_dump(mode="json") if outcome.result else None,
             error=outcome.error, attempts=outcome.attempts, worker=self.worker_id, started_at=started,
+            redriven_from=envelope.redriven_from,
         )
         # A claim check is blob-store I/O: off the event loop.
         value = await asyncio.to_thread(codec.encode, result, self.blob_store, self.settings.claim_check_bytes)

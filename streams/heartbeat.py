@@ -17,6 +17,8 @@ from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import WORKERS_TOPIC
 
 log = logging.getLogger("kiln.heartbeat")
+STALE_BEATS = 3
+"""A worker whose heartbeat is this many intervals old is not counted as alive."""
 
 
 class Heartbeat:
@@ -40,7 +42,17 @@ class Heartbeat:
         return WorkerHeartbeat(worker=state["worker"], stage=state["stage"], topic=self._topic, group=self._group,
                                mode="queue" if self._mode == "queue" else "group", slots=state["slots"],
                                busy=state["busy_slots"], state=status, interval_s=self.settings.heartbeat_s,
-                               at=time.time())
+                               at=time.time(), gauges=self._gauges())
+
+    def _gauges(self) -> dict[str, float]:
+        read = self._executor.stage.gauges
+        if read is None:
+            return {}
+        try:
+            return dict(list(read().items())[:64])
+        except Exception as e:  # a stage's gauge must not silence the worker's heartbeat
+            log.warning("stage gauges failed: %r", e)
+            return {}
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="kiln-heartbeat")

@@ -26,6 +26,8 @@ ENTRY_POINT_GROUP = "kiln.stages"
 RESULTS_TOPIC = "kiln.results"
 """Where results go unless a client names another topic: the runtime's own topic, one partition per client id."""
 RESULTS_PARTITIONS = 16
+REDRIVES_TOPIC = "kiln.redrives"
+"""Which dead letters ``kiln dlq redrive`` re-drove (compacted, keyed by DLQ record): a second redrive skips them."""
 WORKERS_TOPIC = "kiln.workers"
 """Worker heartbeats (``schemas.ops.WorkerHeartbeat``), compacted: the latest state of each worker, by worker id."""
 STATS_TOPIC = "kiln.stats"
@@ -63,6 +65,10 @@ class StageSpec:
     """Where every successful result is also published (keyed like its request), for readers other than the
     requester; never re-published by a replay."""
     events_partitions: int = 4
+    facets: Callable[[Any], dict[str, str | float]] | None = None
+    """What the stats stream counts of a successful result (called with the typed result): a string value is
+    counted per value (e.g. build system, outcome), a number is averaged (e.g. rollout lag). Keep it cheap and
+    of low cardinality: every distinct string value is a table key."""
 
     def topics(self) -> list[TopicSpec]:
         """The request topic, its dead-letter twin and the events topic, with partitions and retention."""
@@ -113,6 +119,8 @@ class Stage:
     on_revoke: Revoke | None = None
     """Called with the partitions leaving this worker (a rebalance, or shutdown) once their jobs have finished or
     been given up, before they are released: e.g. to hand state kept per partition over to the next owner."""
+    gauges: Callable[[], dict[str, float]] | None = None
+    """Levels this worker reports in every heartbeat (e.g. sessions open); the stats stream sums them per stage."""
 
     @property
     def name(self) -> str:
@@ -147,7 +155,7 @@ def spec_for_topic(topic: str) -> StageSpec | None:
 def topology(specs: dict[str, StageSpec] | None = None) -> list[TopicSpec]:
     """Every topic kiln needs: the runtime's results, heartbeat and stats topics plus each registered stage's topics."""
     topics = [TopicSpec(RESULTS_TOPIC, RESULTS_PARTITIONS, WEEK), TopicSpec(WORKERS_TOPIC, 1, COMPACTED),
-              TopicSpec(STATS_TOPIC, 1, COMPACTED)]
+              TopicSpec(STATS_TOPIC, 1, COMPACTED), TopicSpec(REDRIVES_TOPIC, 1, COMPACTED)]
     for spec in (specs if specs is not None else stage_specs()).values():
         topics.extend(spec.topics())
     return topics

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any
 
@@ -22,14 +23,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from kiln.schemas.envelope import ResultEnvelope
 from kiln.schemas.ops import StageStats, WorkerHeartbeat
 from kiln.streams.errors import ConfigError
+from kiln.streams.heartbeat import STALE_BEATS
 from kiln.streams.settings import KilnSettings
-from kiln.streams.stage import RESULTS_TOPIC, STATS_TOPIC, WORKERS_TOPIC, stage_specs
+from kiln.streams.stage import RESULTS_TOPIC, STATS_TOPIC, WORKERS_TOPIC, StageSpec, stage_specs
 from kiln.streams.stats import windows
 from kiln.streams.stats.queue import queue_length
 
 log = logging.getLogger("kiln.stats")
-STALE_BEATS = 3
-"""A worker whose heartbeat is this many intervals old is not counted as alive."""
 
 
 class StatsSettings(BaseSettings):
@@ -83,6 +83,7 @@ class StatsApp:
                                      value_serializer="json")
         self.counts = self.app.Table("counts", default=None)
         self.totals = self.app.Table("totals", default=int)
+        self.last = self.app.Table("last", default=None)
         self.workers = self.app.Table("workers", default=None)
         self.consumers = self.app.Table("consumers", default=None)
         self._stage_of_worker: dict[str, str] = {}
@@ -110,22 +111,29 @@ class StatsApp:
         await self.events.send(key=stage.encode(), value={"stage": stage, **event})
 
     async def _from_results(self, stream: Any) -> None:
+        specs = stage_specs()
         async for value in stream:
             try:
                 result = ResultEnvelope.model_validate_json(value)
             except ValidationError:
                 continue  # not a result: nothing to count
-            add = {"done": 1}
+            add: dict[str, float] = {"done": 1}
+            total: dict[str, float] = {"done": 1}
             if result.status == "error":
-                add[f"fail:{result.error.type if result.error else 'unknown'}"] = 1
-            await self._emit(result.kind, {"t": result.finished_at.timestamp(), "add": add, "total": 1})
+                reason = f"fail:{result.error.type if result.error else 'unknown'}"
+                add[reason] = total[reason] = 1
+            if result.started_at is not None:
+                add[f"lat:{latency_bucket((result.finished_at - result.started_at).total_seconds())}"] = 1
+            last = _facets(specs.get(result.kind), result, add, total)
+            await self._emit(result.kind, {"t": result.finished_at.timestamp(), "add": add, "total": total,
+                                           "last": last})
 
     async def _from_dead_letters(self, stream: Any) -> None:
         async for event in stream.events():
             stage = dict(event.message.headers or []).get("kiln-stage")
             if stage:
                 name = stage.decode(errors="replace") if isinstance(stage, bytes) else str(stage)
-                await self._emit(name, {"t": event.message.timestamp, "add": {"dlq": 1}})
+                await self._emit(name, {"t": event.message.timestamp, "add": {"dlq": 1}, "total": {"dlq": 1}})
 
     async def _from_heartbeats(self, stream: Any) -> None:
         async for event in stream.events():
@@ -147,8 +155,13 @@ class StatsApp:
             stage = event["stage"]
             for metric, amount in event.get("add", {}).items():
                 windows.add(self.counts, stage, metric, event["t"], amount)
-            if event.get("total"):
-                self.totals[stage] += event["total"]
+            for metric, amount in event.get("total", {}).items():
+                self.totals[windows.SEP.join((stage, metric))] += amount
+            for name, value in event.get("last", {}).items():
+                key = windows.SEP.join((stage, name))
+                newest = self.last.get(key)
+                if newest is None or newest[0] <= event["t"]:
+                    self.last[key] = [event["t"], value]
             if "gone" in event:
                 self.workers.pop(event["gone"], None)
             if beat := event.get("beat"):
@@ -184,20 +197,52 @@ class StatsApp:
         live = [WorkerHeartbeat.model_validate(b) for b in list(self.workers.values()) if b is not None]
         live = [b for b in live if b.at >= now - STALE_BEATS * b.interval_s]
         keys = list(self.counts.keys())
+        totals = {tuple(k.split(windows.SEP)): int(v) for k, v in list(self.totals.items()) if windows.SEP in k}
         stages = set(lengths) | {b.stage for b in live} | {k.split(windows.SEP)[0] for k in keys}
         out = {}
         for stage in sorted(stages):
             def per_min(metric: str, stage: str = stage) -> float:
                 return windows.last_minute(self.counts.get, stage, metric, now) * 60 / windows.WINDOW_S
+
+            def total(metric: str, stage: str = stage) -> int:
+                return totals.get((stage, metric), 0)
             mine = [b for b in live if b.stage == stage]
             failures = {m.removeprefix("fail:"): per_min(m) for m in windows.metrics_of(keys, stage, "fail:")}
+            facet_names = windows.metrics_of(keys, stage, "facet:")
+            facets: dict[str, dict[str, float]] = {}
+            for metric in facet_names:
+                name, _, value = metric.removeprefix("facet:").partition("=")
+                if rate := per_min(metric):
+                    facets.setdefault(name, {})[value] = rate
+            facets_total: dict[str, dict[str, int]] = {}
+            for (owner, metric), count in totals.items():
+                if owner == stage and metric.startswith("facet:"):
+                    name, _, value = metric.removeprefix("facet:").partition("=")
+                    facets_total.setdefault(name, {})[value] = count
+            means = {}
+            for metric in windows.metrics_of(keys, stage, "sum:"):
+                name = metric.removeprefix("sum:")
+                if n := per_min(f"n:{name}"):
+                    means[name] = per_min(metric) / n
+            last = {k.split(windows.SEP)[1]: v[1] for k, v in list(self.last.items())
+                    if v is not None and k.split(windows.SEP)[0] == stage}
+            gauges: dict[str, float] = {}
+            for beat in mine:
+                for name, level in beat.gauges.items():
+                    gauges[name] = gauges.get(name, 0.0) + level
+            histogram = {int(m.removeprefix("lat:")): per_min(m) for m in windows.metrics_of(keys, stage, "lat:")}
             out[stage] = StageStats(
                 stage=stage, at=now, window_s=windows.WINDOW_S, queue_length=lengths.get(stage),
                 completions_per_min=per_min("done"), failures_per_min={k: v for k, v in failures.items() if v},
                 dead_letters_per_min=per_min("dlq"), workers_avg=per_min("worker_s") / 60,
                 slots_avg=per_min("slot_s") / 60, busy_avg=per_min("busy_s") / 60, workers_now=len(mine),
                 slots_now=sum(b.slots for b in mine), busy_now=sum(b.busy for b in mine),
-                completions_total=int(self.totals.get(stage) or 0))
+                completions_total=total("done"),
+                failures_total={m.removeprefix("fail:"): n for (o, m), n in totals.items()
+                                if o == stage and m.startswith("fail:")},
+                dead_letters_total=total("dlq"), job_seconds_p50=quantile(histogram, 0.5),
+                job_seconds_p99=quantile(histogram, 0.99), facets_per_min=facets, facets_total=facets_total,
+                values=means, values_last=last, gauges=gauges)
         return out
 
     async def _publish(self) -> None:
@@ -246,21 +291,82 @@ class StatsApp:
         self._started = time.time()
 
     def render_metrics(self) -> bytes:
-        """The published numbers as Prometheus gauges (``kiln_stats_*``, label ``stage``)."""
+        """The published numbers as Prometheus gauges (``kiln_stats_*``, label ``stage``); what the rules in
+        ``infra/prometheus/rules.yml`` and the Grafana dashboard read."""
         registry = CollectorRegistry()
         fields = {"queue_length": "Unfinished records (broker offsets).",
                   "completions_per_min": "Results per minute.", "dead_letters_per_min": "Dead letters per minute.",
                   "workers_avg": "Workers alive, minute average.", "slots_avg": "Slots, minute average.",
-                  "busy_avg": "Busy slots, minute average.", "workers_now": "Workers with a fresh heartbeat."}
+                  "busy_avg": "Busy slots, minute average.", "workers_now": "Workers with a fresh heartbeat.",
+                  "slots_now": "Slots of the workers alive.", "busy_now": "Busy slots of the workers alive.",
+                  "completions_total": "Results since the tables began.",
+                  "dead_letters_total": "Dead letters since the stage's DLQ began.",
+                  "job_seconds_p50": "Median job time over the last minute (bucket bound).",
+                  "job_seconds_p99": "99th percentile job time over the last minute (bucket bound)."}
         gauges = {name: Gauge(f"kiln_stats_{name}", doc, ["stage"], registry=registry) for name, doc in fields.items()}
-        failures = Gauge("kiln_stats_failures_per_min", "Error results per minute by reason.", ["stage", "reason"],
-                         registry=registry)
+        labelled = {
+            "failures_per_min": Gauge("kiln_stats_failures_per_min", "Error results per minute by reason.",
+                                      ["stage", "reason"], registry=registry),
+            "facets_per_min": Gauge("kiln_stats_facet_per_min", "Results per minute by facet value.",
+                                    ["stage", "facet", "value"], registry=registry),
+            "values": Gauge("kiln_stats_value", "Numeric facets averaged over the last minute.", ["stage", "name"],
+                            registry=registry),
+            "gauges": Gauge("kiln_stats_worker_gauge", "Workers' own gauges summed per stage.", ["stage", "name"],
+                            registry=registry)}
         for stage, numbers in self.latest.items():
             for name, gauge in gauges.items():
                 value = getattr(numbers, name)
                 if value is not None:
                     gauge.labels(stage=stage).set(value)
             for reason, rate in numbers.failures_per_min.items():
-                failures.labels(stage=stage, reason=reason).set(rate)
+                labelled["failures_per_min"].labels(stage=stage, reason=reason).set(rate)
+            for facet, rates in numbers.facets_per_min.items():
+                for value, rate in rates.items():
+                    labelled["facets_per_min"].labels(stage=stage, facet=facet, value=value).set(rate)
+            for name, mean in numbers.values.items():
+                labelled["values"].labels(stage=stage, name=name).set(mean)
+            for name, level in numbers.gauges.items():
+                labelled["gauges"].labels(stage=stage, name=name).set(level)
         return generate_latest(registry)
 
+LATENCY_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+                  1800.0, 3600.0, math.inf)
+"""Upper bounds (seconds) of the job-time histogram the percentiles are read from."""
+
+
+def latency_bucket(seconds: float) -> int:
+    return next(i for i, bound in enumerate(LATENCY_BOUNDS) if seconds <= bound)
+
+
+def quantile(histogram: dict[int, float], q: float) -> float | None:
+    """The upper bound of the bucket holding quantile ``q`` (the last finite bound for the overflow bucket)."""
+    count = sum(histogram.values())
+    if count <= 0:
+        return None
+    seen = 0.0
+    for index in sorted(histogram):
+        seen += histogram[index]
+        if seen >= q * count:
+            return LATENCY_BOUNDS[min(index, len(LATENCY_BOUNDS) - 2)]
+    return LATENCY_BOUNDS[-2]
+
+
+def _facets(spec: StageSpec | None, result: ResultEnvelope, add: dict[str, float],
+            total: dict[str, float]) -> dict[str, float]:
+    """Adds the stage's facets of an ok result to the counting event; returns its numeric facets (the newest)."""
+    if spec is None or spec.facets is None or result.status != "ok" or result.result is None:
+        return {}  # claim-checked results are not fetched: counting must not read the blob store
+    try:
+        facets = spec.facets(spec.result_model.model_validate(result.result))
+    except Exception as e:  # a stage's facet function must not stop the counting of every stage
+        log.warning("facets of a %s result failed: %r", result.kind, e)
+        return {}
+    numbers: dict[str, float] = {}
+    for name, value in facets.items():
+        if isinstance(value, str):
+            metric = f"facet:{name}={value}".replace(windows.SEP, " ")
+            add[metric] = total[metric] = 1
+        else:
+            add[f"sum:{name}"], add[f"n:{name}"] = float(value), 1
+            numbers[name] = float(value)
+    return numbers

@@ -408,4 +408,5 @@ def _owner_alive(lock_path: Path) -> bool:
 
 service = ExecService()
 stage = Stage(spec.exec_, service.handle, max_attempts=1, registry=registry, setup=service.setup,
-              teardown=service.teardown, on_revoke=service.on_revoke)
+              teardown=service.teardown, on_revoke=service.on_revoke,
+              gauges=lambda: {"sessions_open": float(len(service.manager.sessions) if service.manager else 0)})

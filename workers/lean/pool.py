@@ -35,6 +35,7 @@ class ReplPool:
         self.idle_ttl_s = idle_ttl_s
         self.stats = PoolStats()
         self._idle: list[ReplProcess] = []  # most recently used last
+        self._leased: set[ReplProcess] = set()
         self._count = 0
         self._changed = asyncio.Condition()
         self._reaper: asyncio.Task[None] | None = None
@@ -43,9 +44,10 @@ class ReplPool:
     def processes(self) -> int:
         return self._count
 
-    def headers(self) -> dict[Header, int]:
+    def headers(self, *, leased: bool = False) -> dict[Header, int]:
+        """Idle processes per header; with ``leased``, those running a request too."""
         counts: dict[Header, int] = {}
-        for proc in self._idle:
+        for proc in [*self._idle, *(self._leased if leased else ())]:
             counts[proc.header] = counts.get(proc.header, 0) + 1
         return counts
 
@@ -69,9 +71,11 @@ class ReplPool:
     async def lease(self, header: Header, state_id: str | None = None) -> AsyncIterator[tuple[ReplProcess, bool]]:
         """A process with ``header`` loaded, exclusively; yields (process, whether the header was loaded already)."""
         proc, reused = await self._acquire(header, state_id)
+        self._leased.add(proc)
         try:
             yield proc, reused
         finally:
+            self._leased.discard(proc)
             await self._release(proc)
 
     async def _acquire(self, header: Header, state_id: str | None) -> tuple[ReplProcess, bool]:

@@ -122,6 +122,15 @@ class _LeanService:
         if self._workdir is not None:
             self._workdir.cleanup()
 
+    def gauges(self) -> dict[str, float]:
+        """REPL processes alive, in all and per header (its imports), for the status page."""
+        if self.pool is None:
+            return {"repl_processes": 0.0}
+        levels = {"repl_processes": float(self.pool.processes)}
+        for header, count in self.pool.headers(leased=True).items():
+            levels[f"repl_processes[{','.join(header)[:80] or 'no imports'}]"] = float(count)
+        return levels
+
     async def handle(self, request: LeanRequest, ctx: JobContext) -> LeanResult:
         if self.session is None or self.pool is None:
             await self.setup(os.cpu_count() or 1)
@@ -143,4 +152,4 @@ class _LeanService:
 
 service = _LeanService()
 stage = Stage(spec.lean, service.handle, max_attempts=3, registry=registry, setup=service.setup,
-              teardown=service.teardown)
+              teardown=service.teardown, gauges=service.gauges)

@@ -1,0 +1,115 @@
+"""What the status page and ``kiln status`` show, read from the stats stream's ``kiln.stats`` and the workers'
+``kiln.workers`` (both compacted), never by polling workers. A thread follows both topics from their start, so the
+retained history of each stage's numbers feeds the sparklines."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from pydantic import ValidationError
+
+from kiln.schemas.ops import StageStats, WorkerHeartbeat
+from kiln.streams.heartbeat import STALE_BEATS
+from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import STATS_TOPIC, WORKERS_TOPIC
+
+HISTORY = 120
+"""Samples of each stage's numbers kept for the sparklines (at the stats app's 5 s: ten minutes)."""
+TRENDS = ("queue_length", "completions_per_min", "busy_now", "slots_now", "dead_letters_per_min", "job_seconds_p99")
+
+
+class OpsView:
+    """``start()`` follows the topics; ``snapshot()`` is the page's JSON; ``caught_up`` says both topics were read
+    to the end they had when the view started."""
+
+    def __init__(self, settings: KilnSettings) -> None:
+        self.settings = settings
+        self.stats: dict[str, StageStats] = {}
+        self.history: dict[str, deque[dict[str, Any]]] = {}
+        self.workers: dict[str, WorkerHeartbeat] = {}
+        self.caught_up = threading.Event()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._consumer = Consumer(settings.kafka(**{
+            "group.id": f"kiln-status-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+            "enable.partition.eof": True}))
+        self._topics = {settings.topic(STATS_TOPIC): self._on_stats, settings.topic(WORKERS_TOPIC): self._on_beat}
+        self._pending_eof: set[tuple[str, int]] = set()
+
+    def start(self) -> OpsView:
+        assignment = []
+        for topic in self._topics:
+            md = self._consumer.list_topics(topic, timeout=15).topics.get(topic)
+            for p in (md.partitions if md is not None and md.error is None else {}):
+                assignment.append(TopicPartition(topic, p, OFFSET_BEGINNING))
+                self._pending_eof.add((topic, p))
+        self._consumer.assign(assignment)
+        if not assignment:
+            self.caught_up.set()
+        self._thread = threading.Thread(target=self._follow, name="kiln-status-view", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        with contextlib.suppress(RuntimeError):
+            self._consumer.close()
+
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            for msg in self._consumer.consume(500, 0.5):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        self._pending_eof.discard((msg.topic() or "", msg.partition() or 0))
+                        if not self._pending_eof:
+                            self.caught_up.set()
+                    continue
+                self._topics[msg.topic() or ""](msg.key(), msg.value())
+
+    def _on_stats(self, key: bytes | None, value: bytes | None) -> None:
+        if value is None:
+            return
+        try:
+            numbers = StageStats.model_validate_json(value)
+        except ValidationError:
+            return  # a record of another version: the next publish replaces it
+        with self._lock:
+            self.stats[numbers.stage] = numbers
+            trend = self.history.setdefault(numbers.stage, deque(maxlen=HISTORY))
+            trend.append({"at": numbers.at, **{name: getattr(numbers, name) for name in TRENDS}})
+
+    def _on_beat(self, key: bytes | None, value: bytes | None) -> None:
+        worker = (key or b"").decode(errors="replace")
+        with self._lock:
+            if value is None:
+                self.workers.pop(worker, None)
+                return
+            try:
+                self.workers[worker] = WorkerHeartbeat.model_validate_json(value)
+            except ValidationError:
+                return
+
+    def alive(self, now: float | None = None) -> list[WorkerHeartbeat]:
+        """Workers whose latest heartbeat is fresh (the stats app's rule: three intervals)."""
+        now = time.time() if now is None else now
+        with self._lock:
+            return [b for b in self.workers.values() if b.at >= now - STALE_BEATS * b.interval_s]
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything the page shows: per stage its latest numbers and their trend, and the workers alive."""
+        workers = self.alive()
+        with self._lock:
+            stages = {stage: {**numbers.model_dump(mode="json"), "history": list(self.history.get(stage, []))}
+                      for stage, numbers in sorted(self.stats.items())}
+        return {"at": time.time(), "caught_up": self.caught_up.is_set(), "stages": stages,
+                "workers": [b.model_dump(mode="json") for b in sorted(workers, key=lambda b: (b.stage, b.worker))]}
