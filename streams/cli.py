@@ -17,7 +17,7 @@ from kiln.streams.stage import spec_for_topic, stage_specs, topology
 app = typer.Typer(no_args_is_help=True, help="kiln: execution feedback for RL training, on Kafka.")
 out = Console()
 
-ALL_COMPONENTS = ["kafka", "docker", "s3", "registry", "lean"]
+ALL_COMPONENTS = ["kafka", "docker", "s3", "registry", "lean", "ops"]
 
 
 def _service(component: str, script: str) -> typer.Typer:

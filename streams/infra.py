@@ -49,6 +49,7 @@ COMPONENT_STEPS: dict[str, list[Step]] = {
            Step("s3: start", "s3/s3.sh", ("start",))],
     "registry": [Step("registry: start on s3", "registry/registry.sh", ("start",))],
     "lean": [Step("lean: REPL sandbox (bubblewrap)", "lean/sandbox.sh", ("install",))],
+    "ops": [Step("ops: promtool, headless chromium", "ops/ops.sh", ("install",))],
 }
 
 

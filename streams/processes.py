@@ -93,18 +93,51 @@ class WorkerProcess:
             self.kill()
 
 
-class StatsProcess:
-    """``kiln stats serve`` publishing every second on a free port, with its numbers read over HTTP."""
+class ServiceProcess:
+    """A kiln HTTP service (``kiln ... serve``) as a real process on a free loopback port; SIGTERM stops it."""
 
-    def __init__(self, settings: KilnSettings, log: Path, **env: str) -> None:
+    def __init__(self, argv: list[str], port_variable: str, settings: KilnSettings, log: Path, **env: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kiln.streams.cli", "stats", "serve", "--verbose"],
+            [sys.executable, "-m", "kiln.streams.cli", *argv],
             env={**os.environ, "KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_CACHE": str(settings.cache),
-                 "KILN_STATS_PORT": str(self.port), "KILN_STATS_PUBLISH_S": "1", **env},
+                 port_variable: str(self.port), **env},
             stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise InfraError(f"{self.proc.args} exited {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
+
+    def wait_healthy(self, timeout: float = 60) -> None:
+        """Until ``/healthz`` answers 200."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise InfraError(f"{self.proc.args} not healthy after {timeout:.0f} s:\n{self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class StatsProcess(ServiceProcess):
+    """``kiln stats serve`` publishing every second on a free port, with its numbers read over HTTP."""
+
+    def __init__(self, settings: KilnSettings, log: Path, **env: str) -> None:
+        super().__init__(["stats", "serve", "--verbose"], "KILN_STATS_PORT", settings, log,
+                         **{"KILN_STATS_PUBLISH_S": "1", **env})
 
     def stage(self, stage: str) -> dict[str, Any]:
         try:
@@ -118,18 +151,9 @@ class StatsProcess:
         seen: dict[str, Any] = {}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise InfraError(f"stats app exited {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
+            self.check_alive()
             seen = self.stage(stage)
             if seen and check(seen):
                 return seen
             time.sleep(0.5)
         raise InfraError(f"stats for {stage} never matched; last: {seen}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()

@@ -27,6 +27,9 @@ class SleepSettings(BaseSettings):
 
     journal: Path | None = Field(None, description="Append 'start|end|stopped <request_id> <worker> <attempt> <time>' "
                                                    "lines (how tests and benchmarks count executions).")
+    poison_tags: list[str] = Field(default_factory=list, description="Tags this worker fails permanently (JSON "
+                                   "list): a defect of the deployed worker, fixed by deploying one without it and "
+                                   "re-driving the dead letters (kiln dlq redrive).")
 
 
 _settings = SleepSettings()
@@ -49,6 +52,8 @@ def _spin(seconds: float, ctx: JobContext) -> None:
 
 async def handle(request: SleepRequest, ctx: JobContext) -> SleepResult:
     _journal("start", ctx)
+    if request.tag and request.tag in _settings.poison_tags:
+        raise PermanentJobError(f"this worker cannot handle tag {request.tag!r} (KILN_SLEEP_POISON_TAGS)")
     failing = request.fail != "none" and ctx.attempt <= request.fail_attempts
     if failing and request.fail == "crash":
         os.kill(os.getpid(), signal.SIGKILL)

@@ -94,9 +94,16 @@ function stageCard(name, s) {
   return card;
 }
 
+function idle(s) {
+  return !s.workers_now && !s.queue_length && !s.completions_total && !s.dead_letters_total;
+}
+
 function render(data) {
-  const stages = document.getElementById("stages");
-  stages.replaceChildren(...Object.entries(data.stages).map(([name, s]) => stageCard(name, s)));
+  const entries = Object.entries(data.stages);
+  const quiet = entries.filter(([, s]) => idle(s)).map(([name]) => name);
+  document.getElementById("stages").replaceChildren(
+    ...entries.filter(([, s]) => !idle(s)).map(([name, s]) => stageCard(name, s)));
+  document.getElementById("idle").textContent = quiet.length ? `idle (no workers, no jobs): ${quiet.join(", ")}` : "";
   const rows = data.workers.map((w) => el("tr", { "data-worker": w.worker }, el("td", {}, w.worker),
     el("td", {}, w.stage), el("td", {}, w.mode), el("td", {}, w.state), el("td", {}, `${w.busy} / ${w.slots}`),
     el("td", {}, Object.entries(w.gauges || {}).map(([k, v]) => `${k}=${fmt(v)}`).join(" ")),
