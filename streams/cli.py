@@ -222,11 +222,16 @@ def gc(
 
 
 def _add_plugin_commands() -> None:
-    """Commands other packages contribute (entry point group ``kiln.commands``), e.g. ``kiln saucer``, ``kiln demo``."""
+    """Commands other packages contribute (entry point group ``kiln.commands``: a Typer app or a function), e.g.
+    ``kiln saucer``, ``kiln demo``, ``kiln tail``."""
     from importlib.metadata import entry_points
 
     for ep in entry_points(group="kiln.commands"):
-        app.add_typer(ep.load(), name=ep.name)
+        command = ep.load()
+        if isinstance(command, typer.Typer):
+            app.add_typer(command, name=ep.name)
+        else:  # a plain function is one command with its own arguments (e.g. ``kiln tail TOPIC``)
+            app.command(name=ep.name)(command)
 
 
 _add_plugin_commands()

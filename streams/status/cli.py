@@ -1,4 +1,4 @@
-"""``kiln status [--watch] | serve``, ``kiln tail TOPIC``, ``kiln dlq ls|show|redrive``."""
+"""``kiln status [--watch] | serve``, ``kiln tail TOPIC`` (a plain command), ``kiln dlq ls|show|redrive``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from rich.table import Table
 
 from kiln.streams.errors import KilnError
 from kiln.streams.settings import get_settings
+from kiln.streams.stage import STATS_TOPIC
 from kiln.streams.status.view import OpsView
 
 KEEP_UP_MINUTES = 5.0
@@ -20,7 +21,6 @@ KEEP_UP_MINUTES = 5.0
 
 status_app = typer.Typer(help="Per-stage numbers from the stats stream, as a table or a web page.",
                          invoke_without_command=True)
-tail_app = typer.Typer(help="Decode and follow the records of a kiln topic.", invoke_without_command=True)
 dlq_app = typer.Typer(help="Dead letters: list by reason, show one, re-drive to the source topic.",
                       no_args_is_help=True)
 console = Console()
@@ -68,6 +68,8 @@ def status(ctx: typer.Context,
         if not watch:
             recorder = Console(record=True, width=160)
             recorder.print(_status_table(view))
+            if not view.stats:
+                recorder.print(f"no numbers on {view.settings.topic(STATS_TOPIC)}: is `kiln stats serve` running?")
             if svg is not None:
                 recorder.save_svg(str(svg), title="kiln status")
             return
@@ -92,7 +94,6 @@ def serve() -> None:
     uvicorn.run(create_app(get_settings(), settings), host=settings.host, port=settings.port, log_level="warning")
 
 
-@tail_app.callback()
 def tail(topic: Annotated[str, typer.Argument(help="Topic name without the deployment's prefix.")],
          follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new records.")] = False,
          last: Annotated[int, typer.Option("--last", "-n", help="Records before each partition's end.")] = 10,
