@@ -105,10 +105,11 @@ class ServiceProcess:
             env={**os.environ, "KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_CACHE": str(settings.cache),
                  port_variable: str(self.port), **env},
             stdout=log.open("w"), stderr=subprocess.STDOUT)
+        self.name = " ".join(argv)
 
     def check_alive(self) -> None:
         if self.proc.poll() is not None:
-            raise InfraError(f"{self.proc.args} exited {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
+            raise InfraError(f"kiln {self.name} exited {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
 
     def wait_healthy(self, timeout: float = 60) -> None:
         """Until ``/healthz`` answers 200."""
@@ -121,7 +122,7 @@ class ServiceProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
-        raise InfraError(f"{self.proc.args} not healthy after {timeout:.0f} s:\n{self.log.read_text()[-2000:]}")
+        raise InfraError(f"kiln {self.name} not healthy after {timeout:.0f} s:\n{self.log.read_text()[-2000:]}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
