@@ -36,7 +36,8 @@ def test_compose_file_is_valid_and_complete() -> None:
                               text=True, check=True, env=env).stdout
     services = yaml.safe_load(rendered)["services"]
     assert {"redpanda", "s3", "registry", "prometheus", "worker-echo", "worker-sleep", "topics",
-            "worker-ingest", "saucer", "worker-build", "worker-exec", "gateway"} <= set(services)
+            "worker-ingest", "saucer", "worker-build", "worker-exec", "gateway", "stats", "status",
+            "grafana"} <= set(services)
     build = services["worker-echo"]["build"]
     assert build["network"] == "host" and build["args"]["BASE_IMAGE"] == "python:3.11-slim"
     assert services["registry"]["environment"]["REGISTRY_STORAGE"] == "s3"
