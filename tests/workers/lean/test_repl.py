@@ -132,3 +132,13 @@ async def test_a_full_pool_evicts_an_idle_process_of_another_header(tmp_path: Pa
         await session.run(code(THEOREMS, ["import A"]), "k")
         await session.run(code(THEOREMS, ["import B"]), "k")
         assert session.pool.processes == 1 and session.pool.headers() == {("import B",): 1}
+
+
+async def test_headers_count_processes_running_a_request(tmp_path: Path) -> None:
+    """What the Lean stage reports in heartbeats (REPL processes per header) includes the busy ones."""
+    async with open_session(tmp_path, size=2) as session:
+        await session.run(code(THEOREMS, ["import A"]), "k")
+        async with session.pool.lease(("import B",)):
+            assert session.pool.headers() == {("import A",): 1}
+            assert session.pool.headers(leased=True) == {("import A",): 1, ("import B",): 1}
+        assert session.pool.headers() == {("import A",): 1, ("import B",): 1}
