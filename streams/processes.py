@@ -93,6 +93,21 @@ class WorkerProcess:
             self.kill()
 
 
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path, name: str, timeout: float) -> None:
+    """Until the process's ``url/healthz`` answers 200; ``InfraError`` with its log's tail if it exits or times out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise InfraError(f"{name} exited {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise InfraError(f"{name} not healthy after {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
 class ServiceProcess:
     """A kiln HTTP service (``kiln ... serve``) as a real process on a free loopback port; SIGTERM stops it."""
 
@@ -113,16 +128,7 @@ class ServiceProcess:
 
     def wait_healthy(self, timeout: float = 60) -> None:
         """Until ``/healthz`` answers 200."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.check_alive()
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise InfraError(f"kiln {self.name} not healthy after {timeout:.0f} s:\n{self.log.read_text()[-2000:]}")
+        wait_healthy(self.proc, self.url, self.log, f"kiln {self.name}", timeout)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

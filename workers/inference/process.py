@@ -6,14 +6,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from kiln.streams.processes import free_port
+from kiln.streams.processes import free_port, wait_healthy
 from kiln.workers.inference.endpoints import KilnEndpoint
 from kiln.workers.inference.model import ModelConfig
 
@@ -47,17 +46,7 @@ class ServerProcess:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen([str(kiln), "rl", "serve", "--port", str(self.port)], env=env,
                                          stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + patience_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kiln rl serve exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"kiln rl serve did not answer: {self.log.read_text()[-3000:]}")
+        wait_healthy(self.proc, self.url, self.log, "kiln rl serve", patience_s)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
