@@ -1,8 +1,13 @@
-"""Dispatch overhead: no-op ``echo`` round trips client -> topic -> worker -> result topic -> client.
+"""Dispatch overhead: no-op ``echo`` round trips client -> topic -> worker -> result topic -> client, against a
+bare confluent-kafka echo loop (``bench/raw_echo.py``) in the same run.
 
 Parameters: one worker process (``kiln worker echo``, 256 slots), 8 request partitions, the broker on this
 machine (all of it shares the machine's cores). Peak: 20,000 jobs with up to 5,000 in flight, closed loop.
 Latency: an open-loop run at half the peak rate for 10 s; p50/p99 from submit to result.
+The baseline: the same message bytes (a kiln envelope of the no-op job and of its result), acks=all, idempotent
+producers, zstd, 8 partitions, one echo process and the same bound on records in flight; linger and batching
+tuned to its best. ``dispatch_vs_raw_ratio`` = kiln's jobs/s ÷ the bare loop's, both measured here, interleaved
+(raw, kiln, raw, kiln) so a load change on the machine hits both.
 Per core divides by every core of the machine (broker, worker and client all run here).
 Usage: python bench/dispatch.py [--jobs N]
 """
@@ -15,9 +20,13 @@ import os
 import time
 
 from bench.common import broker, fresh_topics, offer_at_rate, percentile, report
+from bench.raw_echo import RawEchoServer, round_trips
 from kiln.schemas.builtin import EchoRequest
 from kiln.streams.client import KilnClient
 from kiln.streams.processes import WorkerProcess
+from kiln.streams.settings import KilnSettings
+
+IN_FLIGHT = 5000
 
 
 async def peak(client: KilnClient, topic: str, jobs: int) -> float:
@@ -41,25 +50,44 @@ async def paced(client: KilnClient, topic: str, rate: float, seconds: float) -> 
     return latencies
 
 
+def raw_rates(settings: KilnSettings, jobs: int, runs: int) -> list[float]:
+    requests, results = fresh_topics(settings, "raw-echo", 8)
+    server = RawEchoServer(settings, requests, results)
+    try:
+        round_trips(settings, requests, results, 500, IN_FLIGHT)  # warm-up, as for kiln
+        return [round_trips(settings, requests, results, jobs, IN_FLIGHT) for _ in range(runs)]
+    finally:
+        server.stop()
+
+
 async def main(jobs: int) -> None:
     settings = broker()
     topic, results = fresh_topics(settings, "dispatch", 8)
     worker = WorkerProcess("echo", settings, topic, slots=256)
+    raw: list[float] = []
+    kiln: list[float] = []
     try:
         worker.wait_assigned()
-        async with KilnClient(settings, results_topic=results, max_in_flight=5000, key_spread=8) as client:
+        async with KilnClient(settings, results_topic=results, max_in_flight=IN_FLIGHT, key_spread=8) as client:
             await peak(client, topic, 500)  # warm-up: connections, metadata, JIT-free but cache-warm
-            rate = await peak(client, topic, jobs)
+            for _ in range(2):
+                raw += await asyncio.to_thread(raw_rates, settings, jobs, 1)
+                kiln.append(await peak(client, topic, jobs))
+            rate = max(kiln)
             latencies = await paced(client, topic, rate / 2, 10.0)
     finally:
         worker.stop()
     cores = os.cpu_count() or 1
     report("dispatch (no-op round trips, broker included)", {
+        "dispatch_vs_raw_ratio": max(kiln) / max(raw),
+        "dispatch_raw_jobs_per_s": max(raw),
+        "dispatch_raw_jobs_per_s_per_core": max(raw) / cores,
         "dispatch_jobs_per_s": rate,
         "dispatch_jobs_per_s_per_core": rate / cores,
         "dispatch_p50_ms": percentile(latencies, 0.50),
         "dispatch_p99_ms": percentile(latencies, 0.99),
-    }, {"cores": str(cores), "latency samples": str(len(latencies)), "stretch goal": "25,000 jobs/s per core"})
+    }, {"cores": str(cores), "latency samples": str(len(latencies)), "stretch goal": "25,000 jobs/s per core",
+        "runs (jobs/s)": f"kiln {', '.join(f'{r:.0f}' for r in kiln)}; raw {', '.join(f'{r:.0f}' for r in raw)}"})
 
 
 if __name__ == "__main__":

@@ -94,6 +94,9 @@ class RequestEnvelope(BaseModel):
     reply_to: ReplyTo | None = None
     payload: dict[str, Any] | None = None
     claim_check: ClaimCheck | None = Field(None, description="Set instead of payload when it is large.")
+    lane: str | None = Field(None, min_length=1, max_length=32, pattern=r"^[a-z0-9_.-]+$",
+                             description="The job's class for slot budgets (a worker's KILN_LANES): e.g. 'long'. "
+                                         "Also sent as the record header kiln-lane, which workers schedule by.")
     redriven_from: str | None = Field(None, min_length=1, max_length=64,
                                       description="Request id of the dead-lettered request this one re-drives "
                                                   "(``kiln dlq redrive``); echoed on the result.")

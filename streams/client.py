@@ -291,9 +291,11 @@ class KilnClient:
         topic: str | None = None,
         request_id: str | None = None,
         partition: int | None = None,
+        lane: str | None = None,
     ) -> asyncio.Future[ResultEnvelope]:
         """Send one request; the returned future resolves with its ``ResultEnvelope``. ``partition`` pins the
-        request to one partition (e.g. the one whose worker holds an exec session)."""
+        request to one partition (e.g. the one whose worker holds an exec session); ``lane`` names its job class
+        for workers' slot budgets (``KILN_LANES``)."""
         state = await self._ready()
         spec = self.spec(kind)
         request_topic = topic or (spec.request_topic if spec else None)
@@ -302,7 +304,7 @@ class KilnClient:
         body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload)
         envelope = RequestEnvelope(
             kind=kind, client_id=state.client_id, payload=body,
-            reply_to=ReplyTo(topic=self.results_topic, key=state.client_id, partition=state.partition),
+            reply_to=ReplyTo(topic=self.results_topic, key=state.client_id, partition=state.partition), lane=lane,
             **({"request_id": request_id} if request_id else {}),
         )
         if deadline_s is not None:
@@ -316,7 +318,8 @@ class KilnClient:
         state.seq += 1
         msg_key = key if key is not None else f"{state.client_id}/{state.seq % self.key_spread}"
         value = codec.encode(envelope, self.blob_store, self.settings.claim_check_bytes)
-        await self._produce(state, self.settings.topic(request_topic), value, msg_key, envelope.request_id, partition)
+        await self._produce(state, self.settings.topic(request_topic), value, msg_key, envelope.request_id, partition,
+                            [(codec.LANE_HEADER, lane.encode())] if lane else None)
         if deadline_s is not None:
             state.loop.call_later(deadline_s + 1.0, self._expire, state, envelope.request_id)
         return fut
@@ -393,7 +396,7 @@ class KilnClient:
         state.loop.call_later(min(1.0, self.unclaimed_max_age_s / 2), self._schedule_sweeps, state)
 
     async def _produce(self, state: _ProcessState, topic: str, value: bytes, key: str, request_id: str,
-                       partition: int | None = None) -> None:
+                       partition: int | None = None, headers: list[tuple[str, bytes]] | None = None) -> None:
         """Queue the request without waiting for the broker: a failed delivery fails the request's future."""
         assert state.producer is not None and state.queue_producer is not None
         producer = state.queue_producer if topic in self._queue_topics else state.producer
@@ -405,10 +408,10 @@ class KilnClient:
 
         while True:
             try:
-                if partition is None:
-                    producer.produce(topic, value, key=key, on_delivery=on_delivery)
-                else:
-                    producer.produce(topic, value, key=key, partition=partition, on_delivery=on_delivery)
+                extra: dict[str, Any] = {"headers": headers} if headers else {}
+                if partition is not None:
+                    extra["partition"] = partition
+                producer.produce(topic, value, key=key, on_delivery=on_delivery, **extra)
                 return
             except BufferError:  # local queue full: the I/O thread drains it
                 await asyncio.sleep(0.005)

@@ -99,6 +99,17 @@ def result_headers(request_id: str) -> list[tuple[str, bytes]]:
 
 RecordHeaders = list[tuple[str, str | bytes | None]] | dict[str, str | bytes | None] | None
 
+LANE_HEADER = "kiln-lane"
+"""A request's lane (``RequestEnvelope.lane``) as a header: workers schedule by it before decoding the value."""
+
+
+def lane_of(headers: RecordHeaders) -> str | None:
+    pairs = headers.items() if isinstance(headers, dict) else headers or []
+    for name, raw in pairs:
+        if name == LANE_HEADER and raw:
+            return raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    return None
+
 
 def result_request_id(value: bytes, headers: RecordHeaders) -> str | None:
     """The request id a result record answers: from its header, or (records without one) its decoded envelope;

@@ -10,6 +10,7 @@ Semantics (docs/architecture.md, "The runtime's guarantees"):
 - at most ``slots`` jobs run; each partition at most ``max_in_flight_per_partition``; partitions are served
   round-robin and paused when their local backlog is full, while polling continues;
 - keyed mode runs jobs with the same key one at a time, in offset order;
+- lanes (``KILN_LANES``): a lane's jobs hold at most its slot budget; others in the backlog start past them;
 - revoke or SIGTERM: stop intake, let running jobs finish within the grace period, commit, abandon the rest.
 """
 
@@ -29,7 +30,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from kiln.streams import admin
+from kiln.streams import admin, codec
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.executor import JobExecutor, new_worker_id
 from kiln.streams.heartbeat import Heartbeat
@@ -90,6 +91,7 @@ class Worker:
         middleware: Sequence[Middleware] | None = None,
         blob_store: BlobStore | None = None,
         worker_id: str | None = None,
+        lanes: dict[str, int] | None = None,
     ) -> None:
         self.stage = stage
         self.settings = settings
@@ -98,6 +100,8 @@ class Worker:
         self.dlq_topic = f"{self.topic}.dlq"
         self.group_id = group_id or f"kiln.{stage.name}"
         self.per_partition_cap = max_in_flight_per_partition or self.slots
+        self.lanes = dict(settings.lanes if lanes is None else lanes)
+        self._lane_running: dict[str, int] = dict.fromkeys(self.lanes, 0)
         self.prefetch = max(2 * self.per_partition_cap, 16)
         self.grace_s = settings.grace_s if grace_s is None else grace_s
         self.worker_id = worker_id or new_worker_id()
@@ -490,7 +494,10 @@ class Worker:
             self.metrics.busy_slots.set(self._running)
             if self.stage.spec.ordering == "keyed":
                 self._busy_keys.add(msg.key())
-            task = asyncio.get_running_loop().create_task(self._run_job(tp, part, msg))
+            lane = self._budgeted_lane(msg)
+            if lane is not None:
+                self._lane_running[lane] += 1
+            task = asyncio.get_running_loop().create_task(self._run_job(tp, part, msg, lane))
             part.tasks.add(task)
             if part.paused and len(part.backlog) <= self.prefetch // 2:
                 part.paused = False
@@ -505,19 +512,33 @@ class Worker:
             # unfinished job may start (in keyed mode it can still be waiting here, and the map waits for it).
             lowest = part.offsets.committable
             for i, msg in enumerate(part.backlog):
-                if msg.offset() == lowest and msg.key() not in self._busy_keys:
+                if msg.offset() == lowest and self._startable(msg):
                     del part.backlog[i]
                     return msg
             return None
-        if self.stage.spec.ordering != "keyed":
+        if self.stage.spec.ordering != "keyed" and not self.lanes:
             return part.backlog.popleft()
         for i, msg in enumerate(part.backlog):
-            if msg.key() not in self._busy_keys:
+            if self._startable(msg):
                 del part.backlog[i]
                 return msg
         return None
 
-    async def _run_job(self, tp: TP, part: _Partition, msg: Message) -> None:
+    def _budgeted_lane(self, msg: Message) -> str | None:
+        """The message's lane when this worker budgets it (``KILN_LANES``)."""
+        if not self.lanes:
+            return None
+        lane = codec.lane_of(msg.headers())
+        return lane if lane in self.lanes else None
+
+    def _startable(self, msg: Message) -> bool:
+        """Its key is not running (keyed stages) and its lane has a free slot in its budget."""
+        if msg.key() in self._busy_keys:
+            return False
+        lane = self._budgeted_lane(msg)
+        return lane is None or self._lane_running[lane] < self.lanes[lane]
+
+    async def _run_job(self, tp: TP, part: _Partition, msg: Message, lane: str | None) -> None:
         released = False
 
         def release_slot() -> None:
@@ -528,6 +549,8 @@ class Worker:
             released = True
             self._running -= 1
             part.running -= 1
+            if lane is not None:
+                self._lane_running[lane] -= 1
             self.metrics.busy_slots.set(self._running)
             if self.stage.spec.ordering == "keyed":
                 self._busy_keys.discard(msg.key())

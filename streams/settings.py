@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -67,6 +67,16 @@ class KilnSettings(BaseSettings):
     heartbeat_s: float = Field(5.0, gt=0, le=300, description="How often a worker publishes its heartbeat "
                                "(slots, busy, state) to kiln.workers.")
     job_timeout_s: float | None = Field(None, gt=0, description="Per-attempt time limit; overrides the stage's own.")
+    lanes: dict[str, int] = Field(default_factory=dict, description="Slot budgets per lane (the request's ``lane``, "
+                                  "e.g. '{\"long\": 6}': long jobs hold at most 6 of a worker's slots, so the "
+                                  "rest stay free for short ones). Lanes not named are unlimited. Group mode.")
+
+    @field_validator("lanes")
+    @classmethod
+    def _positive_lanes(cls, lanes: dict[str, int]) -> dict[str, int]:
+        if any(cap < 1 for cap in lanes.values()):
+            raise ValueError("a lane's slot budget is at least 1")
+        return lanes
 
     def job_slots(self) -> int:
         """Slots of a worker not told otherwise: ``slots``, else the CPUs available times ``cpu_fraction``."""
