@@ -27,7 +27,7 @@ TUNED = {"enable.idempotence": True, "acks": "all", "compression.type": "zstd", 
 
 def sample_sizes(results: str) -> tuple[bytes, bytes]:
     """A request and a result record as kiln encodes them for the no-op echo job (the same bytes on the wire)."""
-    request = RequestEnvelope(kind="echo", client_id="bench", reply_to=ReplyTo(topic=results, partition=0),
+    request = RequestEnvelope(kind="echo", client_id="bench", reply_to=ReplyTo(topic=results, key="bench", partition=0),
                               payload=EchoRequest(data=None).model_dump(mode="json"))
     result = ResultEnvelope(request_id=request.request_id, kind="echo", client_id="bench", status="ok",
                             result=EchoResult(data=None).model_dump(mode="json"), worker="bench-worker")
