@@ -30,22 +30,36 @@ class CancelToken:
     """One attempt's cancellation (``JobContext.cancel``)."""
 
     def __init__(self, stop_wait_s: float = 60.0) -> None:
-        self.cancelled = threading.Event()
         self.stop_wait_s = stop_wait_s
         self._callbacks: list[Callable[[], object]] = []
         self._lock = threading.Lock()
+        # Made on first use: a threading.Event per job costs as much as the rest of a no-op job's bookkeeping.
+        self._event: threading.Event | None = None
+        self._given_up = False
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when the job is given up (blocking code polls or waits on it)."""
+        with self._lock:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._given_up:
+                    self._event.set()
+            return self._event
 
     def on_cancel(self, callback: Callable[[], object]) -> None:
         """Run ``callback`` (from a thread) when the job is given up; at once if it already was."""
         with self._lock:
-            if not self.cancelled.is_set():
+            if not self._given_up:
                 self._callbacks.append(callback)
                 return
         _call(callback)
 
     def cancel(self) -> None:
         with self._lock:
-            self.cancelled.set()
+            self._given_up = True
+            if self._event is not None:
+                self._event.set()
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             _call(callback)

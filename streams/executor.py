@@ -198,8 +198,10 @@ class JobExecutor:
             error=outcome.error, attempts=outcome.attempts, worker=self.worker_id, started_at=started,
             redriven_from=envelope.redriven_from,
         )
-        # A claim check is blob-store I/O: off the event loop.
-        value = await asyncio.to_thread(codec.encode, result, self.blob_store, self.settings.claim_check_bytes)
+        value = result.model_dump_json().encode()
+        if len(value) > self.settings.claim_check_bytes and self.blob_store is not None:
+            # A claim check is blob-store I/O: off the event loop (a small result skips the thread hop).
+            value = await asyncio.to_thread(codec.encode, result, self.blob_store, self.settings.claim_check_bytes)
         await self._check_destination(envelope.reply_to.topic, envelope.reply_to.partition)
         await self.produce(envelope.reply_to.topic, value, key=envelope.reply_to.key,
                            partition=envelope.reply_to.partition, headers=codec.result_headers(result.request_id))

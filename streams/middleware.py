@@ -135,7 +135,10 @@ def stage_chain(stage: Stage, middleware: Sequence[Middleware], blob_store: Blob
     """The middleware around the stage's handler: decode the typed request (claim checks resolved), call it."""
 
     async def invoke_handler(job: Job) -> Outcome:
-        request = codec.request_payload(job.ctx.envelope, stage.spec.request_model, blob_store)
+        envelope, model = job.ctx.envelope, stage.spec.request_model
+        # A claim check is blob-store I/O: off the event loop; an inline payload is validated in place.
+        request = (await asyncio.to_thread(codec.request_payload, envelope, model, blob_store) if envelope.claim_check
+                   else codec.request_payload(envelope, model, blob_store))
         mark = cancel.enter(job.ctx.cancel)
         try:
             return Outcome("ok", result=await stage.handler(request, job.ctx))
