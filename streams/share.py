@@ -5,7 +5,8 @@ the load by their slot counts. Apache Kafka >= 4.2 only (Redpanda has no share g
 
 confluent-kafka's ``ShareConsumer`` is synchronous, must acknowledge a poll's records before the next poll, cannot
 pause, and holds each acquired record under a lock (30 s by default) that it cannot renew. So: two consumers per
-slot, each in its own thread asking for one record per poll, and a FIFO gate of ``slots`` around the handler:
+slot, each in its own thread asking for one record per poll, and a FIFO gate of ``slots`` on the event loop
+around the handler (``LoopSlots``):
 while one consumer's job runs, the other's record is already fetched, and publishing a result and the next
 ShareFetch round trip never leave the slot idle. A worker thus holds at most one waiting record per slot, so load
 still follows slot counts across workers. The job itself runs on the event loop through the same ``JobExecutor``
@@ -91,43 +92,38 @@ def worst_case_job_s(stage: Stage, settings: KilnSettings) -> float | None:
     return 2 * per_job  # a record may first wait for its slot while the job before it runs
 
 
-class FifoSlots:
-    """``n`` job slots handed out in arrival order. (``threading.Semaphore`` is not fair: a record could wait behind
-    several later ones and outlive its lock.) With at most one waiting record per slot, a record waits for at most
-    one job to finish."""
+class LoopSlots:
+    """``n`` job slots on the event loop, handed out in arrival order. Records wait here, on the loop, rather than
+    in their consumer threads: a finishing job hands its slot straight to the oldest waiting record in the same loop
+    iteration, with no thread wake-up between one job's end and the next one's start. (FIFO, so a record waits
+    behind at most the jobs running when it arrived and cannot be overtaken until its lock runs out.)"""
 
     def __init__(self, n: int) -> None:
         self._free = n
-        self._waiting: deque[threading.Event] = deque()
-        self._lock = threading.Lock()
+        self._waiting: deque[asyncio.Future[None]] = deque()
 
-    def acquire(self, stopping: threading.Event, poll_s: float = 0.2) -> bool:
-        """Wait for a slot in turn; False if ``stopping`` is set first (the turn is given up)."""
-        turn = threading.Event()
-        with self._lock:
-            if self._free > 0 and not self._waiting:
-                self._free -= 1
-                return True
-            self._waiting.append(turn)
-        while not turn.wait(poll_s):
-            if stopping.is_set():
-                with self._lock:
-                    if turn.is_set():  # handed a slot just now: pass it on
-                        self._release_locked()
-                    else:
-                        self._waiting.remove(turn)
-                return False
-        return True
+    async def acquire(self) -> None:
+        if self._free > 0 and not self._waiting:
+            self._free -= 1
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._waiting.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.release()  # handed a slot just as the wait was given up: pass it on
+            elif turn in self._waiting:  # (a release may already have dropped the cancelled turn)
+                self._waiting.remove(turn)
+            raise
 
     def release(self) -> None:
-        with self._lock:
-            self._release_locked()
-
-    def _release_locked(self) -> None:
-        if self._waiting:
-            self._waiting.popleft().set()  # the slot goes straight to the oldest waiter
-        else:
-            self._free += 1
+        while self._waiting:
+            turn = self._waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)  # the slot goes straight to the oldest waiter
+                return
+        self._free += 1
 
 
 def may_start(polled_at: float, now: float, lock_s: float, job_s: float | None) -> bool:
@@ -162,7 +158,7 @@ class ShareWorker:
         self._stopped: asyncio.Event | None = None
         self._busy = 0
         self._busy_lock = threading.Lock()
-        self._slot_free = FifoSlots(self.slots)
+        self._slots = LoopSlots(self.slots)
         self._polled = 0
         self.lock_s, self.delivery_limit = float(DEFAULT_LOCK_MS / 1000), DEFAULT_DELIVERY_LIMIT
         self.refuse_at = max(2, self.delivery_limit // 2)
@@ -286,36 +282,50 @@ class ShareWorker:
                                       "crash or hang its worker); not run again")
             asyncio.run_coroutine_threadsafe(self._refuse(msg, error), self._loop).result(60)
             return AcknowledgeType.REJECT
-        if not self._slot_free.acquire(self._stopping):
-            return AcknowledgeType.RELEASE
-        worst = worst_case_job_s(self.stage, self.settings)
-        if not may_start(polled_at, time.monotonic(), self.lock_s, None if worst is None else worst / 2):
-            self._slot_free.release()
-            self.metrics.lock_expired.inc()
-            log.warning("released %s[%s]@%s unrun: it waited %.1f s for a slot and could outlive its %g s lock",
-                        msg.topic(), msg.partition(), msg.offset(), time.monotonic() - polled_at, self.lock_s)
-            return AcknowledgeType.RELEASE
-        self._set_busy(+1)
-        released = threading.Event()
-
-        def release_slot() -> None:
-            if not released.is_set():
-                released.set()
-                self._set_busy(-1)
-                self._slot_free.release()
-
-        job = asyncio.run_coroutine_threadsafe(self.executor.process(msg, release_slot), self._loop)
+        turn_taken = [False]
+        job = asyncio.run_coroutine_threadsafe(self._run_in_turn(msg, polled_at, turn_taken), self._loop)
         try:
             while True:
                 try:
-                    outcome = job.result(timeout=0.2)
-                    break
+                    return job.result(timeout=0.2)
                 except concurrent.futures.TimeoutError:
-                    if self._stopping.is_set() and not self._finish_within_grace(job):
+                    if not self._stopping.is_set():
+                        continue
+                    if not turn_taken[0]:  # still waiting for a slot: give the record back unrun
+                        job.cancel()
+                        return AcknowledgeType.RELEASE
+                    if not self._finish_within_grace(job):
                         return AcknowledgeType.RELEASE
         except Exception:
             log.exception("job from %s[%s]@%s could not be completed", msg.topic(), msg.partition(), msg.offset())
             return AcknowledgeType.RELEASE
+
+    async def _run_in_turn(self, msg: Message, polled_at: float, turn_taken: list[bool]) -> AcknowledgeType:
+        """(Event loop.) Wait for a slot in turn, then run the record's job; how to acknowledge it."""
+        await self._slots.acquire()
+        turn_taken[0] = True
+        worst = worst_case_job_s(self.stage, self.settings)
+        if self._stopping.is_set() or not may_start(polled_at, time.monotonic(), self.lock_s,
+                                                    None if worst is None else worst / 2):
+            self._slots.release()
+            if not self._stopping.is_set():
+                self.metrics.lock_expired.inc()
+                log.warning("released %s[%s]@%s unrun: it waited %.1f s for a slot and could outlive its %g s "
+                            "lock", msg.topic(), msg.partition(), msg.offset(), time.monotonic() - polled_at,
+                            self.lock_s)
+            return AcknowledgeType.RELEASE
+        self._set_busy(+1)
+        released = False
+
+        def release_slot() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._set_busy(-1)
+                self._slots.release()
+
+        try:
+            outcome = await self.executor.process(msg, release_slot)
         finally:
             release_slot()
         if outcome is None or outcome.dead_letter:

@@ -1,52 +1,50 @@
-"""Queue mode's slot gate serves records in arrival order, and a record that waited too long is not started."""
+"""Queue mode's slot gate (on the event loop) serves records in arrival order, and a record that waited too long
+is not started."""
 
 from __future__ import annotations
 
-import threading
-import time
+import asyncio
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kiln.streams.share import FifoSlots, may_start
+from kiln.streams.share import LoopSlots, may_start
 
 
-def test_waiters_get_slots_in_arrival_order() -> None:
-    slots = FifoSlots(1)
-    stopping = threading.Event()
-    assert slots.acquire(stopping)
+async def test_waiters_get_slots_in_arrival_order() -> None:
+    slots = LoopSlots(1)
+    await slots.acquire()
     served: list[int] = []
 
-    def wait(i: int) -> None:
-        assert slots.acquire(stopping)
+    async def wait(i: int) -> None:
+        await slots.acquire()
         served.append(i)
-        time.sleep(0.01)
+        await asyncio.sleep(0.001)
         slots.release()
 
-    threads = []
-    for i in range(8):
-        threads.append(threading.Thread(target=wait, args=(i,)))
-        threads[-1].start()
-        time.sleep(0.02)  # arrive one after another
+    waiters = [asyncio.create_task(wait(i)) for i in range(8)]
+    await asyncio.sleep(0.01)
+    late = asyncio.create_task(wait(99))  # arrives after the others: served last, though slots free up meanwhile
     slots.release()
-    for t in threads:
-        t.join(10)
-    assert served == list(range(8))
+    await asyncio.wait_for(asyncio.gather(*waiters, late), 5)
+    assert served == [*range(8), 99]
 
 
-def test_a_waiter_gives_up_its_turn_on_stop_without_losing_a_slot() -> None:
-    slots = FifoSlots(1)
-    stopping = threading.Event()
-    assert slots.acquire(stopping)
-    gave_up: list[bool] = []
-    waiter = threading.Thread(target=lambda: gave_up.append(slots.acquire(stopping, poll_s=0.01)))
-    waiter.start()
-    time.sleep(0.05)
-    stopping.set()
-    waiter.join(5)
-    assert gave_up == [False]
+async def test_a_waiter_gives_up_its_turn_without_losing_a_slot() -> None:
+    slots = LoopSlots(1)
+    await slots.acquire()
+    waiter = asyncio.create_task(slots.acquire())
+    await asyncio.sleep(0.01)
+    waiter.cancel()
+    await asyncio.sleep(0)
     slots.release()
-    assert slots.acquire(threading.Event())  # the slot is still there
+    await asyncio.wait_for(slots.acquire(), 1)  # the slot is still there
+    handed = asyncio.create_task(slots.acquire())
+    await asyncio.sleep(0.01)
+    slots.release()  # hands the slot to ``handed``...
+    handed.cancel()  # ...which gives up in the same instant: it passes the slot on
+    await asyncio.sleep(0)
+    await asyncio.wait_for(slots.acquire(), 1)
 
 
 @given(waited=st.floats(0, 100), job=st.floats(0.01, 100), lock=st.floats(0.1, 100))
