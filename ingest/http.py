@@ -9,6 +9,7 @@ tree id).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 from typing import Any, Literal
@@ -117,8 +118,14 @@ def create_app(store: SaucerStore, token: str | None = None) -> FastAPI:
 
     app.add_middleware(Measure)
 
-    def repository(request: Request) -> Repository:
-        return store.repository(_repo_name(request))
+    async def open_repository(name: str) -> Repository:
+        """Without I/O on the event loop: a pointer refresh or a first open (blob store reads, a pack download)
+        runs in a thread; the common case, a fresh pointer to an open pack, does not pay the hop."""
+        repo = store.opened(name)
+        return repo if repo is not None else await asyncio.to_thread(store.repository, name)
+
+    async def repository(request: Request) -> Repository:
+        return await open_repository(_repo_name(request))
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
@@ -136,7 +143,7 @@ def create_app(store: SaucerStore, token: str | None = None) -> FastAPI:
     async def revisions(request: Request, name: str,
                   kind: Literal["branches", "tags", "commits"] = "branches",
                   limit: int = Query(100, ge=1, le=10_000), offset: int = Query(0, ge=0)) -> dict[str, Any]:
-        repo = repository(request)
+        repo = await repository(request)
         if kind == "branches":
             items: list[dict[str, Any]] = [{"name": k, "commit": v} for k, v in sorted(repo.branches().items())]
         elif kind == "tags":
@@ -149,13 +156,13 @@ def create_app(store: SaucerStore, token: str | None = None) -> FastAPI:
 
     @app.get("/repos/{name:path}/-/resolve")
     async def resolve(request: Request, name: str, rev: str = "HEAD") -> dict[str, str]:
-        repo = repository(request)
+        repo = await repository(request)
         return {"repository": repo.name, "rev": rev, "commit": repo.resolve(rev)}
 
     @app.get("/repos/{name:path}/-/tree/{path:path}")
     @app.get("/repos/{name:path}/-/tree")
     async def tree(request: Request, response: Response, name: str, path: str = "", rev: str = "HEAD") -> Any:
-        repo = repository(request)
+        repo = await repository(request)
         raw = _raw_path_after(request, "tree")
         commit = repo.resolve(rev)
         where = repo.entry(commit, raw)
@@ -167,7 +174,7 @@ def create_app(store: SaucerStore, token: str | None = None) -> FastAPI:
 
     @app.get("/repos/{name:path}/-/files/{path:path}")
     async def read_file(request: Request, name: str, path: str, rev: str = "HEAD") -> Response:
-        repo = repository(request)
+        repo = await repository(request)
         raw = _raw_path_after(request, "files")
         commit = repo.resolve(rev)
         entry = repo.entry(commit, raw)
@@ -182,7 +189,7 @@ def create_app(store: SaucerStore, token: str | None = None) -> FastAPI:
 
     @app.get("/repos/{name:path}")
     async def describe(request: Request, name: str) -> dict[str, Any]:
-        repo = store.repository(unquote(name))
+        repo = await open_repository(unquote(name))
         return {"name": repo.name, "head": repo.head, "refs": repo.refs(), "commits": len(repo.manifest.commits),
                 "objects": repo.manifest.objects, "pack_bytes": repo.manifest.pack_bytes,
                 "manifest": repo.manifest_digest, **store.pointer(repo.name)}

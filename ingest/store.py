@@ -78,6 +78,14 @@ class SaucerStore:
             self._pointers[name] = (now, pointer)
         return pointer
 
+    def opened(self, name: str) -> Repository | None:
+        """The repository if reading it needs no I/O now (its pointer is fresh and its pack open), else None."""
+        with self._lock:
+            cached = self._pointers.get(name)
+            if cached is None or time.monotonic() - cached[0] >= POINTER_TTL_S:
+                return None
+            return self._open.get(str(cached[1]["manifest"]))
+
     def repository(self, name: str) -> Repository:
         digest = str(self.pointer(name)["manifest"])
         with self._lock:
