@@ -1,10 +1,13 @@
 """Lean stage throughput on the fake REPL (fixed tactic cost, default 5 ms): tactics per second through the broker,
-how busy the worker's slots are, and what reusing a loaded header buys.
+how much of the slots' time goes to Lean work, and what reusing a loaded header buys.
 
-- ``lean_tactics_per_s``: one worker (--slots), a client keeping --inflight tactic requests outstanding for
-  --seconds; every result carries its new exported (compressed) proof state.
-- ``lean_slot_utilization``: mean of the worker's ``kiln_busy_slots / kiln_slots`` sampled every 50 ms over the
-  same window; ``lean_repl_work_fraction`` is the part of slot time the REPL spent in the tactic itself.
+- ``lean_tactics_per_s``: one worker (--slots), a client keeping --inflight proof walks outstanding for --seconds
+  (each walks ``intro h; constructor; exact h; trivial`` from a sorry, one request per tactic, then starts over);
+  replies carry state handles, a state is exported every 16 tactics (the default). ``_eager``: the same run with
+  ``KILN_LEAN_EXPORT_EVERY=1`` — every new state exported on the reply path, as before handles.
+- ``lean_repl_work_fraction``: the worker's own ``kiln_lean_repl_seconds_total`` for code and tactic requests (time
+  inside REPL round trips doing what was asked, not exports, imports or replays) ÷ (slots * the window).
+- ``lean_slot_utilization``: mean of the worker's ``kiln_busy_slots / kiln_slots`` sampled every 50 ms.
 - ``lean_header_reuse_speedup``: run_code throughput with a header costing --import-s to load, pool reuse on vs.
   off (``KILN_LEAN_RECYCLE_AFTER=1``: a fresh process, hence a fresh import, per request).
 Usage: python -m bench.lean [--slots 4] [--seconds 20] [--inflight 64] [--tactic-ms 5] [--import-s 2]
@@ -31,9 +34,15 @@ from kiln.workers.lean.client import LeanClient
 from tests.workers.lean.fake import FAKE_COMMAND, THEOREMS
 
 
-def _gauge(text: str, name: str) -> float:
-    match = re.search(rf"^{name}{{[^}}]*}} ([0-9.e+-]+)$", text, re.MULTILINE)
+def _gauge(text: str, name: str, labels: str = "[^}]*") -> float:
+    match = re.search(rf"^{name}{{{labels}}} ([0-9.e+-]+)$", text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
+
+
+async def _work_seconds(port: int) -> float:
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    return sum(_gauge(text, "kiln_lean_repl_seconds_total", f'op="{op}"') for op in ("code", "tactic"))
 
 
 async def _sample_busy(port: int, stop: asyncio.Event, samples: list[float]) -> None:
@@ -46,45 +55,50 @@ async def _sample_busy(port: int, stop: asyncio.Event, samples: list[float]) -> 
             await asyncio.sleep(0.05)
 
 
-async def tactic_throughput(settings: KilnSettings, args: argparse.Namespace) -> dict[str, float]:
+WALK = ("intro h", "constructor", "exact h", "trivial")
+
+
+async def tactic_throughput(settings: KilnSettings, args: argparse.Namespace, export_every: int) -> dict[str, float]:
     port = free_port()
     worker = WorkerProcess("lean", settings, "lean.requests", slots=args.slots,
                         env={"KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_LEAN_REPL": FAKE_COMMAND,
                              "FAKE_LEAN_TACTIC_MS": str(args.tactic_ms), "KILN_METRICS_PORT": str(port),
-                             "KILN_LEAN_PASS_ENV": '["FAKE_LEAN_TACTIC_MS"]'})
+                             "KILN_LEAN_PASS_ENV": '["FAKE_LEAN_TACTIC_MS"]',
+                             "KILN_LEAN_EXPORT_EVERY": str(export_every)})
     try:
         worker.wait_assigned()
         async with KilnClient(settings, f"bench-{uuid.uuid4().hex[:6]}") as kiln:
             client = LeanClient(kiln)
-            state: ProofStateRef = (await client.run_code(THEOREMS)).sorries[0].state
-            ratios = [state.stored_bytes / state.raw_bytes]
             for _ in range(20):  # warm the pool up to its size
-                await asyncio.gather(*(client.run_tactic(state, "intro h") for _ in range(args.slots)))
-            done = 0
+                await asyncio.gather(*(client.run_code(THEOREMS) for _ in range(args.slots)))
+            done = exported = 0
             deadline = time.monotonic() + args.seconds
             stop, samples = asyncio.Event(), []
             sampler = asyncio.create_task(_sample_busy(port, stop, samples))
 
-            async def loop(i: int) -> None:
-                nonlocal done
-                moved = state.model_copy(update={"affinity": f"k{i}"})
+            async def walk(i: int) -> None:
+                nonlocal done, exported
                 while time.monotonic() < deadline:
-                    result = await client.run_tactic(moved, "intro h")
-                    done += 1
-                    if result.state and done % 50 == 0:
-                        ratios.append(result.state.stored_bytes / result.state.raw_bytes)
+                    state: ProofStateRef | None = (await client.run_code(THEOREMS, key=f"k{i}")).sorries[0].state
+                    for tactic in WALK:
+                        assert state is not None
+                        result = await client.run_tactic(state, tactic)
+                        assert result.ok, result.error
+                        done += 1
+                        exported += bool(result.state and result.state.exported)
+                        state = result.state
 
-            started = time.monotonic()
-            await asyncio.gather(*(loop(i) for i in range(args.inflight)))
-            elapsed = time.monotonic() - started
+            work_before, started = await _work_seconds(port), time.monotonic()
+            await asyncio.gather(*(walk(i) for i in range(args.inflight)))
+            elapsed, work = time.monotonic() - started, await _work_seconds(port) - work_before
             stop.set()
             await sampler
     finally:
         worker.stop()
     return {"lean_tactics_per_s": round(done / elapsed, 1),
             "lean_slot_utilization": round(sum(samples) / max(1, len(samples)), 3),
-            "lean_repl_work_fraction": round(done * args.tactic_ms / 1000 / (args.slots * elapsed), 3),
-            "lean_state_compression_ratio": round(sum(ratios) / len(ratios), 4)}
+            "lean_repl_work_fraction": round(work / (args.slots * elapsed), 3),
+            "lean_states_exported_fraction": round(exported / max(1, done), 3)}
 
 
 async def code_throughput(settings: KilnSettings, args: argparse.Namespace, reuse: bool, requests: int) -> float:
@@ -118,7 +132,10 @@ def main() -> None:
     admin.create_topics(settings, [TopicSpec("lean.requests", 8), TopicSpec("lean.requests.dlq", 1),
                                    TopicSpec("kiln.results", 4)])
     try:
-        metrics = asyncio.run(tactic_throughput(settings, args))
+        eager = asyncio.run(tactic_throughput(settings, args, export_every=1))
+        metrics = asyncio.run(tactic_throughput(settings, args, export_every=16))
+        metrics.update({f"{name}_eager": value for name, value in eager.items()})
+        metrics["lean_tactics_per_s_vs_eager"] = round(metrics["lean_tactics_per_s"] / eager["lean_tactics_per_s"], 2)
         with_reuse = asyncio.run(code_throughput(settings, args, True, 40))
         without = asyncio.run(code_throughput(settings, args, False, 2 * args.slots))
     finally:
@@ -128,7 +145,7 @@ def main() -> None:
                     "lean_code_per_s_no_reuse": round(without, 3),
                     "lean_header_reuse_speedup": round(with_reuse / without, 1)})
     report(f"Lean stage, fake REPL ({args.tactic_ms:g} ms tactics, {args.slots} slots, {args.import_s:g} s header)",
-           metrics, {"compression": "fake pickles are padded JSON: the ratio is for information only"})
+           metrics)
 
 
 if __name__ == "__main__":

@@ -1,37 +1,90 @@
-"""The Lean stage's messages: run code, run a tactic; proof states travel with the client, compressed.
+"""The Lean stage's messages: run code, run a tactic; proof states are handles the client carries.
 
-A ``ProofStateRef`` is the whole state (a zstd-compressed REPL pickle, inline or as a claim check in the blob
-store), so any worker can continue from it: the service is semantically stateless. ``affinity`` is the key of the
-request that produced the state; follow-ups sent with it reach the worker that still holds the state in a live
-process (loose pinning) — a miss costs an unpickle, never correctness.
+A ``ProofStateRef`` names a state by its *base* and the tactic *path* from it: the base is either an exported
+state (a zstd-compressed REPL pickle, inline or as a claim check in the blob store) or a command whose n-th
+``sorry`` it is. The worker that made the state keeps it live in a REPL process and answers without exporting it;
+any other process re-derives it from the handle (import or re-run the base, replay the path), so the service stays
+semantically stateless and a crash loses nothing a client holds. ``affinity`` is the key of the request that
+produced the state; follow-ups sent with it reach the worker that still holds it (loose pinning) — a miss costs a
+re-derivation, never correctness. Workers export a state every ``KILN_LEAN_EXPORT_EVERY`` tactics, which bounds
+the path (README, "Lean").
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_CODE_CHARS = 1_000_000
+MAX_REPLAY_CODE_CHARS = 64_000
+"""Commands up to this size can be a state's base (re-run on a miss); larger ones have their sorries exported."""
+MAX_PATH = 256
+
+
+def code_base(header: list[str], code: str, sorry: int) -> str:
+    """The base id of the ``sorry``-th sorry of ``code`` run under ``header``."""
+    return hashlib.sha256(json.dumps([header, code, sorry]).encode()).hexdigest()
+
+
+def state_id(base: str, path: list[str]) -> str:
+    """A state's id: its base, then one sha256 per tactic of the path (equal ids, equal states)."""
+    for tactic in path:
+        base = hashlib.sha256(json.dumps([base, tactic]).encode()).hexdigest()
+    return base
 
 
 class ProofStateRef(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    id: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the compressed pickle")
+    id: str = Field(pattern=r"^[0-9a-f]{64}$", description="state_id(base, path)")
     header: list[str] = Field(description="The import lines the state needs loaded.")
+    base: str = Field("", pattern=r"^([0-9a-f]{64})?$", description="sha256 of the exported pickle (data or "
+                      "claim) or code_base(header, code, sorry); empty in the older form, where it is the id")
     data: str | None = Field(None, description="base64 of the zstd-compressed pickle, when small enough")
     claim: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$", description="blob digest otherwise")
-    raw_bytes: int = Field(ge=0)
-    stored_bytes: int = Field(ge=0)
+    code: str | None = Field(None, max_length=MAX_REPLAY_CODE_CHARS, description="or the command (header "
+                             "excluded) whose sorry number ``sorry`` is the base")
+    sorry: int = Field(0, ge=0)
+    path: list[str] = Field(default_factory=list, max_length=MAX_PATH, description="Tactics from the base.")
+    raw_bytes: int = Field(0, ge=0, description="of the exported base pickle")
+    stored_bytes: int = Field(0, ge=0)
     affinity: str = Field("", max_length=200)
     goals: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _one_body(self) -> ProofStateRef:
-        if (self.data is None) == (self.claim is None):
-            raise ValueError("a state is either inline (data) or a claim check, exactly one")
+    def _consistent(self) -> ProofStateRef:
+        if sum(x is not None for x in (self.data, self.claim, self.code)) != 1:
+            raise ValueError("a state's base is exactly one of: inline data, a claim check, a command")
+        base = self.base or self.id
+        if self.code is not None and base != code_base(self.header, self.code, self.sorry):
+            raise ValueError("base does not match the command it names")
+        if state_id(base, self.path) != self.id:
+            raise ValueError("id does not match the base and path")
         return self
+
+    @property
+    def base_id(self) -> str:
+        return self.base or self.id
+
+    @property
+    def exported(self) -> bool:
+        """The state itself is a pickle in the handle (nothing to re-derive)."""
+        return self.code is None and not self.path
+
+    def ancestry(self) -> list[str]:
+        """Ids from this state back to its base."""
+        ids = [self.base_id]
+        for tactic in self.path:
+            ids.append(state_id(ids[-1], [tactic]))
+        return ids[::-1]
+
+    def then(self, tactic: str, goals: list[str], affinity: str) -> ProofStateRef:
+        """The handle of the state ``tactic`` led to from this one."""
+        return self.model_copy(update={"id": state_id(self.id, [tactic]), "base": self.base_id,
+                                       "path": [*self.path, tactic], "goals": goals, "affinity": affinity})
 
 
 class LeanMessage(BaseModel):

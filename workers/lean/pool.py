@@ -1,8 +1,12 @@
 """A pool of REPL processes keyed by header, sized to the worker's slots, growing and shrinking with demand.
 
-A lease prefers, in order: an idle process holding the wanted proof state (loose pinning), an idle process with
-the header loaded, a new process while under the size, and finally evicts the least recently used idle process of
-another header. Processes are recycled after ``recycle_after`` requests and closed after ``idle_ttl_s`` idle.
+A lease for a proof state (its ancestry: the state's id, its parent's, ... its base's) prefers an idle process
+holding the state (loose pinning); otherwise it weighs, in tactic steps, re-deriving the state on the idle process
+holding its nearest ancestor (the steps left to replay; ``IMPORT_STEPS`` more from the base) against queueing for
+a busy process that holds it (one step per request ahead); a new process costs ``SPAWN_STEPS`` more. Without a
+state, or with nothing to weigh: an idle process with the header loaded, a new process while under the size, and
+finally the least recently used idle process of another header is evicted. Processes are recycled after
+``recycle_after`` requests and closed after ``idle_ttl_s`` idle.
 """
 
 from __future__ import annotations
@@ -26,6 +30,20 @@ class PoolStats:
     retired: dict[str, int] = field(default_factory=dict)  # reason ("recycled", "timeout", "crash", ...) -> count
 
 
+IMPORT_STEPS = 2
+"""What importing or re-running a state's base costs, in tactic steps (a pickle load; a short command)."""
+SPAWN_STEPS = 6
+"""What starting a process with its header costs on top, in tactic steps."""
+
+
+def replay_steps(proc: ReplProcess, ancestry: list[str]) -> int:
+    """Steps for ``proc`` to reach the state whose ancestry this is (0: it holds the state)."""
+    for depth, sid in enumerate(ancestry):
+        if sid in proc.held:
+            return depth
+    return len(ancestry) - 1 + IMPORT_STEPS
+
+
 class ReplPool:
     def __init__(self, factory: Callable[[Header], ReplProcess], size: int, idle_ttl_s: float = 600.0,
                  on_retire: Callable[[str], None] = lambda _reason: None) -> None:
@@ -36,6 +54,7 @@ class ReplPool:
         self.stats = PoolStats()
         self._idle: list[ReplProcess] = []  # most recently used last
         self._leased: set[ReplProcess] = set()
+        self._queued: dict[ReplProcess, int] = {}  # busy process -> requests waiting for the state it holds
         self._count = 0
         self._changed = asyncio.Condition()
         self._reaper: asyncio.Task[None] | None = None
@@ -68,9 +87,10 @@ class ReplPool:
         await asyncio.gather(*(p.close() for p in idle))
 
     @contextlib.asynccontextmanager
-    async def lease(self, header: Header, state_id: str | None = None) -> AsyncIterator[tuple[ReplProcess, bool]]:
+    async def lease(self, header: Header, ancestry: list[str] | None = None,
+                    ) -> AsyncIterator[tuple[ReplProcess, bool]]:
         """A process with ``header`` loaded, exclusively; yields (process, whether the header was loaded already)."""
-        proc, reused = await self._acquire(header, state_id)
+        proc, reused = await self._acquire(header, ancestry or [])
         self._leased.add(proc)
         try:
             yield proc, reused
@@ -78,22 +98,34 @@ class ReplPool:
             self._leased.discard(proc)
             await self._release(proc)
 
-    async def _acquire(self, header: Header, state_id: str | None) -> tuple[ReplProcess, bool]:
+    async def _acquire(self, header: Header, ancestry: list[str]) -> tuple[ReplProcess, bool]:
         evict: ReplProcess | None = None
         async with self._changed:
             while True:
                 same = [p for p in self._idle if p.header == header]
-                if same:
-                    pinned = [p for p in same if state_id is not None and state_id in p.held]
-                    proc = (pinned or same)[-1]
-                    self._idle.remove(proc)
-                    if state_id is not None:
-                        if pinned:
+                steps = {p: replay_steps(p, ancestry) for p in same} if ancestry else {}
+                best = min(reversed(same), key=lambda p: steps.get(p, 0), default=None)  # ties: most recent
+                holder = next((p for p in self._leased if p.header == header and ancestry[0] in p.held),
+                              None) if ancestry else None
+                alternative = steps.get(best, 0) if best is not None else len(ancestry) + IMPORT_STEPS + SPAWN_STEPS - 1
+                if holder is not None and 1 + self._queued.get(holder, 0) < alternative:
+                    self._queued[holder] = self._queued.get(holder, 0) + 1
+                    try:
+                        await self._changed.wait()
+                    finally:
+                        self._queued[holder] -= 1
+                        if not self._queued[holder]:
+                            del self._queued[holder]
+                    continue
+                if best is not None:
+                    self._idle.remove(best)
+                    if ancestry:
+                        if steps[best] == 0:
                             self.stats.pin_hits += 1
                         else:
                             self.stats.pin_misses += 1
                     self.stats.header_hits += 1
-                    return proc, True
+                    return best, True
                 if self._count < self.size:
                     self._count += 1
                     break
@@ -106,7 +138,7 @@ class ReplPool:
         if evict is not None:
             await evict.close()
         self.stats.header_misses += 1
-        if state_id is not None:
+        if ancestry:
             self.stats.pin_misses += 1
         proc = self.factory(header)
         try:
@@ -114,7 +146,7 @@ class ReplPool:
         except BaseException:
             async with self._changed:
                 self._count -= 1
-                self._changed.notify()
+                self._changed.notify_all()
             await proc.close()
             raise
         self.stats.spawned += 1
@@ -132,7 +164,7 @@ class ReplPool:
                 self._count -= 1
             else:
                 self._idle.append(proc)
-            self._changed.notify()
+            self._changed.notify_all()
 
     async def _reap_idle(self) -> None:
         while True:

@@ -1,8 +1,10 @@
-"""The Lean operations on a pooled process: run code, run a tactic; export every new proof state and import the
-ones a request brings (unless the serving process still holds them).
+"""The Lean operations on a pooled process: run code, run a tactic; answer with state handles, export rarely.
 
-Exported states are REPL pickles compressed with zstd; small ones travel inside the result (base64), larger ones
-as claim checks in the blob store, so the next step can run on any worker.
+A new proof state stays live in the process that made it and the reply carries a handle (``ProofStateRef``: base
++ tactic path) — no pickle on the reply path. A state is exported (REPL pickle, zstd, inline or a claim check in
+the blob store) when its path reaches ``export_every`` tactics, or always for commands too large to re-run. A
+process lacking a state re-derives it from the nearest ancestor it holds, else from the base (import the pickle or
+re-run the command), replaying the rest of the path.
 """
 
 from __future__ import annotations
@@ -10,13 +12,24 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import zstandard
 
-from kiln.schemas.lean import LeanMessage, LeanRequest, LeanResult, ProofStateRef, Sorry
+from kiln.schemas.lean import (
+    MAX_PATH,
+    MAX_REPLAY_CODE_CHARS,
+    LeanMessage,
+    LeanRequest,
+    LeanResult,
+    ProofStateRef,
+    Sorry,
+    code_base,
+)
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import PermanentJobError
 from kiln.workers.lean.errors import ReplProtocolError
@@ -34,12 +47,11 @@ class StateCodec:
     def encode(self, raw: bytes, header: Header, affinity: str, goals: list[str]) -> ProofStateRef:
         packed = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw)
         sid = hashlib.sha256(packed).hexdigest()
-        if len(packed) <= self.inline_limit or self.blobs is None:
-            return ProofStateRef(id=sid, header=list(header), data=base64.b64encode(packed).decode(),
-                                 raw_bytes=len(raw), stored_bytes=len(packed), affinity=affinity, goals=goals)
-        claim = self.blobs.put(packed).digest
-        return ProofStateRef(id=sid, header=list(header), claim=claim, raw_bytes=len(raw), stored_bytes=len(packed),
-                             affinity=affinity, goals=goals)
+        body: dict[str, str] = {"data": base64.b64encode(packed).decode()}
+        if len(packed) > self.inline_limit and self.blobs is not None:
+            body = {"claim": self.blobs.put(packed).digest}
+        return ProofStateRef(id=sid, base=sid, header=list(header), raw_bytes=len(raw), stored_bytes=len(packed),
+                             affinity=affinity, goals=goals, **body)
 
     def decode(self, ref: ProofStateRef) -> bytes:
         if ref.data is not None:
@@ -48,8 +60,8 @@ class StateCodec:
             packed = self.blobs.get(ref.claim)
         else:
             raise PermanentJobError("the state is a claim check but this worker has no blob store")
-        if hashlib.sha256(packed).hexdigest() != ref.id:
-            raise PermanentJobError(f"proof state {ref.id[:12]} does not match its id")
+        if hashlib.sha256(packed).hexdigest() != ref.base_id:
+            raise PermanentJobError(f"proof state {ref.base_id[:12]} does not match its id")
         return zstandard.ZstdDecompressor().decompress(packed, max_output_size=4 << 30)
 
 
@@ -68,22 +80,38 @@ def _messages(reply: dict[str, Any]) -> list[LeanMessage]:
     return [LeanMessage.model_validate(m) for m in reply.get("messages", []) if isinstance(m, dict)]
 
 
+ReplTimer = Callable[[str, float], None]
+"""Called with (operation, seconds) for every REPL round trip: code, tactic, export, import, replay."""
+
+
 class LeanSession:
     """Runs requests on a pool; ``affinity`` is the request key, recorded in every state it produces."""
 
-    def __init__(self, pool: ReplPool, codec: StateCodec) -> None:
+    def __init__(self, pool: ReplPool, codec: StateCodec, export_every: int = 16,
+                 on_repl: ReplTimer = lambda _op, _s: None) -> None:
+        if not 1 <= export_every <= MAX_PATH:
+            raise ValueError(f"export_every must be within 1..{MAX_PATH}")
         self.pool = pool
         self.codec = codec
+        self.export_every = export_every
+        self.on_repl = on_repl
 
     async def run(self, request: LeanRequest, affinity: str) -> LeanResult:
         if request.op == "run_code":
             return await self._run_code(request, affinity)
         return await self._run_tactic(request, affinity)
 
+    async def _send(self, proc: ReplProcess, op: str, command: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        started = time.perf_counter()
+        try:
+            return await proc.send(command, timeout_s)
+        finally:
+            self.on_repl(op, time.perf_counter() - started)
+
     async def _export(self, proc: ReplProcess, number: int, affinity: str, goals: list[str],
                       timeout_s: float) -> ProofStateRef:
         path = proc.workdir / f"{uuid.uuid4().hex}.olean"
-        reply = await proc.send({"pickleTo": str(path), "proofState": number}, timeout_s)
+        reply = await self._send(proc, "export", {"pickleTo": str(path), "proofState": number}, timeout_s)
         if "message" in reply:
             raise ReplProtocolError(f"exporting proof state {number} failed: {reply['message']}")
         try:
@@ -102,13 +130,41 @@ class LeanSession:
             request: dict[str, Any] = {"unpickleProofStateFrom": str(path)}
             if proc.header_env is not None:
                 request["env"] = proc.header_env
-            reply = await proc.send(request, timeout_s)
+            reply = await self._send(proc, "import", request, timeout_s)
         finally:
             await asyncio.to_thread(path.unlink, True)
         if "proofState" not in reply:
-            raise PermanentJobError(f"importing proof state {ref.id[:12]} failed: {reply.get('message')}")
-        number = int(reply["proofState"])
-        proc.held[ref.id] = number
+            raise PermanentJobError(f"importing proof state {ref.base_id[:12]} failed: {reply.get('message')}")
+        return int(reply["proofState"])
+
+    async def _rerun(self, proc: ReplProcess, ref: ProofStateRef, timeout_s: float) -> int:
+        assert ref.code is not None
+        command: dict[str, Any] = {"cmd": ref.code}
+        if proc.header_env is not None:
+            command["env"] = proc.header_env
+        sorries = (await self._send(proc, "replay", command, timeout_s)).get("sorries", [])
+        if len(sorries) <= ref.sorry:
+            raise PermanentJobError(f"re-running the command of state {ref.id[:12]} gave {len(sorries)} sorries")
+        return int(sorries[ref.sorry]["proofState"])
+
+    async def _restore(self, proc: ReplProcess, ref: ProofStateRef, timeout_s: float) -> int:
+        """The state's number in ``proc``, from the nearest ancestor it holds, else from the base."""
+        ancestry = ref.ancestry()[::-1]  # base first
+        start = max((i for i, sid in enumerate(ancestry) if sid in proc.held), default=-1)
+        if start >= 0:
+            number = proc.held[ancestry[start]]
+        else:
+            number = await (self._rerun if ref.code is not None else self._import)(proc, ref, timeout_s)
+            proc.held[ancestry[0]] = number
+            start = 0
+        for i in range(start + 1, len(ancestry)):
+            tactic = ref.path[i - 1]
+            reply = await self._send(proc, "replay", {"tactic": tactic, "proofState": number}, timeout_s)
+            if "proofState" not in reply:
+                raise PermanentJobError(f"replaying {tactic!r} towards state {ref.id[:12]} failed: "
+                                        f"{reply.get('message')}")
+            number = int(reply["proofState"])
+            proc.held[ancestry[i]] = number
         return number
 
     async def _run_code(self, request: LeanRequest, affinity: str) -> LeanResult:
@@ -117,13 +173,20 @@ class LeanSession:
             cmd: dict[str, Any] = {"cmd": body}
             if proc.header_env is not None:
                 cmd["env"] = proc.header_env
-            reply = await proc.send(cmd, request.timeout_s)
+            reply = await self._send(proc, "code", cmd, request.timeout_s)
             if "message" in reply and "env" not in reply:
                 return LeanResult(op="run_code", ok=False, error=str(reply["message"]), header_reused=reused)
+            rerunnable = self.export_every > 1 and len(body) <= MAX_REPLAY_CODE_CHARS
             sorries = []
-            for s in reply.get("sorries", []):
-                goal = str(s.get("goal", ""))
-                ref = await self._export(proc, int(s["proofState"]), affinity, [goal], request.timeout_s)
+            for index, s in enumerate(reply.get("sorries", [])):
+                goal, number = str(s.get("goal", "")), int(s["proofState"])
+                if rerunnable:
+                    base = code_base(list(header), body, index)
+                    ref = ProofStateRef(id=base, base=base, header=list(header), code=body, sorry=index,
+                                        affinity=affinity, goals=[goal])
+                    proc.held[ref.id] = number
+                else:
+                    ref = await self._export(proc, number, affinity, [goal], request.timeout_s)
                 sorries.append(Sorry(goal=goal, state=ref, pos=s.get("pos"), end_pos=s.get("endPos")))
             messages = _messages(reply)
             ok = not any(m.severity == "error" for m in messages)
@@ -132,18 +195,23 @@ class LeanSession:
     async def _run_tactic(self, request: LeanRequest, affinity: str) -> LeanResult:
         assert request.state is not None and request.tactic is not None
         ref = request.state
-        async with self.pool.lease(tuple(ref.header), ref.id) as (proc, reused):
+        async with self.pool.lease(tuple(ref.header), ref.ancestry()) as (proc, reused):
             number = proc.held.get(ref.id)
             pinned = number is not None
             if number is None:
-                number = await self._import(proc, ref, request.timeout_s)
-            reply = await proc.send({"tactic": request.tactic, "proofState": number}, request.timeout_s)
+                number = await self._restore(proc, ref, request.timeout_s)
+            reply = await self._send(proc, "tactic", {"tactic": request.tactic, "proofState": number},
+                                     request.timeout_s)
             if "proofState" not in reply:
                 return LeanResult(op="run_tactic", ok=False, error=str(reply.get("message", "no reply")),
                                   header_reused=reused, state_pinned=pinned)
             goals = [str(g) for g in reply.get("goals", [])]
             messages = _messages(reply)
-            new = await self._export(proc, int(reply["proofState"]), affinity, goals, request.timeout_s)
+            new = ref.then(request.tactic, goals, affinity)
+            if len(new.path) >= self.export_every:
+                new = await self._export(proc, int(reply["proofState"]), affinity, goals, request.timeout_s)
+            else:
+                proc.held[new.id] = int(reply["proofState"])
             return LeanResult(op="run_tactic", ok=not any(m.severity == "error" for m in messages),
                               messages=messages, state=new, goals=goals, proof_status=reply.get("proofStatus"),
                               header_reused=reused, state_pinned=pinned)

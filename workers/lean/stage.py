@@ -3,7 +3,8 @@
 Configuration (``KILN_LEAN_*``): ``REPL`` (the command: a ``repl`` binary, or any program speaking its protocol),
 ``PROJECT`` (a Lake project: its ``LEAN_PATH`` is taken once from ``lake env`` and the REPL runs there),
 ``MEMORY_MB``, ``RECYCLE_AFTER``, ``IDLE_TTL_S``, ``PREWARM`` (headers to load at start, JSON list of lists),
-``INLINE_STATE_KB`` (larger states travel as claim checks), ``SANDBOX`` (on: every REPL in bubblewrap, see
+``INLINE_STATE_KB`` (larger states travel as claim checks), ``EXPORT_EVERY`` (tactics between exports of a proof state;
+1 exports every state), ``SANDBOX`` (on: every REPL in bubblewrap, see
 ``sandbox.py``), ``SANDBOX_READONLY``/``SANDBOX_WRITABLE`` (extra binds), ``PASS_ENV`` (extra variables for the REPL).
 """
 
@@ -22,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kiln.schemas.lean import LeanRequest, LeanResult
+from kiln.schemas.lean import MAX_PATH, LeanRequest, LeanResult
 from kiln.streams.blobstore import open_blob_store
 from kiln.streams.errors import ConfigError
 from kiln.streams.settings import get_settings
@@ -43,6 +44,8 @@ class LeanSettings(BaseSettings):
     idle_ttl_s: float = Field(600.0, gt=0)
     prewarm: list[list[str]] = Field(default_factory=list, description="Headers to load at start.")
     inline_state_kb: int = Field(192, ge=0)
+    export_every: int = Field(16, ge=1, le=MAX_PATH, description="Export a proof state once its handle's path "
+                              "reaches this many tactics (a miss replays at most this many); 1 exports every state.")
     sandbox: bool = Field(True, description="Run each REPL in a bubblewrap sandbox (sandbox.py). Off only for "
                                             "trusted input: `#eval` can run IO.")
     sandbox_readonly: list[Path] = Field(default_factory=list, description="Extra paths bound read-only into the "
@@ -64,6 +67,8 @@ PINNED = Counter("kiln_lean_state_pin_total", "Tactic requests by whether their 
                  registry=registry)
 RATIO = Histogram("kiln_lean_state_compression_ratio", "Compressed / raw size of exported proof states.",
                   registry=registry, buckets=(0.01, 0.02, 0.05, 0.08, 0.12, 0.2, 0.35, 0.5, 0.75, 1.0))
+REPL_SECONDS = Counter("kiln_lean_repl_seconds_total", "Time in REPL round trips, by operation: code and tactic "
+                      "(the requested work), export, import, replay (moving states).", ["op"], registry=registry)
 OUTCOMES = Counter("kiln_lean_requests_total", "Requests by operation and Lean outcome.", ["op", "ok"],
                    registry=registry)
 
@@ -113,7 +118,8 @@ class _LeanService:
                              idle_ttl_s=settings.idle_ttl_s, on_retire=lambda reason: RETIRED.labels(reason).inc())
         self.pool.start()
         blobs = open_blob_store(get_settings())
-        self.session = LeanSession(self.pool, StateCodec(blobs, settings.inline_state_kb * 1024))
+        self.session = LeanSession(self.pool, StateCodec(blobs, settings.inline_state_kb * 1024),
+                                   settings.export_every, lambda op, seconds: REPL_SECONDS.labels(op).inc(seconds))
         await self.pool.prewarm([tuple(h) for h in settings.prewarm])
 
     async def teardown(self) -> None:
@@ -144,7 +150,7 @@ class _LeanService:
         if request.op == "run_tactic":
             PINNED.labels("hit" if result.state_pinned else "miss").inc()
         for ref in [s.state for s in result.sorries] + ([result.state] if result.state else []):
-            if ref.raw_bytes:
+            if ref.exported and ref.raw_bytes:
                 RATIO.observe(ref.stored_bytes / ref.raw_bytes)
         OUTCOMES.labels(request.op, str(result.ok).lower()).inc()
         return result

@@ -43,7 +43,7 @@ async def test_lean_requests_across_two_workers(stage_topics: Callable[..., Kiln
             failed = await client.run_tactic(state, "exact nothing")
             assert not failed.ok and "unknown identifier" in (failed.error or "")
 
-            # Export in one worker process, import in another: route the state to the worker that did not make it.
+            # A handle made in one worker, re-derived in the other: route the state to the worker that did not make it.
             origin = (await (await kiln.submit("lean", LeanRequest(op="run_tactic", state=state, tactic="intro h"),
                                                  key=state.affinity))).worker
             for i in range(64):

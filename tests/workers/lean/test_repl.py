@@ -1,16 +1,19 @@
 """The REPL wrapper, pool and session against the fake REPL as a real process: protocol, Lean errors as
-results, timeouts, crashes, memory bound, recycling, malformed output, header reuse, export/import."""
+results, timeouts, crashes, memory bound, recycling, malformed output, header reuse, state handles (replies
+without export, re-derivation elsewhere and after a crash, export every N tactics), export/import."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shlex
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from kiln.schemas.lean import LeanRequest, ProofStateRef
+from kiln.schemas.lean import LeanRequest, ProofStateRef, code_base
 from kiln.workers.lean.errors import ReplCrashed, ReplMemoryExceeded, ReplProtocolError, ReplTimeout
 from kiln.workers.lean.pool import ReplPool
 from kiln.workers.lean.repl import Header, ReplLimits, ReplProcess
@@ -19,13 +22,16 @@ from tests.workers.lean.fake import FAKE_COMMAND, THEOREMS
 
 
 @contextlib.asynccontextmanager
-async def open_session(tmp: Path, size: int = 2, **limits: int) -> AsyncIterator[LeanSession]:
+async def open_session(tmp: Path, size: int = 2, export_every: int = 16, repl_ops: list[str] | None = None,
+                       **limits: int) -> AsyncIterator[LeanSession]:
     counter = iter(range(10_000))
 
     def factory(header: Header) -> ReplProcess:
         return ReplProcess(shlex.split(FAKE_COMMAND), header, tmp / f"p{next(counter)}", ReplLimits(**limits))
 
-    session = LeanSession(ReplPool(factory, size=size), StateCodec(None))
+    ops = repl_ops if repl_ops is not None else []
+    session = LeanSession(ReplPool(factory, size=size), StateCodec(None), export_every,
+                          lambda op, _seconds: ops.append(op))
     try:
         yield session
     finally:
@@ -44,7 +50,7 @@ async def test_code_with_sorries_then_tactics(tmp_path: Path) -> None:
     async with open_session(tmp_path) as session:
         result = await session.run(code(THEOREMS), "k")
         assert result.ok and [s.goal for s in result.sorries] == ["⊢ p → p ∧ True", "⊢ q ∨ r → r ∨ q", "⊢ a = a"]
-        assert all(s.state.affinity == "k" and s.state.raw_bytes > s.state.stored_bytes for s in result.sorries)
+        assert all(s.state.affinity == "k" and s.state.code and not s.state.exported for s in result.sorries)
         first = result.sorries[0].state
         step = await session.run(tactic(first, "intro h"), "k")
         assert step.ok and step.goals == ["h : p\n⊢ p ∧ True"] and step.proof_status == "Incomplete: open goals remain"
@@ -74,10 +80,79 @@ async def test_headers_are_loaded_once_per_process_and_matter(tmp_path: Path) ->
 
 
 async def test_export_in_one_process_import_in_another(tmp_path: Path) -> None:
-    async with open_session(tmp_path / "a") as left, open_session(tmp_path / "b") as right:
+    async with open_session(tmp_path / "a", export_every=1) as left, open_session(tmp_path / "b") as right:
         state = (await left.run(code(THEOREMS), "k")).sorries[1].state
+        assert state.exported and state.raw_bytes > state.stored_bytes
         step = await right.run(tactic(state, "intro h; right"), "k")
         assert step.ok and not step.state_pinned and step.goals == ["h : q ∨ r\n⊢ q"]
+
+
+async def test_handles_reply_without_export_and_export_every_n(tmp_path: Path) -> None:
+    ops: list[str] = []
+    async with open_session(tmp_path, export_every=3, repl_ops=ops) as session:
+        state = (await session.run(code(THEOREMS), "k")).sorries[0].state
+        for step_tactic, path_len in (("intro h", 1), ("constructor", 2)):
+            step = await session.run(tactic(state, step_tactic), "k")
+            assert step.state_pinned and step.state is not None and len(step.state.path) == path_len
+            state = step.state
+        assert ops == ["code", "tactic", "tactic"]  # no export, no replay: the states stayed live
+        third = await session.run(tactic(state, "exact h"), "k")
+        assert third.state is not None and third.state.exported and third.state.path == []
+        assert ops[-2:] == ["tactic", "export"]
+        # The exported state goes on from its pickle; a handle on it carries the pickle plus one tactic.
+        last = await session.run(tactic(third.state, "trivial"), "k")
+        assert last.completed and last.state is not None and last.state.data == third.state.data
+
+
+async def test_a_handle_is_re_derived_in_another_process_and_after_a_crash(tmp_path: Path) -> None:
+    ops: list[str] = []
+    async with open_session(tmp_path / "a") as left, open_session(tmp_path / "b", size=1, repl_ops=ops) as right:
+        state = (await left.run(code(THEOREMS), "k")).sorries[0].state
+        for step_tactic in ("intro h", "constructor"):
+            result = await left.run(tactic(state, step_tactic), "k")
+            assert result.state is not None
+            state = result.state
+        moved = await right.run(tactic(state, "exact h"), "k")  # a process that never saw the state
+        assert moved.ok and not moved.state_pinned and moved.goals == ["h : p\n⊢ True"]
+        assert ops == ["replay", "replay", "replay", "tactic"]  # the command, then the two tactics of the path
+        # The process holding everything crashes; the client's handles still work.
+        with pytest.raises(ReplCrashed):
+            await right.run(tactic(state, "fake_crash"), "k")
+        assert moved.state is not None
+        done = await right.run(tactic(moved.state, "trivial"), "k")
+        assert done.completed and not done.state_pinned
+
+
+async def test_requests_queue_for_the_process_holding_a_deep_state(tmp_path: Path) -> None:
+    async with open_session(tmp_path, size=2) as session:
+        state = (await session.run(code(THEOREMS), "k")).sorries[0].state
+        for step_tactic in ("intro h", "constructor"):
+            result = await session.run(tactic(state, step_tactic), "k")
+            assert result.state is not None
+            state = result.state
+        # Re-deriving in a new process costs a start, the command and two tactics: three requests wait instead.
+        three = await asyncio.gather(*(session.run(tactic(state, "fake_sleep 0.2; exact h"), "k")
+                                       for _ in range(3)))
+        assert all(r.state_pinned and r.goals == ["h : p\n⊢ True"] for r in three)
+        assert session.pool.stats.spawned == 1
+        # Past that a state moves: the queue would cost more than a new process re-deriving it (4 + 6 steps).
+        many = await asyncio.gather(*(session.run(tactic(state, "fake_sleep 0.1; exact h"), "k")
+                                      for _ in range(14)))
+        assert all(r.goals == ["h : p\n⊢ True"] for r in many)
+        assert not all(r.state_pinned for r in many) and session.pool.stats.spawned == 2
+
+
+def test_a_handle_cannot_name_another_state() -> None:
+    base = code_base([], THEOREMS, 0)
+    ref = ProofStateRef(id=base, base=base, header=[], code=THEOREMS, goals=[])
+    child = ref.then("intro h", [], "k")
+    assert ProofStateRef.model_validate(child.model_dump()) == child
+    with pytest.raises(ValidationError, match="id does not match"):
+        ProofStateRef.model_validate({**child.model_dump(), "path": ["intro x"]})
+    with pytest.raises(ValidationError, match="base does not match"):
+        ProofStateRef.model_validate({**child.model_dump(), "code": THEOREMS + " "})
+    with pytest.raises(ValidationError, match="exactly one"):
+        ProofStateRef.model_validate({**child.model_dump(), "data": "AAAA"})
 
 
 async def test_timeout_kills_and_respawns(tmp_path: Path) -> None:
@@ -112,7 +187,7 @@ async def test_memory_bound_is_enforced(tmp_path: Path) -> None:
 async def test_processes_are_recycled_after_n_requests(tmp_path: Path) -> None:
     async with open_session(tmp_path, size=1, recycle_after=4) as session:
         state = (await session.run(code(THEOREMS), "k")).sorries[0].state
-        for _ in range(6):
+        for _ in range(9):  # three per process: the first request of each re-runs the state's command
             assert (await session.run(tactic(state, "intro h"), "k")).ok
         assert session.pool.stats.retired.get("recycled", 0) >= 2
         assert session.pool.stats.spawned >= 3
