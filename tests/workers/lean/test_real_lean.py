@@ -36,7 +36,9 @@ async def test_real_repl_runs_code_tactics_and_moves_states(tmp_path: Path) -> N
         return ReplProcess(shlex.split(REPL), header, tmp_path / f"p{next(counter)}", ReplLimits(), cwd=Path(PROJECT),
                            env=env)
 
-    one, two = LeanSession(ReplPool(factory, 1), StateCodec(None)), LeanSession(ReplPool(factory, 1), StateCodec(None))
+    # ``one`` exports every state (a real pickle moves); ``two`` answers with handles (re-derived by ``one`` below).
+    one = LeanSession(ReplPool(factory, 1), StateCodec(None), export_every=1)
+    two = LeanSession(ReplPool(factory, 1), StateCodec(None))
     try:
         code = await one.run(LeanRequest(op="run_code", code="theorem t (p q : Prop) (hp : p) (hq : q) : p ∧ q := "
                                                               "by sorry", timeout_s=300), "k")
@@ -47,6 +49,13 @@ async def test_real_repl_runs_code_tactics_and_moves_states(tmp_path: Path) -> N
         assert not bad.ok
         done = await two.run(LeanRequest(op="run_tactic", state=state, tactic="exact ⟨hp, hq⟩", timeout_s=120), "k")
         assert done.completed and not done.state_pinned  # imported into the second process
+        handle = (await two.run(LeanRequest(op="run_code", code="theorem u (p : Prop) (hp : p) : p ∧ True := by sorry",
+                                            timeout_s=300), "k")).sorries[0].state
+        step = await two.run(LeanRequest(op="run_tactic", state=handle, tactic="constructor", timeout_s=120), "k")
+        assert step.state is not None and not step.state.exported
+        finished = await one.run(LeanRequest(op="run_tactic", state=step.state, tactic="exact hp; trivial",
+                                             timeout_s=120), "k")
+        assert finished.completed and not finished.state_pinned  # re-run and replayed in the first process
     finally:
         await one.pool.close()
         await two.pool.close()
