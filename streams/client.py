@@ -365,12 +365,12 @@ class KilnClient:
             raise ClientError(f"no unacknowledged result for request {request_id}")
         self._finish(state, offset)
 
-    def _deliver(self, state: _ProcessState, request_id: str, offset: int) -> None:
+    def _deliver(self, state: _ProcessState, request_id: str, offset: int, commit: bool = True) -> None:
         self._mark_delivered(state, request_id)
         if self.ack_mode:
             state.unacked[request_id] = offset
         else:
-            self._finish(state, offset)
+            self._finish(state, offset, commit)
 
     def _sweep_unclaimed(self, state: _ProcessState) -> None:
         """Surface (and commit past) unclaimed results over the limit or past the age: they must not pin the
@@ -490,19 +490,20 @@ class KilnClient:
             try:
                 envelope = codec.decode_result(msg.value() or b"")
             except Exception:
-                self._finish(state, offset)
+                self._finish(state, offset, commit=False)
                 continue
             if envelope.client_id != state.client_id or envelope.request_id in state.delivered:
-                self._finish(state, offset)
+                self._finish(state, offset, commit=False)
                 continue
             fut = state.pending.pop(envelope.request_id, None)
             if fut is None:
                 state.unclaimed.append((envelope, offset, time.monotonic()))
                 state.unclaimed_ready.set()
                 continue
-            self._deliver(state, envelope.request_id, offset)
+            self._deliver(state, envelope.request_id, offset, commit=False)
             if not fut.done():
                 fut.set_result(envelope)
+        self._queue_commit(state)  # once per batch: the commit position encodes the whole offset map
         self._sweep_unclaimed(state)
 
     def _expire(self, state: _ProcessState, request_id: str) -> None:
@@ -516,10 +517,11 @@ class KilnClient:
         if len(state.delivered) > 1_000_000:
             state.delivered.popitem(last=False)
 
-    def _finish(self, state: _ProcessState, offset: int) -> None:
+    def _finish(self, state: _ProcessState, offset: int, commit: bool = True) -> None:
         assert state.offsets is not None
         state.offsets.finish(offset)
-        self._queue_commit(state)
+        if commit:
+            self._queue_commit(state)
 
     def _queue_commit(self, state: _ProcessState) -> None:
         if state.offsets is None:

@@ -8,6 +8,7 @@ stage's handler and the client are the same in either.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -47,6 +48,16 @@ def producer_config(settings: KilnSettings, **extra: Any) -> dict[str, Any]:
                              "message.timeout.ms": 120000, **extra})
 
 
+def _settle(batch: list[tuple[asyncio.Future[None], str | None]]) -> None:
+    for done, error in batch:
+        if done.done():
+            continue
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(KilnError(error))
+
+
 class JobExecutor:
     """Owns the worker's producer (and the thread serving its delivery reports) and runs jobs on the loop."""
 
@@ -66,6 +77,9 @@ class JobExecutor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = threading.Event()
         self._delivery_thread: threading.Thread | None = None
+        # Delivery reports, filled by librdkafka callbacks in whichever thread polls, handed to the loop in batches:
+        # one wake-up of the loop per poll, not one per record.
+        self._settled: collections.deque[tuple[asyncio.Future[None], str | None]] = collections.deque()
 
     async def start(self, loop: asyncio.AbstractEventLoop, slots: int) -> None:
         """Start the producer, then the stage's own setup (sized to the worker's ``slots``)."""
@@ -87,9 +101,16 @@ class JobExecutor:
             await asyncio.to_thread(self._delivery_thread.join, 5)
 
     def _delivery_main(self) -> None:
-        assert self._producer is not None
-        while not (self._closing.is_set() and len(self._producer) == 0):
-            self._producer.poll(0.1)
+        assert self._producer is not None and self._loop is not None
+        while True:
+            closing = self._closing.is_set() and len(self._producer) == 0
+            self._producer.poll(0 if closing else 0.1)
+            if self._settled:
+                batch = [self._settled.popleft() for _ in range(len(self._settled))]
+                with contextlib.suppress(RuntimeError):  # the loop closed: nobody awaits these any more
+                    self._loop.call_soon_threadsafe(_settle, batch)
+            if closing:
+                return
 
     async def process(self, msg: Message, release_slot: Callable[[], None] = lambda: None) -> Outcome | None:
         """Run the job in ``msg``; returns its outcome (None for undecodable input, which is dead-lettered).
@@ -143,18 +164,11 @@ class JobExecutor:
                       partition: int | None = None, headers: list[tuple[str, bytes]] | None = None) -> None:
         """Produce one record and wait until the broker has it (acks=all)."""
         assert self._producer is not None and self._loop is not None
-        loop = self._loop
-        done: asyncio.Future[None] = loop.create_future()
+        done: asyncio.Future[None] = self._loop.create_future()
+        settled = self._settled
 
         def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-            def settle() -> None:
-                if done.done():
-                    return
-                if err is None:
-                    done.set_result(None)
-                else:
-                    done.set_exception(KilnError(f"delivery to {topic} failed: {err}"))
-            loop.call_soon_threadsafe(settle)
+            settled.append((done, None if err is None else f"delivery to {topic} failed: {err}"))
 
         kwargs: dict[str, Any] = {"key": key, "headers": headers, "on_delivery": on_delivery}
         if partition is not None:
@@ -180,6 +194,11 @@ class JobExecutor:
             self._topic_partitions[topic] = len(md.partitions)
         return self._topic_partitions[topic]
 
+    def _destination_known(self, topic: str, partition: int | None) -> bool:
+        """Already seen to exist (no coroutine per reply for the common case)."""
+        count = self._topic_partitions.get(topic, 0)
+        return count > 0 and (partition is None or partition < count)
+
     async def _check_destination(self, topic: str, partition: int | None) -> None:
         """A reply's topic and partition exist (a request names them; a wrong one must fail fast, not after the
         producer's metadata timeout)."""
@@ -202,7 +221,8 @@ class JobExecutor:
         if len(value) > self.settings.claim_check_bytes and self.blob_store is not None:
             # A claim check is blob-store I/O: off the event loop (a small result skips the thread hop).
             value = await asyncio.to_thread(codec.encode, result, self.blob_store, self.settings.claim_check_bytes)
-        await self._check_destination(envelope.reply_to.topic, envelope.reply_to.partition)
+        if not self._destination_known(envelope.reply_to.topic, envelope.reply_to.partition):
+            await self._check_destination(envelope.reply_to.topic, envelope.reply_to.partition)
         await self.produce(envelope.reply_to.topic, value, key=envelope.reply_to.key,
                            partition=envelope.reply_to.partition, headers=codec.result_headers(result.request_id))
 
