@@ -1,11 +1,14 @@
 """The fallback when the rules cannot build a repository: a bounded repair loop that reads the README and the CI
 configuration for commands, tries them in a container of the toolchain image, and iterates on the errors.
 
-Without a model it is deterministic: commands come from the README's shell code blocks (and ``$ `` lines) and CI
-``run:`` steps, classified as setup/build/test; on failure it applies small fixes (a script without its executable
-bit runs through ``sh``; a missing ``./`` is added) before moving on. With ``KILN_BUILDER_AGENT_URL`` set, an
-OpenAI-compatible chat endpoint proposes each next command from the README, CI file and the last error. Every
-command and where it came from is recorded; the image is the container committed after the last build step.
+Without a model it is deterministic: commands come from the README's fenced shell blocks (``sh``, ``bash``,
+``shell``; in ``console`` blocks and anywhere else only ``$ `` lines — prose and unlabelled blocks are never run) and
+CI ``run:`` steps, minus CI-only plumbing (``$GITHUB_*`` writes, ``cargo miri``, toolchain installers, sudo),
+classified as setup/build/test; on failure it applies small fixes (a script without its executable bit runs through
+``sh``; a missing ``./`` is added), and it gives up after ``MAX_FAILED_TESTS`` failing test commands. With
+``KILN_BUILDER_AGENT_URL`` set, an OpenAI-compatible chat endpoint proposes each next command from the README, CI
+file and the last error. Every command and where it came from is recorded; the image is the container committed
+after the last build step.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ from kiln.workers.builder.rules import ci_commands
 from kiln.workers.builder.sandbox import BuildSandbox
 from kiln.workers.common.containers import kill_on_cancel
 
-_FENCE = re.compile(r"```(?:sh|bash|shell|console|)\s*\n(.*?)```", re.DOTALL)
+_FENCE = re.compile(r"^[ \t]*```+[ \t]*([\w-]*)[^\n]*\n(.*?)^[ \t]*```+", re.DOTALL | re.MULTILINE)
+_SHELL = {"sh", "bash", "shell", "zsh"}
 _TEST = re.compile(r"\b(test|tests|check|pytest|ctest)\b")
 _SETUP = re.compile(r"\b(install|configure|bootstrap|setup|apt-get|pip|npm ci)\b")
-_SKIP = re.compile(r"^(git clone|cd \.\.|sudo |curl |wget |docker )")
+_SKIP = re.compile(r"^(git clone|cd \.\.|sudo |curl |wget |docker |rustup |brew |choco |apt-get |apt )|\$\{?GITHUB_|"
+                   r"::(set-output|group|endgroup|add-mask)|\bcargo (\+\S+ )?miri\b|actions/|codecov|coveralls")
+MAX_FAILED_TESTS = 3
 
 
 @dataclass
@@ -46,12 +52,15 @@ def readme_commands(root: Path) -> list[str]:
         return []
     text = readme.read_text(errors="replace")
     commands: list[str] = []
-    for block in _FENCE.findall(text):
-        for line in block.splitlines():
+    for language, block in _FENCE.findall(text):
+        if language.lower() not in _SHELL:
+            continue
+        for line in block.replace("\\\n", " ").splitlines():
             line = line.strip().removeprefix("$ ").strip()
             if line and not line.startswith("#"):
                 commands.append(line)
-    commands += [m.strip() for m in re.findall(r"^\s*\$ (.+)$", text, re.MULTILINE) if m.strip() not in commands]
+    prompts = re.findall(r"^\s*\$ (.+)$", text, re.MULTILINE)  # console blocks and indented examples
+    commands += [m.strip() for m in prompts if m.strip() not in commands]
     return commands
 
 
@@ -146,8 +155,8 @@ def run_loop(plan: AgentPlan, run: Runner, root: Path, budget: int,
             command = fixed
         else:
             return False, None, decisions, output
-    for command in plan.test:
-        if steps >= budget:
+    for tried, command in enumerate(plan.test):
+        if steps >= budget or tried >= MAX_FAILED_TESTS:
             break
         code, output = run(command)
         steps += 1

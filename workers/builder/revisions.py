@@ -17,7 +17,7 @@ from kiln.workers.builder import layers
 from kiln.workers.builder.errors import PlanError, StepFailed
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.rules import REPORTS, RULES_VERSION, plan
-from kiln.workers.builder.service import build_revision
+from kiln.workers.builder.service import build_revision, revision_version
 from kiln.workers.common import reports
 from kiln.workers.common.containers import Limits, run_sandboxed
 from kiln.workers.common.registry import Registry
@@ -60,7 +60,7 @@ async def image_for(repository: str, commit: str, store: SaucerStore, client: An
         else:
             with tempfile.TemporaryDirectory(dir=work_root) as tmp:
                 await in_thread(repo.checkout, commit, Path(tmp))
-                the_plan = plan(Path(tmp))
+                the_plan = plan(Path(tmp), revision_version(repo, commit))
             deps_changed = any(p in the_plan.manifests for p in d.paths())
             if deps_changed or the_plan.system != "python":
                 script = " && ".join(s for s in (the_plan.deps_script if deps_changed else "",

@@ -9,6 +9,8 @@ else priority order. Bump ``RULES_VERSION`` whenever a change could alter a buil
 
 from __future__ import annotations
 
+import configparser
+import contextlib
 import json
 import re
 import shlex
@@ -22,7 +24,7 @@ import yaml
 from kiln.schemas.builder import Decision
 from kiln.workers.builder.errors import PlanError
 
-RULES_VERSION = 2
+RULES_VERSION = 3
 REPORTS = "/tmp/kiln-reports"
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
 LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time
@@ -38,6 +40,9 @@ CI_TOOLS = {
 # Hub images whose role the local toolchain image (Debian bookworm + Go, Rust, Python 3.11, Node 20) can fill.
 LOCAL_BASES = {"python": "toolchain", "golang": "toolchain", "rust": "toolchain", "node": "toolchain",
                "gcc": "toolchain", "buildpack-deps": "toolchain", "debian": "base"}
+
+
+CiJobs = list[tuple[str, list[str]]]
 
 
 @dataclass
@@ -73,18 +78,27 @@ def detect(root: Path) -> list[tuple[str, str]]:
     return found
 
 
-def ci_commands(root: Path) -> list[str]:
-    """Shell commands the project's CI runs (GitHub Actions, GitLab CI, Travis), in file order."""
-    commands: list[str] = []
+def ci_jobs(root: Path) -> list[tuple[str, list[str]]]:
+    """(job, shell commands) for every job of the project's CI (GitHub Actions, GitLab CI, Travis), in file order;
+    the job is ``<file>:<job id or name>``."""
     files = sorted((root / ".github" / "workflows").glob("*.y*ml")) if (root / ".github" / "workflows").is_dir() else []
     files += [p for p in (root / ".gitlab-ci.yml", root / ".travis.yml") if p.is_file()]
+    jobs: list[tuple[str, list[str]]] = []
     for path in files:
         try:
             doc = yaml.safe_load(path.read_text(errors="replace"))
         except yaml.YAMLError:
             continue
-        _collect_commands(doc, commands)
-    return commands
+        named = doc.get("jobs") if isinstance(doc, dict) and isinstance(doc.get("jobs"), dict) else None
+        if named is None and isinstance(doc, dict) and path.name == ".gitlab-ci.yml":
+            named = {k: v for k, v in doc.items() if isinstance(v, dict) and "script" in v}
+        for job, body in (named or {path.stem: doc}).items():
+            label = f"{path.name}:{body.get('name', job) if isinstance(body, dict) else job}"
+            commands: list[str] = []
+            _collect_commands(body, commands)
+            if commands:
+                jobs.append((label, commands))
+    return jobs
 
 
 def _collect_commands(node: Any, out: list[str]) -> None:
@@ -99,6 +113,35 @@ def _collect_commands(node: Any, out: list[str]) -> None:
     elif isinstance(node, list):
         for item in node:
             _collect_commands(item, out)
+
+
+def ci_commands(root: Path) -> list[str]:
+    """Every shell command the project's CI runs, in file order."""
+    return [c for _job, commands in ci_jobs(root) for c in commands]
+
+
+_NOT_THE_SUITE = re.compile(r"bench|codspeed|perf|doc|lint|format|release|deploy|publish|typing|mypy|fuzz|miri",
+                            re.IGNORECASE)
+_THE_SUITE = re.compile(r"\b(tests?|ci|unit|check|build|main)\b", re.IGNORECASE)
+
+
+def _ci_test(jobs: list[tuple[str, list[str]]], pattern: str) -> tuple[str, str] | None:
+    """The command matching ``pattern`` from the job most like the test suite's: (command, why)."""
+    found = [(job, c) for job, commands in jobs for c in commands if re.search(pattern, c)]
+    if not found:
+        return None
+
+    def score(item: tuple[str, str]) -> int:
+        job, command = item
+        return (-4 * bool(_NOT_THE_SUITE.search(command)) - 2 * bool(_NOT_THE_SUITE.search(job.split(":", 1)[1]))
+                + bool(_THE_SUITE.search(job.split(":", 1)[1])))
+
+    best = max(found, key=score)  # max keeps the first of equals: file order
+    passed_over = sorted({job for job, c in found if score((job, c)) < score(best)})
+    why = f"CI job {best[0]} runs {best[1]!r}"
+    if passed_over:
+        why += f" (preferred over {', '.join(passed_over)}: benchmarks, docs, lint or release jobs are not the suite)"
+    return best[1], why
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -119,9 +162,35 @@ def _python_supported(spec: str) -> tuple[bool, str]:
     return True, ""
 
 
-def plan(root: Path) -> Plan:
+def describe(commits: dict[str, tuple[str, ...]], tags: dict[str, str], commit: str) -> str:
+    """A PEP 440 version for ``commit`` from the nearest tag among its ancestors (``git describe``'s idea):
+    the tag itself, ``<tag>.post<distance>+g<commit>`` past it, ``0.0.0.post<depth>+g<commit>`` without one.
+    ``commits`` maps a commit to its parents."""
+    tagged: dict[str, str] = {}
+    for name, target in sorted(tags.items()):
+        if re.fullmatch(r"v?\d+(\.\d+)*", name):
+            tagged.setdefault(target, name.removeprefix("v"))
+    frontier, seen, distance = [commit], {commit}, 0
+    while frontier:
+        hit = next((tagged[c] for c in frontier if c in tagged), None)
+        if hit is not None:
+            return hit if distance == 0 else f"{hit}.post{distance}+g{commit[:7]}"
+        frontier = [p for c in frontier for p in commits.get(c, ()) if p not in seen]
+        seen.update(frontier)
+        distance += 1
+    return f"0.0.0.post{distance}+g{commit[:7]}"
+
+
+VCS_VERSIONED = re.compile(r"setuptools[_-]scm|hatch-vcs|hatch_vcs|versioneer|pdm-backend|poetry-dynamic-versioning|"
+                           r"setuptools-git-versioning|dunamai", re.IGNORECASE)
+
+
+def plan(root: Path, version: str = "0.0.0") -> Plan:
+    """``version``: what the revision would be called by its VCS metadata (``describe``), handed to projects that
+    take their version from git (the checkout has no ``.git``)."""
     found = detect(root)
-    ci = ci_commands(root)
+    jobs = ci_jobs(root)
+    ci = [c for _job, commands in jobs for c in commands]
     decisions = [Decision(topic="detected", choice=s, reason=f"found {evidence}") for s, evidence in found]
     has_dockerfile = (root / "Dockerfile").is_file()
     if not found and not has_dockerfile:
@@ -142,27 +211,89 @@ def plan(root: Path) -> Plan:
     p = Plan(system=system, recipe="rules", decisions=decisions, toolchain={}, manifests=[], deps_script="true",
              build_script="true", test_script="false")
     p.decide("build system", system, reason)
-    RULE_FUNCTIONS.get(system, _no_tests)(root, p, ci)
+    RULE_FUNCTIONS.get(system, _no_tests)(root, p, jobs)
+    _vcs_version(root, p, version)
     if has_dockerfile:
-        p.recipe = "dockerfile"
-        p.dockerfile = map_dockerfile((root / "Dockerfile").read_text(errors="replace"), p)
+        try:
+            p.dockerfile = map_dockerfile((root / "Dockerfile").read_text(errors="replace"), p)
+            p.recipe = "dockerfile"
+        except PlanError as e:
+            if system == "dockerfile":
+                raise
+            p.decide("recipe", "rules", f"the repository's Dockerfile cannot be used ({e}); the {system} rules "
+                                        "build it instead")
     return p
 
 
-def _ci_test(ci: list[str], pattern: str) -> str | None:
-    return next((c for c in ci if re.search(pattern, c)), None)
+TEST_GROUP = re.compile(r"^(tests?|testing|dev|ci)$|test", re.IGNORECASE)
+TEST_REQUIREMENT_FILES = ("requirements*.txt", "requirements/*.txt", "requirements/*.in", "*requirements*.txt",
+                          "tests/requirements*.txt")
 
 
-def _python(root: Path, p: Plan, ci: list[str]) -> None:
+def _group(groups: dict[str, Any], name: str, seen: frozenset[str] = frozenset()) -> list[str]:
+    """A PEP 735 dependency group, its ``include-group`` entries resolved."""
+    out: list[str] = []
+    for item in groups.get(name, []) if name not in seen else []:
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict) and isinstance(item.get("include-group"), str):
+            out += _group(groups, item["include-group"], seen | {name})
+    return out
+
+
+def _python_test_dependencies(root: Path, doc: dict[str, Any], p: Plan) -> list[str]:
+    """What the test suite needs besides the project: test-like extras (pyproject, setup.cfg), PEP 735 groups,
+    tox's testenv deps; each source recorded as a decision."""
     deps: list[str] = []
+    extras = doc.get("project", {}).get("optional-dependencies", {})
+    groups = doc.get("dependency-groups", {})
+    if (root / "setup.cfg").is_file():
+        cfg = configparser.ConfigParser(interpolation=None)
+        with contextlib.suppress(configparser.Error):
+            cfg.read_string((root / "setup.cfg").read_text(errors="replace"))
+            if cfg.has_section("options.extras_require"):
+                section = cfg["options.extras_require"]
+                extras = {**{k: [x for x in v.splitlines() if x.strip()] for k, v in section.items()}, **extras}
+    for kind, table in (("extra", extras), ("dependency group", groups)):
+        for name in [n for n in table if TEST_GROUP.search(n)]:
+            found = [str(d) for d in extras[name]] if kind == "extra" else _group(groups, name)
+            deps += found
+            p.decide("test dependencies", f"{kind} {name}", f"{len(found)} requirements for the tests")
+    if (root / "tox.ini").is_file():
+        cfg = configparser.ConfigParser(interpolation=None, strict=False)
+        with contextlib.suppress(configparser.Error):
+            cfg.read_string((root / "tox.ini").read_text(errors="replace"))
+            lines = [x.strip() for x in cfg.get("testenv", "deps", fallback="").splitlines()]
+            found = [x for x in lines if x and not x.startswith(("-", "#", ".")) and "{" not in x]
+            deps += found
+            if found:
+                p.decide("test dependencies", "tox testenv deps", f"{len(found)} requirements")
+    return deps
+
+
+def _vcs_version(root: Path, p: Plan, version: str) -> None:
+    build_files = [root / m for m in ("pyproject.toml", "setup.py", "setup.cfg") if (root / m).is_file()]
+    tool = next((m.group(0) for f in build_files for m in [VCS_VERSIONED.search(f.read_text(errors="replace"))] if m),
+                None)
+    if tool is None:
+        return
+    # setuptools-scm (and hatch-vcs, which uses it), pdm-backend, poetry-dynamic-versioning, setuptools-git-versioning
+    p.env.update({"SETUPTOOLS_SCM_PRETEND_VERSION": version, "PDM_BUILD_SCM_VERSION": version,
+                  "POETRY_DYNAMIC_VERSIONING_BYPASS": version, "SETUPTOOLS_GIT_VERSIONING_VERSION": version})
+    p.decide("version", version, f"{tool} reads the version from git, which a build context has not: the nearest "
+                                 "tag and distance from Saucer, through the tool's pretend-version variables")
+
+
+def _python(root: Path, p: Plan, ci: CiJobs) -> None:
+    deps: list[str] = []
+    doc: dict[str, Any] = {}
     if (root / "pyproject.toml").is_file():
         try:
-            meta = tomllib.loads((root / "pyproject.toml").read_text()).get("project", {})
+            doc = tomllib.loads((root / "pyproject.toml").read_text())
         except tomllib.TOMLDecodeError as e:
             raise PlanError(f"pyproject.toml does not parse: {e}") from None
+        meta = doc.get("project", {})
         deps = [str(d) for d in meta.get("dependencies", [])]
-        for extra in ("test", "tests", "testing", "dev"):
-            deps += [str(d) for d in meta.get("optional-dependencies", {}).get(extra, [])]
         if "requires-python" in meta:
             ok, clause = _python_supported(str(meta["requires-python"]))
             p.toolchain["python"] = f"requires {meta['requires-python']}; toolchain 3.11"
@@ -170,9 +301,14 @@ def _python(root: Path, p: Plan, ci: list[str]) -> None:
                 raise PlanError(f"requires-python {meta['requires-python']!r} excludes the toolchain's Python 3.11 "
                                 f"({clause})")
     p.toolchain.setdefault("python", "3.11")
-    p.manifests = [m for m in ("pyproject.toml", "setup.py", "setup.cfg") if (root / m).is_file()]
-    p.manifests += sorted(str(r.relative_to(root)) for r in root.glob("requirements*.txt"))
-    reqs = " ".join(f"-r {shlex.quote(r)}" for r in p.manifests if r.startswith("requirements"))
+    deps += _python_test_dependencies(root, doc, p)
+    p.manifests = [m for m in ("pyproject.toml", "setup.py", "setup.cfg", "tox.ini") if (root / m).is_file()]
+    files = sorted({str(r.relative_to(root)) for pattern in TEST_REQUIREMENT_FILES for r in root.glob(pattern)
+                    if r.is_file() and not re.search(r"doc|lint|release|bench", r.name, re.IGNORECASE)})
+    p.manifests += files
+    if files:
+        p.decide("test dependencies", " ".join(files), "requirement files (docs, lint, release, bench left out)")
+    reqs = " ".join(f"-r {shlex.quote(r)}" for r in files)
     pinned = " ".join(shlex.quote(d) for d in deps)
     # Idempotent, so a revision that changes dependencies adds only their delta on top of an existing venv.
     p.deps_script = (f"{{ [ -x /opt/venv/bin/python ] || python3 -m venv /opt/venv; }} && /opt/venv/bin/pip "
@@ -182,8 +318,8 @@ def _python(root: Path, p: Plan, ci: list[str]) -> None:
     args = ""
     from_ci = _ci_test(ci, r"\bpytest\b")
     if from_ci:
-        args = from_ci.split("pytest", 1)[1].strip()
-        p.decide("test command", f"pytest {args}".strip(), f"CI runs {from_ci!r}")
+        args = from_ci[0].split("pytest", 1)[1].strip()
+        p.decide("test command", f"pytest {args}".strip(), from_ci[1])
     else:
         p.decide("test command", "pytest", "pyproject/setup.py project; pytest also runs unittest suites")
     py = "$(command -v /opt/venv/bin/python || command -v python3)"
@@ -194,7 +330,7 @@ def _python(root: Path, p: Plan, ci: list[str]) -> None:
                      f"else $PY -m pytest -q -p no:cacheprovider --junitxml={REPORTS}/junit.xml {args}; fi")
 
 
-def _go(root: Path, p: Plan, ci: list[str]) -> None:
+def _go(root: Path, p: Plan, ci: CiJobs) -> None:
     text = (root / "go.mod").read_text(errors="replace")
     m = re.search(r"^go\s+([\d.]+)", text, re.MULTILINE)
     if m:
@@ -209,15 +345,15 @@ def _go(root: Path, p: Plan, ci: list[str]) -> None:
     packages = "./..."
     from_ci = _ci_test(ci, r"\bgo test\b")
     if from_ci:
-        packages = " ".join(a for a in from_ci.split("go test", 1)[1].split() if not a.startswith("-")) or "./..."
-        p.decide("test command", f"go test {packages}", f"CI runs {from_ci!r}")
+        packages = " ".join(a for a in from_ci[0].split("go test", 1)[1].split() if not a.startswith("-")) or "./..."
+        p.decide("test command", f"go test {packages}", from_ci[1])
     else:
         p.decide("test command", "go test ./...", "go.mod project")
     p.test_script = (f"GOPROXY=off go test -json -coverprofile={REPORTS}/cover.out {packages} "
                      f"> {REPORTS}/go-test.json")
 
 
-def _cargo(root: Path, p: Plan, ci: list[str]) -> None:
+def _cargo(root: Path, p: Plan, ci: CiJobs) -> None:
     for name in ("rust-toolchain.toml", "rust-toolchain"):
         if (root / name).is_file():
             channel = re.search(r"([\w.-]+)\s*\"?\s*$", (root / name).read_text().strip().splitlines()[-1])
@@ -244,7 +380,7 @@ def _cargo(root: Path, p: Plan, ci: list[str]) -> None:
                      "exit $rc")
 
 
-def _npm(root: Path, p: Plan, ci: list[str]) -> None:
+def _npm(root: Path, p: Plan, ci: CiJobs) -> None:
     try:
         pkg = json.loads((root / "package.json").read_text())
     except ValueError as e:
@@ -264,9 +400,13 @@ def _npm(root: Path, p: Plan, ci: list[str]) -> None:
              "no lockfile: npm install")
     p.manifests = [m for m in ("package.json", "package-lock.json", "yarn.lock", "pnpm-lock.yaml")
                    if (root / m).is_file()]
-    p.deps_script = f"{install} && npm install -g --prefix /opt/c8 c8@10 --no-audit --no-fund"
-    build = pkg.get("scripts", {}).get("build")
-    p.build_script = f"{manager} run build" if build else "true"
+    # Lifecycle scripts (prepare: often a TypeScript build) need the sources: not in the manifests-only layer.
+    p.deps_script = f"{install} --ignore-scripts && npm install -g --prefix /opt/c8 c8@10 --no-audit --no-fund"
+    scripts = pkg.get("scripts", {})
+    steps = ["npm rebuild --no-audit --no-fund"] + [f"npm run {s}" for s in ("prepare", "build") if s in scripts]
+    p.build_script = " && ".join(steps)
+    p.decide("lifecycle scripts", "after the sources", "dependencies install with --ignore-scripts; npm rebuild, "
+                                                       "then prepare and build, run with the sources in place")
     if "test" not in pkg.get("scripts", {}):
         raise PlanError("package.json has no test script")
     p.decide("test command", f"{manager} test", "package.json scripts.test")
@@ -283,7 +423,7 @@ C_LINT = ("for f in $(find . -name '*.c' -not -path './build/*'); do gcc -fsynta
           "done 2>&1; true")
 
 
-def _cmake(root: Path, p: Plan, ci: list[str]) -> None:
+def _cmake(root: Path, p: Plan, ci: CiJobs) -> None:
     p.manifests = []
     p.lint_script = C_LINT
     flags = "--coverage -O0 -g"
@@ -294,14 +434,14 @@ def _cmake(root: Path, p: Plan, ci: list[str]) -> None:
                      "exit $rc")
 
 
-def _make(root: Path, p: Plan, ci: list[str]) -> None:
+def _make(root: Path, p: Plan, ci: CiJobs) -> None:
     text = next((root / m).read_text(errors="replace") for m in ("Makefile", "makefile", "GNUmakefile")
                 if (root / m).is_file())
     target = next((t for t in ("test", "check") if re.search(rf"^{t}\s*:", text, re.MULTILINE)), None)
     from_ci = _ci_test(ci, r"(^|\s)make\s+\w+")
     if from_ci:
-        target = from_ci.split("make", 1)[1].split()[0]
-        p.decide("test command", f"make {target}", f"CI runs {from_ci!r}")
+        target = from_ci[0].split("make", 1)[1].split()[0]
+        p.decide("test command", f"make {target}", from_ci[1])
     elif target:
         p.decide("test command", f"make {target}", f"the Makefile has a '{target}' target")
     else:
@@ -312,7 +452,7 @@ def _make(root: Path, p: Plan, ci: list[str]) -> None:
     p.test_script = f"make {target}; rc=$?; {GCOV}; exit $rc"
 
 
-def _no_tests(root: Path, p: Plan, ci: list[str]) -> None:
+def _no_tests(root: Path, p: Plan, ci: CiJobs) -> None:
     p.decide("test command", "none", "no build system besides the Dockerfile: nothing known to run tests")
 
 

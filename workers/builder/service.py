@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.ingest.errors import SaucerError
+from kiln.ingest.reader import Repository
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildEvent, BuildRequest, FailureClass
 from kiln.streams.cancel import in_thread
@@ -19,7 +20,7 @@ from kiln.streams.errors import BlobNotFound, InfraError
 from kiln.workers.builder import images
 from kiln.workers.builder.agent import AgentConfig, agent_image
 from kiln.workers.builder.errors import PlanError, StepFailed
-from kiln.workers.builder.rules import REPORTS, RULES_VERSION, plan
+from kiln.workers.builder.rules import REPORTS, RULES_VERSION, describe, plan
 from kiln.workers.common import reports
 from kiln.workers.common.containers import Limits, run_sandboxed
 
@@ -28,6 +29,11 @@ CACHE_NAMESPACE = "builds"
 
 def cache_name(repository: str, commit: str) -> str:
     return f"{CACHE_NAMESPACE}/{repository}/{commit}-r{RULES_VERSION}"
+
+
+def revision_version(repo: Repository, commit: str) -> str:
+    """The version git metadata would give ``commit`` (nearest tag, distance), for builds without ``.git``."""
+    return describe({c: info.parents for c, info in repo.manifest.commits.items()}, repo.tags(), commit)
 
 
 def image_tag(repository: str, commit: str) -> str:
@@ -69,7 +75,7 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
         await in_thread(checkout.mkdir)
         await in_thread(repo.checkout, commit, checkout)
         try:
-            the_plan = plan(checkout)
+            the_plan = plan(checkout, revision_version(repo, commit))
         except PlanError as e:
             rules_failed = failed("no_rule_matched", str(e))
             if agent is None:
@@ -137,9 +143,10 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
                 tests = reports.parse_results(the_plan.system, run.exit_code, run.files, module)
             except reports.ReportError as e:
                 tests, run.output = None, f"{e}\n{run.output}"
-            if tests is None:
-                return _remember(store, failed("tests_did_not_run", f"exit {run.exit_code}:\n{run.output}",
-                                               durations_s=_rounded(durations)))
+            not_run = "no test results" if tests is None else reports.not_run_reason(tests)
+            if not_run is not None:
+                return _remember(store, failed("tests_did_not_run", f"{not_run}; exit {run.exit_code}:\n{run.output}",
+                                               durations_s=_rounded(durations), tests=tests))
             event = event.model_copy(update={"usable": True, "tests": tests})
         durations["total"] = time.monotonic() - started
         return _remember(store, event.model_copy(update={"durations_s": _rounded(durations)}))
@@ -166,7 +173,7 @@ async def _with_agent(rules_failed: BuildEvent, request: BuildRequest, client: A
         run = await in_thread(run_sandboxed, client, tag, f"mkdir -p {REPORTS} && cd /work && {test}",
                                       role="build-test", collect=REPORTS, limits=limits)
         tests = reports.parse_results("agent", run.exit_code, run.files)
-        if tests is None:
+        if tests is None or reports.not_run_reason(tests) is not None:
             return event.model_copy(update={"usable": False, "failure": "tests_did_not_run",
                                             "detail": run.output[-4000:]})
         event = event.model_copy(update={"usable": True, "tests": tests})

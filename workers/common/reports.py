@@ -84,13 +84,22 @@ def go_test_json(text: str) -> TestReport:
     return tally("go test", list(cases.values()))
 
 
-_CARGO = re.compile(r"^test (\S+) \.\.\. (ok|FAILED|ignored)", re.MULTILINE)
+_CARGO = re.compile(r"^test (.+?) \.\.\. (ok|FAILED|ignored)(?:, .*)?$", re.MULTILINE)
+_CARGO_SUMMARY = re.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed; (\d+) ignored", re.MULTILINE)
 
 
 def cargo_test(text: str) -> TestReport:
+    """One case per ``test NAME ... ok`` line (doc tests' names have spaces); the counts are checked against the
+    ``test result:`` summary of every test binary, which wins when they disagree (``-q`` prints no names)."""
     outcome = {"ok": "passed", "FAILED": "failed", "ignored": "skipped"}
-    return tally("cargo test", [TestCaseResult(name=m.group(1), outcome=outcome[m.group(2)])
-                                for m in _CARGO.finditer(text)])
+    report = tally("cargo test", [TestCaseResult(name=m.group(1), outcome=outcome[m.group(2)])
+                                  for m in _CARGO.finditer(text)])
+    summaries = [tuple(int(x) for x in m.groups()) for m in _CARGO_SUMMARY.finditer(text)]
+    if summaries:
+        passed, failed, ignored = (sum(s[i] for s in summaries) for i in range(3))
+        if (passed, failed, ignored) != (report.passed, report.failed, report.skipped):
+            report = report.model_copy(update={"passed": passed, "failed": failed, "skipped": ignored})
+    return report
 
 
 _TAP = re.compile(r"^\s*(not ok|ok) \d+ (?:- )?(.*?)(?:\s+#\s*(SKIP|TODO).*)?$", re.MULTILINE | re.IGNORECASE)
@@ -203,6 +212,16 @@ def istanbul(text: str, roots: Iterable[str] = ("/work",)) -> CoverageReport:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ReportError(f"istanbul JSON lacks {e}") from None
     return coverage_report("c8", files)
+
+
+def not_run_reason(report: TestReport) -> str | None:
+    """Why a report shows the suite did not really run (collection errors, nothing executed), or None."""
+    collection = [c for c in report.cases if c.outcome == "error" and "collection" in c.message.lower()]
+    if collection:
+        return f"{len(collection)} test modules failed to collect (e.g. {collection[0].name})"
+    if report.passed + report.failed == 0:
+        return "no test was executed"
+    return None
 
 
 def parse_results(system: str, exit_code: int | None, files: dict[str, bytes], module: str = "") -> TestReport | None:
