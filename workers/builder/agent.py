@@ -69,7 +69,7 @@ def classify(root: Path) -> AgentPlan:
     seen: set[str] = set()
     for source, commands in (("README", readme_commands(root)), ("CI", ci_commands(root))):
         for command in commands:
-            if command in seen or _SKIP.match(command):
+            if command in seen or _SKIP.search(command):
                 continue
             seen.add(command)
             phase = "test" if _TEST.search(command) else "setup" if _SETUP.search(command) else "build"
