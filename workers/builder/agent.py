@@ -25,12 +25,10 @@ from typing import Any
 import httpx
 
 from kiln.schemas.builder import Decision
-from kiln.workers.builder.rules import ci_commands
+from kiln.workers.builder.rules import ci_commands, readme_commands
 from kiln.workers.builder.sandbox import BuildSandbox
 from kiln.workers.common.containers import kill_on_cancel
 
-_FENCE = re.compile(r"^[ \t]*```+[ \t]*([\w-]*)[^\n]*\n(.*?)^[ \t]*```+", re.DOTALL | re.MULTILINE)
-_SHELL = {"sh", "bash", "shell", "zsh"}
 _TEST = re.compile(r"\b(test|tests|check|pytest|ctest)\b")
 _SETUP = re.compile(r"\b(install|configure|bootstrap|setup|apt-get|pip|npm ci)\b")
 _SKIP = re.compile(r"^(git clone|cd \.\.|sudo |curl |wget |docker |rustup |brew |choco |apt-get |apt )|\$\{?GITHUB_|"
@@ -44,24 +42,6 @@ class AgentPlan:
     build: list[str] = field(default_factory=list)
     test: list[str] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
-
-
-def readme_commands(root: Path) -> list[str]:
-    readme = next((p for p in sorted(root.iterdir()) if p.is_file() and p.name.lower().startswith("readme")), None)
-    if readme is None:
-        return []
-    text = readme.read_text(errors="replace")
-    commands: list[str] = []
-    for language, block in _FENCE.findall(text):
-        if language.lower() not in _SHELL:
-            continue
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.strip().removeprefix("$ ").strip()
-            if line and not line.startswith("#"):
-                commands.append(line)
-    prompts = re.findall(r"^\s*\$ (.+)$", text, re.MULTILINE)  # console blocks and indented examples
-    commands += [m.strip() for m in prompts if m.strip() not in commands]
-    return commands
 
 
 def classify(root: Path) -> AgentPlan:

@@ -144,6 +144,28 @@ def _ci_test(jobs: list[tuple[str, list[str]]], pattern: str) -> tuple[str, str]
     return best[1], why
 
 
+_FENCE = re.compile(r"^[ \t]*```+[ \t]*([\w-]*)[^\n]*\n(.*?)^[ \t]*```+", re.DOTALL | re.MULTILINE)
+_SHELL = {"sh", "bash", "shell", "zsh"}
+
+
+def readme_commands(root: Path) -> list[str]:
+    readme = next((p for p in sorted(root.iterdir()) if p.is_file() and p.name.lower().startswith("readme")), None)
+    if readme is None:
+        return []
+    text = readme.read_text(errors="replace")
+    commands: list[str] = []
+    for language, block in _FENCE.findall(text):
+        if language.lower() not in _SHELL:
+            continue
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.strip().removeprefix("$ ").strip()
+            if line and not line.startswith("#"):
+                commands.append(line)
+    prompts = re.findall(r"^\s*\$ (.+)$", text, re.MULTILINE)  # console blocks and indented examples
+    commands += [m.strip() for m in prompts if m.strip() not in commands]
+    return commands
+
+
 def _version(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
 
@@ -353,19 +375,51 @@ def _go(root: Path, p: Plan, ci: CiJobs) -> None:
                      f"> {REPORTS}/go-test.json")
 
 
+def _cargo_stub_paths(root: Path, manifests: list[str]) -> list[str]:
+    """Source files a manifest names or implies (lib, main, bins, tests, benches, examples, build script)."""
+    paths: list[str] = []
+    for manifest in manifests:
+        try:
+            doc = tomllib.loads((root / manifest).read_text(errors="replace"))
+        except tomllib.TOMLDecodeError as e:
+            raise PlanError(f"{manifest} does not parse: {e}") from None
+        if "package" not in doc:
+            continue  # a virtual workspace root
+        base = Path(manifest).parent
+        wanted = ["src/lib.rs", "src/main.rs"]
+        if isinstance(doc.get("lib"), dict) and "path" in doc["lib"]:
+            wanted.append(str(doc["lib"]["path"]))
+        build = doc["package"].get("build")
+        if isinstance(build, str):
+            wanted.append(build)
+        for kind, folder in (("bin", "src/bin"), ("test", "tests"), ("bench", "benches"), ("example", "examples")):
+            for target in doc.get(kind, []):
+                if isinstance(target, dict):
+                    wanted.append(str(target.get("path") or f"{folder}/{target.get('name', kind)}.rs"))
+        paths += [str(base / w) for w in wanted]
+    return sorted(set(paths))
+
+
 def _cargo(root: Path, p: Plan, ci: CiJobs) -> None:
     for name in ("rust-toolchain.toml", "rust-toolchain"):
         if (root / name).is_file():
             channel = re.search(r"([\w.-]+)\s*\"?\s*$", (root / name).read_text().strip().splitlines()[-1])
             p.toolchain["rust"] = f"{name} asks for {channel.group(1) if channel else '?'}; toolchain 1.95 stable"
     p.toolchain.setdefault("rust", "1.95")
-    p.manifests = [m for m in ("Cargo.toml", "Cargo.lock") if (root / m).is_file()]
+    manifests = sorted(str(m.relative_to(root)) for m in root.rglob("Cargo.toml")
+                       if not any(part.startswith(".") or part == "target" for part in m.relative_to(root).parts))
+    p.manifests = manifests + [m for m in ("Cargo.lock", ".cargo/config.toml", ".cargo/config") if (root / m).is_file()]
     # Instrumented once at build time; the test run reuses the same flags, so nothing is rebuilt.
     p.env = {"CARGO_TARGET_DIR": "/work/target", "RUSTFLAGS": "-C instrument-coverage",
              "LLVM_PROFILE_FILE": f"{REPORTS}/prof/%p-%m.profraw"}
-    # Fetch dependencies against stub sources, so this layer depends on the manifests only.
-    p.deps_script = ("mkdir -p src && [ -e src/lib.rs ] || echo > src/lib.rs; [ -e src/main.rs ] || "
-                     "echo 'fn main(){}' > src/main.rs; cargo fetch; rm -rf src")
+    # Fetch against stub sources, so this layer depends on the manifests only: every target a manifest declares (a
+    # missing one fails the manifest), every workspace member; cargo fetch takes dev-dependencies and all targets,
+    # and writes Cargo.lock when the repository has none (it stays, so the offline build resolves the same).
+    stubs = " ".join(shlex.quote(s) for s in _cargo_stub_paths(root, manifests))
+    p.deps_script = (f"for f in {stubs}; do mkdir -p \"$(dirname \"$f\")\" && echo 'fn main(){{}}' > \"$f\"; done; "
+                     f"cargo fetch && rm -f {stubs}")
+    if not (root / "Cargo.lock").is_file():
+        p.decide("lockfile", "generated", "no Cargo.lock: cargo fetch resolves one in the dependency layer")
     p.build_script = "cargo test --no-run --offline -q"
     p.lint_script = "cargo check --offline --message-format=short 2>&1; true"
     p.decide("test command", "cargo test", "Cargo project")
@@ -434,22 +488,32 @@ def _cmake(root: Path, p: Plan, ci: CiJobs) -> None:
                      "exit $rc")
 
 
+_TEST_BINARY = re.compile(r"(?:^|&&|;)\s*(\./[\w./-]*test[\w.-]*)(?:\s|$)", re.IGNORECASE)
+
+
 def _make(root: Path, p: Plan, ci: CiJobs) -> None:
     text = next((root / m).read_text(errors="replace") for m in ("Makefile", "makefile", "GNUmakefile")
                 if (root / m).is_file())
-    target = next((t for t in ("test", "check") if re.search(rf"^{t}\s*:", text, re.MULTILINE)), None)
+    targets = re.findall(r"^([\w.-]+)\s*:(?!=)", text, re.MULTILINE)
+    target = next((t for t in ("test", "check") if t in targets), None) or next(
+        (t for t in targets if re.fullmatch(r"(test|check|tests|unittests?|runtests?)([-_.]\w+)?", t)), None)
     from_ci = _ci_test(ci, r"(^|\s)make\s+\w+")
+    commands = [c for _job, job_commands in ci for c in job_commands] + readme_commands(root)
+    binary = next((m.group(1) for c in commands for m in [_TEST_BINARY.search(c)] if m), None)
     if from_ci:
         target = from_ci[0].split("make", 1)[1].split()[0]
         p.decide("test command", f"make {target}", from_ci[1])
     elif target:
         p.decide("test command", f"make {target}", f"the Makefile has a '{target}' target")
+    elif binary:
+        p.decide("test command", f"make && {binary}", f"no test target; the README or CI runs the built {binary}")
     else:
-        raise PlanError("the Makefile has no test or check target and CI names none")
+        raise PlanError("the Makefile has no test target, and neither CI nor the README names one or a test binary")
     p.env = {"CFLAGS": "--coverage -O0 -g", "CXXFLAGS": "--coverage -O0 -g", "LDFLAGS": "--coverage"}
     p.build_script = "make"
     p.lint_script = C_LINT
-    p.test_script = f"make {target}; rc=$?; {GCOV}; exit $rc"
+    run = f"make {target}" if target else shlex.quote(binary or "false")
+    p.test_script = f"{run}; rc=$?; {GCOV}; exit $rc"
 
 
 def _no_tests(root: Path, p: Plan, ci: CiJobs) -> None:

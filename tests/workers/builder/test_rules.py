@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kiln.workers.builder.agent import AgentPlan, classify, readme_commands, run_loop
-from kiln.workers.builder.rules import describe, plan
+from kiln.workers.builder.agent import AgentPlan, classify, run_loop
+from kiln.workers.builder.rules import describe, plan, readme_commands
 from tests.ingest.gitrepos import write
 
 
@@ -121,3 +121,12 @@ def test_without_a_model_the_agent_stops_after_a_few_failing_tests(tmp_path: Pat
 
     built, test, _decisions, _output = run_loop(AgentPlan(test=[f"t{i}" for i in range(8)]), run, tmp_path, 20)
     assert not built and test is None and tried == ["t0", "t1", "t2"]
+
+
+def test_a_makefile_without_a_test_target_runs_the_test_binary_the_readme_names(tmp_path: Path) -> None:
+    readme = "# x\n\nBuild and test:\n\n```sh\nmake && ./x-test --all\n```\n"
+    p = plan(checkout(tmp_path / "a", {"Makefile": "all: x-test\nx-test: t.c\n\tcc -o x-test t.c\n",
+                                       "README.md": readme}))
+    assert p.test_script.startswith("./x-test;") and "README or CI runs the built ./x-test" in p.decisions[-1].reason
+    named = plan(checkout(tmp_path / "b", {"Makefile": "all:\n\ttrue\nunittests: all\n\t./run\n"}))
+    assert named.test_script.startswith("make unittests;")

@@ -1,0 +1,149 @@
+"""The builder's real-repository corpus (``bench/corpus/projects.toml``): fetch each project's source artefact with
+its ecosystem's ordinary client, check that it carries tests, and make it a one-commit repository tagged with its
+version, under ``~/.cache/kiln/corpus`` (fetched once; the sources are never committed).
+
+Usage: python -m bench.corpus [--only NAME ...]   (prints one line per project: ready, or why it was rejected)
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.progress import Progress
+
+from tests.ingest.gitrepos import Builder
+
+MANIFEST = Path(__file__).parent / "corpus" / "projects.toml"
+CACHE = Path.home() / ".cache" / "kiln" / "corpus"
+TEST_MARKERS = re.compile(r"(^|/)(tests?|testing|t|spec|__tests__)(/|$)|(^|/)test_[^/]*\.py$|_test\.go$|"
+                          r"(^|/)[^/]*[._-]test\.[a-z]+$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Project:
+    ecosystem: str
+    name: str
+    version: str
+    system: str
+    test: str
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{self.ecosystem}-{self.name}-{self.version}").strip("-")
+
+
+def projects() -> list[Project]:
+    return [Project(**p) for p in tomllib.loads(MANIFEST.read_text())["project"]]
+
+
+def _run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: {(done.stderr or done.stdout).strip()[-800:]}")
+
+
+def _untar_single(archive: Path, into: Path) -> None:
+    """Unpack an archive whose members share one top directory into ``into`` (that directory removed)."""
+    with tempfile.TemporaryDirectory() as tmp, tarfile.open(archive) as tar:
+        tar.extractall(tmp, filter="data")
+        tops = list(Path(tmp).iterdir())
+        shutil.copytree(tops[0] if len(tops) == 1 and tops[0].is_dir() else Path(tmp), into, symlinks=True)
+
+
+def _apt_dir(work: Path) -> list[str]:
+    """apt options for a private source-package index built from the machine's own Debian sources."""
+    conf = work / "apt"
+    if not (conf / "lists").is_dir():
+        (conf / "lists" / "partial").mkdir(parents=True)
+        text = "\n".join(p.read_text() for p in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")))
+        (conf / "src.sources").write_text(re.sub(r"^Types: deb$", "Types: deb-src", text, flags=re.MULTILINE))
+    options = ["-o", "Dir::Etc::SourceList=/dev/null", "-o", f"Dir::Etc::SourceParts={conf}",
+               "-o", f"Dir::State::Lists={conf / 'lists'}"]
+    if not any((conf / "lists").glob("*Sources*")):
+        _run("apt-get", "-q", *options, "update")
+    return options
+
+
+def fetch_sources(project: Project, into: Path, work: Path) -> None:
+    """The project's source artefact, unpacked at ``into``."""
+    download = work / project.slug
+    download.mkdir(parents=True, exist_ok=True)
+    if project.ecosystem == "pypi":
+        _run("python3", "-m", "pip", "download", "-q", "--no-deps", "--no-binary", project.name,
+             f"{project.name}=={project.version}", "-d", str(download))
+        _untar_single(next(download.glob("*.tar.gz")), into)
+    elif project.ecosystem == "crates":
+        probe = download / "probe"
+        probe.mkdir(exist_ok=True)
+        (probe / "Cargo.toml").write_text(f'[package]\nname = "probe"\nversion = "0.0.0"\nedition = "2021"\n'
+                                          f'[dependencies]\n{project.name} = "={project.version}"\n')
+        (probe / "src").mkdir(exist_ok=True)
+        (probe / "src" / "lib.rs").write_text("")
+        _run("cargo", "vendor", "-q", "--versioned-dirs", str(download / "vendor"), cwd=probe)
+        shutil.copytree(download / "vendor" / f"{project.name}-{project.version}", into, symlinks=True)
+        (into / ".cargo-checksum.json").unlink(missing_ok=True)
+    elif project.ecosystem == "go":
+        done = subprocess.run(["go", "mod", "download", "-json", f"{project.name}@{project.version}"], cwd=download,
+                              capture_output=True, text=True, timeout=900, check=True)
+        source = Path(re.search(r'"Dir": "([^"]+)"', done.stdout).group(1))  # type: ignore[union-attr]
+        shutil.copytree(source, into, symlinks=True)
+        subprocess.run(["chmod", "-R", "u+w", str(into)], check=True)  # the module cache is read-only
+    elif project.ecosystem == "npm":
+        _run("npm", "pack", "--silent", f"{project.name}@{project.version}", "--pack-destination", str(download))
+        _untar_single(next(download.glob("*.tgz")), into)
+    elif project.ecosystem == "debian":
+        _run("apt-get", "-q", *_apt_dir(work), "source", f"{project.name}={project.version}", cwd=download)
+        unpacked = next(p for p in download.iterdir() if p.is_dir())
+        shutil.copytree(unpacked, into, symlinks=True)
+        shutil.rmtree(into / "debian", ignore_errors=True)  # the packaging, not the project
+    else:
+        raise ValueError(f"unknown ecosystem {project.ecosystem!r}")
+
+
+def prepare(project: Project, cache: Path = CACHE) -> Path:
+    """The project's one-commit repository (fetched once); raises when the artefact carries no tests."""
+    repo = cache / "repos" / project.slug
+    if (repo / ".git").is_dir():
+        return repo
+    with tempfile.TemporaryDirectory(dir=cache.parent if cache.parent.exists() else None) as tmp:
+        staged = Path(tmp) / "src"
+        fetch_sources(project, staged, cache / "downloads")
+        files = [str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()]
+        if not any(TEST_MARKERS.search(f) for f in files):
+            raise RuntimeError(f"{project.name} {project.version}: the source artefact carries no tests")
+        shutil.rmtree(staged / ".git", ignore_errors=True)
+        builder = Builder(Path(tmp) / "repo")
+        for item in staged.iterdir():
+            shutil.move(str(item), builder.path / item.name)
+        builder.commit(f"{project.name} {project.version} from its {project.ecosystem} source artefact")
+        builder("tag", f"v{project.version.lstrip('v').split(':')[-1]}")
+        repo.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(builder.path), repo)
+    return repo
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=[])
+    args = parser.parse_args()
+    chosen = [p for p in projects() if not args.only or p.name in args.only]
+    with Progress() as progress:
+        task = progress.add_task("fetching the corpus", total=len(chosen))
+        for project in chosen:
+            try:
+                print(f"ready    {project.slug}: {prepare(project)}", flush=True)
+            except Exception as e:
+                print(f"rejected {project.slug}: {e}", flush=True)
+            progress.advance(task)
+
+
+if __name__ == "__main__":
+    main()
