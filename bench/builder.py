@@ -7,14 +7,28 @@ the rules do what they were written to do, not how the builder fares on real rep
 ``build_success_rate_fixtures`` (usable builds / fixtures that should build), ``build_s_<system>`` (cold) and
 ``build_s_<system>_cached`` per fixture.
 Usage: python -m bench.builder
+
+``--real``: the real-repository corpus instead (``bench/corpus/projects.toml``, fetched by ``bench/corpus.py``):
+each project ingested through Saucer and built cold by the rules alone (``--agent``: the deterministic agent on what
+the rules could not build). A project counts as usable only when kiln's image ran its tests with ≥ 1 passing and
+kiln executed ≥ 80 % of the tests its human-known command runs (that command run in the same image, its count read
+from the tool's own summary). Prints ``build_success_rate_real`` (overall, per system, rules vs agent), failures per
+class, and the per-project table.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
+import re
 import tempfile
 import time
 from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
 
 from bench.common import report
 from kiln.ingest.service import ingest
@@ -23,12 +37,103 @@ from kiln.schemas.builder import BuildRequest
 from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.infra import COMPONENT_STEPS, run_steps
+from kiln.workers.builder.agent import AgentConfig
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.service import build_revision
-from kiln.workers.common.containers import Limits, docker_client
+from kiln.workers.common.containers import Limits, docker_client, run_sandboxed
 from tests.workers.builder.projects import PROJECTS
 
 SHOULD_FAIL = {"broken-compile", "broken-deps", "no-rule"}
+
+
+SUMMARIES = {  # the tool's own summary of what ran: (pattern, which groups count as executed)
+    "python": re.compile(r"(\d+) (passed|failed)"),
+    "cargo": re.compile(r"test result: \w+\. (\d+) (passed); (\d+) (failed)"),
+    "go": re.compile(r"^\s*--- (PASS|FAIL)", re.MULTILINE),
+    "npm": re.compile(r"^# (pass|fail) +(\d+)", re.MULTILINE),
+    "cmake": re.compile(r"tests passed, \d+ tests failed out of (\d+)"),
+}
+
+
+def human_count(system: str, output: str) -> int:
+    """How many tests the human-known command executed, from its own summary lines."""
+    pattern = SUMMARIES[system]
+    if system == "python":
+        tail = output.strip().splitlines()[-1] if output.strip() else ""
+        return sum(int(m.group(1)) for m in pattern.finditer(tail))
+    if system == "cargo":
+        return sum(int(m.group(1)) + int(m.group(3)) for m in pattern.finditer(output))
+    if system == "go":
+        return len(pattern.findall(output))
+    if system == "npm":
+        return sum(int(m.group(2)) for m in pattern.finditer(output))
+    match = pattern.search(output)
+    return int(match.group(1)) if match else 0
+
+
+async def real(with_agent: bool) -> None:
+    from bench.corpus import prepare, projects
+
+    run_steps(COMPONENT_STEPS["docker"])
+    client = docker_client()
+    bases = BaseImages("kiln/base:latest", "kiln/toolchain:latest")
+    limits = Limits(memory_bytes=2 << 30, cpus=2, pids=1024, timeout_s=900)
+    agent = AgentConfig() if with_agent else None
+    rows: list[tuple[str, ...]] = []
+    counted: dict[str, list[bool]] = {}
+    failures: dict[str, int] = {}
+    by_agent = 0
+    with tempfile.TemporaryDirectory() as tmp, Progress() as progress:
+        root = Path(tmp)
+        store = SaucerStore(FileBlobStore(root / "blobs"), root / "cache")
+        chosen = projects()
+        task = progress.add_task("building the real corpus", total=len(chosen))
+        for project in chosen:
+            progress.update(task, description=f"{project.ecosystem} {project.name}")
+            try:
+                source = prepare(project)
+            except Exception as e:
+                rows.append((project.slug, project.system, "rejected", "", "", "", str(e)[:60]))
+                progress.advance(task)
+                continue
+            await ingest(IngestRequest(name=f"corpus/{project.slug}", location=str(source)), project.slug, store,
+                         root / "work")
+            started = time.monotonic()
+            event = await build_revision(BuildRequest(repository=f"corpus/{project.slug}", force=True), store,
+                                         client, bases, root / "work", limits, agent=agent)
+            seconds = time.monotonic() - started
+            ran = (event.tests.passed + event.tests.failed) if event.tests else 0
+            human = 0
+            if event.usable and event.image:
+                command = project.test.replace("go test", "go test -v") if project.system == "go" else project.test
+                env = json.loads(client.images.get(event.image).labels.get("kiln.env", "{}"))
+                reference = run_sandboxed(client, event.image, f"cd /work && {command}", limits=limits,
+                                          role="build-test", env=env)
+                human = human_count(project.system, reference.output)
+            ok = bool(event.usable and event.tests and event.tests.passed >= 1 and ran >= 0.8 * human)
+            counted.setdefault(project.system, []).append(ok)
+            by_agent += ok and event.recipe == "agent"
+            outcome = "usable" if ok else (event.failure or ("too few tests" if event.usable else "failed"))
+            if not ok:
+                failures[outcome] = failures.get(outcome, 0) + 1
+            rows.append((project.slug, event.system or "-", outcome,
+                         f"{event.tests.passed}/{event.tests.failed}" if event.tests else "-", str(human),
+                         f"{seconds:.0f}", (event.detail or "").strip().splitlines()[-1][:60] if event.detail else ""))
+            progress.advance(task)
+    table = Table("project", "system", "outcome", "passed/failed", "human count", "s", "detail",
+                  title="builder on the real corpus")
+    for row in rows:
+        table.add_row(*row)
+    Console(stderr=True).print(table)
+    every = [ok for oks in counted.values() for ok in oks]
+    total = max(1, len(every))
+    metrics = {"build_success_rate_real": round(sum(every) / total, 3), "build_projects_real": float(len(every)),
+               "build_success_rate_real_rules": round((sum(every) - by_agent) / total, 3),
+               "build_usable_by_agent": float(by_agent)}
+    metrics.update({f"build_success_rate_real_{system}": round(sum(oks) / len(oks), 3)
+                    for system, oks in sorted(counted.items())})
+    metrics.update({f"build_failures_{kind.replace(' ', '_')}": float(n) for kind, n in sorted(failures.items())})
+    report("builder: real repositories from their source artefacts", metrics)
 
 
 async def main() -> None:
@@ -65,4 +170,8 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--real", action="store_true", help="the real-repository corpus")
+    parser.add_argument("--agent", action="store_true", help="with --real: the agent on what the rules cannot build")
+    args = parser.parse_args()
+    asyncio.run(real(args.agent) if args.real else main())

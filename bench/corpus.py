@@ -40,6 +40,11 @@ class Project:
         return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{self.ecosystem}-{self.name}-{self.version}").strip("-")
 
 
+def _has_unit_tests(path: Path) -> bool:
+    """Tests inside the sources (Rust's ``#[test]`` modules)."""
+    return path.suffix == ".rs" and "#[test]" in path.read_text(errors="replace")
+
+
 def projects() -> list[Project]:
     return [Project(**p) for p in tomllib.loads(MANIFEST.read_text())["project"]]
 
@@ -116,8 +121,8 @@ def prepare(project: Project, cache: Path = CACHE) -> Path:
     with tempfile.TemporaryDirectory(dir=cache.parent if cache.parent.exists() else None) as tmp:
         staged = Path(tmp) / "src"
         fetch_sources(project, staged, cache / "downloads")
-        files = [str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()]
-        if not any(TEST_MARKERS.search(f) for f in files):
+        files = [p for p in staged.rglob("*") if p.is_file()]
+        if not any(TEST_MARKERS.search(str(f.relative_to(staged))) or _has_unit_tests(f) for f in files):
             raise RuntimeError(f"{project.name} {project.version}: the source artefact carries no tests")
         shutil.rmtree(staged / ".git", ignore_errors=True)
         builder = Builder(Path(tmp) / "repo")
