@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import tempfile
 import time
@@ -72,8 +73,9 @@ def human_count(system: str, output: str) -> int:
 
 
 async def real(with_agent: bool) -> None:
-    from bench.corpus import prepare, projects
+    from bench.corpus import CACHE, prepare, projects
 
+    os.environ["KILN_INGEST_LOCAL_ROOTS"] = json.dumps([tempfile.gettempdir(), str(CACHE)])
     run_steps(COMPONENT_STEPS["docker"])
     client = docker_client()
     bases = BaseImages("kiln/base:latest", "kiln/toolchain:latest")
@@ -124,7 +126,7 @@ async def real(with_agent: bool) -> None:
                   title="builder on the real corpus")
     for row in rows:
         table.add_row(*row)
-    Console(stderr=True).print(table)
+    Console(stderr=True, width=200).print(table)
     every = [ok for oks in counted.values() for ok in oks]
     total = max(1, len(every))
     metrics = {"build_success_rate_real": round(sum(every) / total, 3), "build_projects_real": float(len(every)),

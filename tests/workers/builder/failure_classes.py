@@ -1,0 +1,129 @@
+"""One generated repository per failure class the builder met on real repositories (issue 18): each reproduces
+what broke the rules before, and ``EXPECTED_OUTCOME`` says what the build must report now."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.ingest.gitrepos import Builder, write
+from tests.workers.builder.projects import CMAKELISTS, LIB_RS, PYPROJECT, _c_sources
+
+CALC_PY = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
+
+
+def npm_prepare_project(path: Path) -> Builder:
+    """Class 1: a ``prepare`` script builds lib/ from src/ (TypeScript does this): it fails without the sources."""
+    b = Builder(path)
+    write(path, "package.json", '{"name": "calc", "version": "1.0.0", "main": "lib/calc.js", '
+                                '"scripts": {"prepare": "node build.js", "test": "node --test"}}\n')
+    write(path, "build.js", "const fs = require('fs');\nfs.mkdirSync('lib', { recursive: true });\n"
+                            "fs.copyFileSync('src/calc.js', 'lib/calc.js');\n")
+    write(path, "src/calc.js", "module.exports = { add: (a, b) => a + b };\n")
+    write(path, "test/calc.test.js", "const test = require('node:test');\nconst assert = require('node:assert');\n"
+                                     "const { add } = require('../lib/calc.js');\n"
+                                     "test('adds', () => { assert.strictEqual(add(2, 3), 5); });\n")
+    b.commit("npm package with a prepare build")
+    return b
+
+
+def cargo_dev_deps_project(path: Path) -> Builder:
+    """Class 2 (and 9): a workspace member, a dev-dependency used by an integration test, a ``harness = false``
+    bench with an explicit path, no Cargo.lock: four tests (two unit, one integration, one doc test)."""
+    b = Builder(path)
+    write(path, "Cargo.toml", '[package]\nname = "calc"\nversion = "0.1.0"\nedition = "2021"\n\n'
+                              '[workspace]\nmembers = ["inner"]\n\n[dependencies]\ninner = { path = "inner" }\n\n'
+                              '[dev-dependencies]\nitoa = "1"\n\n[[bench]]\nname = "speed"\npath = "benches/speed.rs"\n'
+                              'harness = false\n')
+    write(path, "inner/Cargo.toml", '[package]\nname = "inner"\nversion = "0.1.0"\nedition = "2021"\n')
+    write(path, "inner/src/lib.rs", "pub fn two() -> i32 {\n    2\n}\n")
+    write(path, "src/lib.rs", "/// ```\n/// assert_eq!(calc::add(1, 1), 2);\n/// ```\n" + LIB_RS.replace(
+        "pub fn sub", "pub fn double(a: i32) -> i32 {\n    a * inner::two()\n}\n\npub fn sub"))
+    write(path, "tests/format.rs", "#[test]\nfn formats_a_sum() {\n    let mut buf = itoa::Buffer::new();\n"
+                                   "    assert_eq!(buf.format(calc::add(40, 2)), \"42\");\n}\n")
+    write(path, "benches/speed.rs", "fn main() {\n    println!(\"{}\", calc::double(21));\n}\n")
+    b.commit("cargo workspace with dev-dependencies")
+    return b
+
+
+SCM_PYPROJECT = """[project]
+name = "calc"
+dynamic = ["version"]
+requires-python = ">=3.9"
+
+[build-system]
+requires = ["setuptools>=64", "setuptools-scm>=8"]
+build-backend = "setuptools.build_meta"
+
+[tool.setuptools]
+packages = ["calc"]
+
+[tool.setuptools_scm]
+"""
+
+
+def scm_version_project(path: Path) -> Builder:
+    """Class 3: the version comes from git (setuptools-scm); a build context has no ``.git``."""
+    b = Builder(path)
+    write(path, "pyproject.toml", SCM_PYPROJECT)
+    write(path, "calc/__init__.py", CALC_PY)
+    write(path, "tests/test_version.py", "from importlib.metadata import version\n\n\n"
+                                         "def test_version_is_the_tag():\n    assert version('calc') == '1.2.0'\n")
+    b.commit("a project versioned by its tags")
+    b("tag", "v1.2.0")
+    return b
+
+
+def test_group_project(path: Path) -> Builder:
+    """Class 4: the tests need a PEP 735 dependency group (and a requirements file) the project itself does not."""
+    b = Builder(path)
+    write(path, "pyproject.toml", PYPROJECT + '\n[dependency-groups]\ntest = ["toolz>=0.12"]\n')
+    write(path, "requirements/test.txt", "iniconfig\n")
+    write(path, "calc/__init__.py", CALC_PY)
+    write(path, "tests/test_calc.py", "import iniconfig  # noqa: F401\nimport toolz\n\nfrom calc import add\n\n\n"
+                                      "def test_add_folds():\n    assert toolz.reduce(add, [1, 2, 3]) == 6\n")
+    b.commit("tests with their own dependencies")
+    return b
+
+
+def collection_error_project(path: Path) -> Builder:
+    """Class 4: a test module that cannot be imported; before, the build counted as usable with 0 passed."""
+    b = Builder(path)
+    write(path, "pyproject.toml", PYPROJECT)
+    write(path, "calc/__init__.py", CALC_PY)
+    write(path, "tests/test_calc.py", "import not_installed_anywhere\n\n\ndef test_x():\n    assert True\n")
+    b.commit("a test module that does not import")
+    return b
+
+
+def unusable_dockerfile_project(path: Path) -> Builder:
+    """Class 6: a Dockerfile on a base with no local stand-in next to a CMakeLists.txt."""
+    b = Builder(path)
+    _c_sources(path)
+    write(path, "CMakeLists.txt", CMAKELISTS)
+    write(path, "Dockerfile", "FROM alpine:3.19\nRUN apk add build-base cmake\nCOPY . /src\n")
+    b.commit("cmake project with an alpine Dockerfile")
+    return b
+
+
+def test_binary_project(path: Path) -> Builder:
+    """Class 7: no test target; the README says to run the binary ``make`` builds."""
+    b = Builder(path)
+    _c_sources(path)
+    write(path, "Makefile", "all: calc-test\n\ncalc-test: calc.o test_calc.o\n\t$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS)\n")
+    write(path, "README.md", "# calc\n\nBuild and run the tests:\n\n```sh\nmake && ./calc-test\n```\n")
+    b.commit("make project whose README names its test binary")
+    return b
+
+
+CLASS_PROJECTS = {
+    "npm-prepare": npm_prepare_project, "cargo-dev-deps": cargo_dev_deps_project,
+    "scm-version": scm_version_project, "test-group": test_group_project,
+    "collection-error": collection_error_project, "unusable-dockerfile": unusable_dockerfile_project,
+    "test-binary": test_binary_project,
+}
+# name -> (usable, failure class, tests passed)
+EXPECTED_OUTCOME: dict[str, tuple[bool, str | None, int | None]] = {
+    "npm-prepare": (True, None, 1), "cargo-dev-deps": (True, None, 4), "scm-version": (True, None, 1),
+    "test-group": (True, None, 1), "collection-error": (False, "tests_did_not_run", None),
+    "unusable-dockerfile": (True, None, 1), "test-binary": (True, None, 1),
+}

@@ -1,0 +1,49 @@
+"""The failure classes of real repositories (issue 18), each as a generated repository built on real Docker."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiln.ingest.service import ingest
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.builder import BuildRequest
+from kiln.schemas.ingest import IngestRequest
+from kiln.streams.blobstore import FileBlobStore
+from kiln.workers.builder.service import build_revision
+from tests.workers.builder.failure_classes import CLASS_PROJECTS, EXPECTED_OUTCOME
+from tests.workers.builder.test_builder import BASES, LIMITS
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def class_store(tmp_path_factory: pytest.TempPathFactory) -> SaucerStore:
+    root = tmp_path_factory.mktemp("classes")
+    saucer = SaucerStore(FileBlobStore(root / "blobs"), root / "cache")
+    for name, make in CLASS_PROJECTS.items():
+        make(root / "src" / name)
+        event = asyncio.run(ingest(IngestRequest(name=f"classes/{name}", location=str(root / "src" / name)),
+                                   f"c-{name}", saucer, root / "work"))
+        assert event.status == "ingested", event
+    return saucer
+
+
+@pytest.mark.parametrize("name", sorted(CLASS_PROJECTS))
+async def test_failure_class_fixture(name: str, class_store: SaucerStore, docker_engine: Any,
+                                     tmp_path: Path) -> None:
+    event = await build_revision(BuildRequest(repository=f"classes/{name}"), class_store, docker_engine, BASES,
+                                 tmp_path, LIMITS)
+    usable, failure, passed = EXPECTED_OUTCOME[name]
+    assert (event.usable, event.failure) == (usable, failure), event.detail
+    if passed is not None:
+        assert event.tests is not None and (event.tests.passed, event.tests.failed) == (passed, 0)
+    if name == "scm-version":
+        assert any(d.topic == "version" and d.choice == "1.2.0" for d in event.decisions)
+    if name == "unusable-dockerfile":
+        assert event.recipe == "rules" and event.system == "cmake"
+    if name == "collection-error":
+        assert "failed to collect" in (event.detail or "")
