@@ -53,18 +53,19 @@ SUMMARIES = {  # the tool's own summary of what ran: (pattern, which groups coun
     "go": re.compile(r"^\s*--- (PASS|FAIL)", re.MULTILINE),
     "npm": re.compile(r"^# (pass|fail) +(\d+)", re.MULTILINE),
     "cmake": re.compile(r"tests passed, \d+ tests failed out of (\d+)"),
+    "autotools": re.compile(r"^(PASS|FAIL|XFAIL|XPASS): ", re.MULTILINE),
 }
 
 
 def human_count(system: str, output: str) -> int:
     """How many tests the human-known command executed, from its own summary lines."""
     pattern = SUMMARIES[system]
-    if system == "python":
-        tail = output.strip().splitlines()[-1] if output.strip() else ""
-        return sum(int(m.group(1)) for m in pattern.finditer(tail))
+    if system == "python":  # the last "=== N passed, M failed ... in Xs ===" line
+        lines = [ln for ln in output.splitlines() if re.search(r"(passed|failed).* in [\d.]+s", ln)]
+        return sum(int(m.group(1)) for m in pattern.finditer(lines[-1])) if lines else 0
     if system == "cargo":
         return sum(int(m.group(1)) + int(m.group(3)) for m in pattern.finditer(output))
-    if system == "go":
+    if system in ("go", "autotools"):
         return len(pattern.findall(output))
     if system == "npm":
         return sum(int(m.group(2)) for m in pattern.finditer(output))
@@ -72,7 +73,7 @@ def human_count(system: str, output: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-async def real(with_agent: bool) -> None:
+async def real(with_agent: bool, only: list[str]) -> None:
     from bench.corpus import CACHE, prepare, projects
 
     os.environ["KILN_INGEST_LOCAL_ROOTS"] = json.dumps([tempfile.gettempdir(), str(CACHE)])
@@ -88,7 +89,7 @@ async def real(with_agent: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp, Progress() as progress:
         root = Path(tmp)
         store = SaucerStore(FileBlobStore(root / "blobs"), root / "cache")
-        chosen = projects()
+        chosen = [p for p in projects() if not only or p.name in only]
         task = progress.add_task("building the real corpus", total=len(chosen))
         for project in chosen:
             progress.update(task, description=f"{project.ecosystem} {project.name}")
@@ -175,5 +176,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real", action="store_true", help="the real-repository corpus")
     parser.add_argument("--agent", action="store_true", help="with --real: the agent on what the rules cannot build")
+    parser.add_argument("--only", nargs="*", default=[], help="with --real: these projects (by name) only")
     args = parser.parse_args()
-    asyncio.run(real(args.agent) if args.real else main())
+    asyncio.run(real(args.agent, args.only) if args.real else main())

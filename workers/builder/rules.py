@@ -28,13 +28,14 @@ RULES_VERSION = 3
 REPORTS = "/tmp/kiln-reports"
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
 LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time
-PRIORITY = ["cmake", "cargo", "go", "python", "npm", "make"]
+PRIORITY = ["cmake", "autotools", "cargo", "go", "python", "npm", "make"]
 CI_TOOLS = {
     "python": re.compile(r"\b(pytest|tox|nox|unittest)\b"),
     "go": re.compile(r"\bgo (test|build|vet)\b"),
     "cargo": re.compile(r"\bcargo (test|build|check)\b"),
     "npm": re.compile(r"\b(npm|yarn|pnpm|npx)\b"),
     "cmake": re.compile(r"\b(cmake|ctest)\b"),
+    "autotools": re.compile(r"(^|\s)\./configure\b|\bautoreconf\b"),
     "make": re.compile(r"(^|[;&|]\s*)make\b"),
 }
 # Hub images whose role the local toolchain image (Debian bookworm + Go, Rust, Python 3.11, Node 20) can fill.
@@ -58,6 +59,7 @@ class Plan:
     env: dict[str, str] = field(default_factory=dict)
     dockerfile: str | None = None  # the repository's Dockerfile with FROM lines mapped to local images
     lint_script: str = ""  # what the exec stage runs for "lint" on an image of this project
+    alternatives: list[str] = field(default_factory=list)  # other systems present, tried when this one fails
 
     def decide(self, topic: str, choice: str, reason: str) -> None:
         self.decisions.append(Decision(topic=topic, choice=choice, reason=reason))
@@ -66,16 +68,26 @@ class Plan:
 def detect(root: Path) -> list[tuple[str, str]]:
     """(system, evidence) for every build system whose marker files are present, in priority order."""
     markers = {
-        "cmake": ["CMakeLists.txt"], "cargo": ["Cargo.toml"], "go": ["go.mod"],
+        "cmake": ["CMakeLists.txt"], "autotools": ["configure"], "cargo": ["Cargo.toml"], "go": ["go.mod"],
         "python": ["pyproject.toml", "setup.py", "setup.cfg"], "npm": ["package.json"],
         "make": ["Makefile", "makefile", "GNUmakefile"],
     }
     found = []
     for system in PRIORITY:
         present = [m for m in markers[system] if (root / m).is_file()]
+        if system == "autotools" and present and not any((root / m).is_file() for m in ("Makefile.in",
+                                                                                        "configure.ac")):
+            present = []  # a hand-written configure script is not autotools
+        if system == "go" and not present and _go_sources(root):
+            present = ["Go sources without go.mod"]
         if present:
             found.append((system, ", ".join(present)))
     return found
+
+
+def _go_sources(root: Path) -> list[Path]:
+    """Go files at the root or one directory down (a package from before modules has no go.mod)."""
+    return [*root.glob("*.go"), *root.glob("*/*.go")]
 
 
 def ci_jobs(root: Path) -> list[tuple[str, list[str]]]:
@@ -207,17 +219,23 @@ VCS_VERSIONED = re.compile(r"setuptools[_-]scm|hatch-vcs|hatch_vcs|versioneer|pd
                            r"setuptools-git-versioning|dunamai", re.IGNORECASE)
 
 
-def plan(root: Path, version: str = "0.0.0") -> Plan:
+def plan(root: Path, version: str = "0.0.0", exclude: set[str] | frozenset[str] = frozenset()) -> Plan:
     """``version``: what the revision would be called by its VCS metadata (``describe``), handed to projects that
-    take their version from git (the checkout has no ``.git``)."""
-    found = detect(root)
+    take their version from git (the checkout has no ``.git``). ``exclude``: systems (or ``dockerfile``) that
+    already failed to build this checkout; the next one present is planned, and ``Plan.alternatives`` lists the
+    ones left after it."""
+    found = [(s, e) for s, e in detect(root) if s not in exclude]
     jobs = ci_jobs(root)
     ci = [c for _job, commands in jobs for c in commands]
-    decisions = [Decision(topic="detected", choice=s, reason=f"found {evidence}") for s, evidence in found]
-    has_dockerfile = (root / "Dockerfile").is_file()
+    has_dockerfile = (root / "Dockerfile").is_file() and "dockerfile" not in exclude
     if not found and not has_dockerfile:
-        raise PlanError("no rule matched: none of CMakeLists.txt, Cargo.toml, go.mod, pyproject.toml, setup.py, "
-                        "package.json, Makefile or Dockerfile at the repository root")
+        nested = [d for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith(".") and detect(d)]
+        if len(nested) == 1:
+            return _in_subdirectory(plan(nested[0], version, exclude), nested[0].name)
+        raise PlanError("no rule matched: none of CMakeLists.txt, configure, Cargo.toml, go.mod or Go sources, "
+                        "pyproject.toml, setup.py, package.json, Makefile or Dockerfile at the repository root"
+                        + (f" besides {', '.join(sorted(exclude))}, which failed" if exclude else ""))
+    decisions = [Decision(topic="detected", choice=s, reason=f"found {evidence}") for s, evidence in found]
     systems = [s for s, _ in found]
     system, reason = (systems[0], "the only build system present") if len(systems) == 1 else ("", "")
     if len(systems) > 1:
@@ -231,7 +249,7 @@ def plan(root: Path, version: str = "0.0.0") -> Plan:
     if not system:
         system, reason = "dockerfile", "only a Dockerfile"
     p = Plan(system=system, recipe="rules", decisions=decisions, toolchain={}, manifests=[], deps_script="true",
-             build_script="true", test_script="false")
+             build_script="true", test_script="false", alternatives=[s for s in systems if s != system])
     p.decide("build system", system, reason)
     RULE_FUNCTIONS.get(system, _no_tests)(root, p, jobs)
     _vcs_version(root, p, version)
@@ -239,11 +257,25 @@ def plan(root: Path, version: str = "0.0.0") -> Plan:
         try:
             p.dockerfile = map_dockerfile((root / "Dockerfile").read_text(errors="replace"), p)
             p.recipe = "dockerfile"
+            if system != "dockerfile":
+                p.alternatives.insert(0, system)
         except PlanError as e:
             if system == "dockerfile":
                 raise
             p.decide("recipe", "rules", f"the repository's Dockerfile cannot be used ({e}); the {system} rules "
                                         "build it instead")
+    return p
+
+
+def _in_subdirectory(p: Plan, sub: str) -> Plan:
+    """A plan made for the only subdirectory with a build system, run from the repository root."""
+    where = f"cd {shlex.quote(sub)} && "
+    p.decisions.insert(0, Decision(topic="project directory", choice=sub, reason="nothing to build at the root; "
+                                   "the only first-level directory with a build system"))
+    p.manifests = [f"{sub}/{m}" for m in p.manifests]
+    p.deps_script, p.build_script, p.test_script = (where + p.deps_script, where + p.build_script,
+                                                    where + p.test_script)
+    p.lint_script = where + p.lint_script if p.lint_script else ""
     return p
 
 
@@ -286,7 +318,9 @@ def _python_test_dependencies(root: Path, doc: dict[str, Any], p: Plan) -> list[
         with contextlib.suppress(configparser.Error):
             cfg.read_string((root / "tox.ini").read_text(errors="replace"))
             lines = [x.strip() for x in cfg.get("testenv", "deps", fallback="").splitlines()]
-            found = [x for x in lines if x and not x.startswith(("-", "#", ".")) and "{" not in x]
+            # Factor-conditional lines ("py311: x"), includes, URLs and substitutions are tox's own business.
+            found = [x for x in lines if x and not x.startswith(("-", "#", ".")) and "{" not in x
+                     and not re.match(r"^[\w,!-]+:\s", x) and "://" not in x]
             deps += found
             if found:
                 p.decide("test dependencies", "tox testenv deps", f"{len(found)} requirements")
@@ -352,17 +386,53 @@ def _python(root: Path, p: Plan, ci: CiJobs) -> None:
                      f"else $PY -m pytest -q -p no:cacheprovider --junitxml={REPORTS}/junit.xml {args}; fi")
 
 
+def go_module_path(root: Path) -> tuple[str, str]:
+    """(module path, how it was found) for Go sources without go.mod: the package's import comment, else the path
+    its own files import it by (an import ending in one of its directories, or in the root package's name), else
+    a placeholder (then only in-package tests can refer to it, and they need no path)."""
+    sources = _go_sources(root)
+    for path in sources:
+        if path.parent == root:
+            m = re.search(r'^package\s+\w+\s*//\s*import\s+"([^"]+)"', path.read_text(errors="replace"),
+                          re.MULTILINE)
+            if m:
+                return m.group(1), f"the import comment in {path.name}"
+    local = {str(p.parent.relative_to(root)) for p in sources if p.parent != root}
+    names = {m.group(1) for p in sources if p.parent == root and not p.name.endswith("_test.go")
+             for m in [re.search(r"^package\s+(\w+)", p.read_text(errors="replace"), re.MULTILINE)] if m}
+    counts: dict[str, int] = {}
+    for path in sources:
+        for imported in re.findall(r'"([\w.-]+\.[\w.-]+/[^"\s]+)"', path.read_text(errors="replace")):
+            for module in [imported[: -len(sub) - 1] for sub in local if imported.endswith("/" + sub)] + (
+                    [imported] if imported.rsplit("/", 1)[-1] in names else []):  # the root package itself
+                counts[module] = counts.get(module, 0) + 1
+    if counts:
+        module = max(counts, key=lambda m: counts[m])
+        return module, f"the sources import their own packages as {module}[/<dir>]"
+    return "kiln.local/project", "nothing names the module; in-package tests do not need its path"
+
+
 def _go(root: Path, p: Plan, ci: CiJobs) -> None:
-    text = (root / "go.mod").read_text(errors="replace")
-    m = re.search(r"^go\s+([\d.]+)", text, re.MULTILINE)
-    if m:
-        p.toolchain["go"] = f"go.mod says {m.group(1)}; toolchain 1.26"
-        if _version(m.group(1))[:2] > TOOLCHAIN["go"]:
-            raise PlanError(f"go.mod needs Go {m.group(1)}, newer than the toolchain's 1.26")
-    p.manifests = [m for m in ("go.mod", "go.sum") if (root / m).is_file()]
     p.env = {"GOPATH": "/opt/gopath", "GOFLAGS": "-mod=mod", "GOCACHE": "/work/.cache/go"}  # handed to the test user
-    p.deps_script = "go mod download" if (root / "go.sum").is_file() else "true"
-    p.build_script = "go build ./..."
+    if (root / "go.mod").is_file():
+        text = (root / "go.mod").read_text(errors="replace")
+        m = re.search(r"^go\s+([\d.]+)", text, re.MULTILINE)
+        if m:
+            p.toolchain["go"] = f"go.mod says {m.group(1)}; toolchain 1.26"
+            if _version(m.group(1))[:2] > TOOLCHAIN["go"]:
+                raise PlanError(f"go.mod needs Go {m.group(1)}, newer than the toolchain's 1.26")
+        p.manifests = [m for m in ("go.mod", "go.sum") if (root / m).is_file()]
+        p.deps_script = "go mod download"
+        p.build_script = "go build ./..."
+    else:
+        module, why = go_module_path(root)
+        p.decide("go module", module, f"no go.mod (a package from before modules): {why}; go mod init, then go "
+                                      "mod tidy resolves its imports with the sources in place")
+        p.build_script = f"go mod init {shlex.quote(module)} && go mod tidy && go build ./..."
+    if not (root / "go.sum").is_file():
+        # Nothing to check downloads against, and the checksum database is not reachable from a build.
+        p.env["GOSUMDB"] = "off"
+        p.decide("checksums", "GOSUMDB=off", "no go.sum: module checksums are recorded, not verified")
     p.lint_script = "go vet ./... 2>&1; true"
     packages = "./..."
     from_ci = _ci_test(ci, r"\bgo test\b")
@@ -469,6 +539,7 @@ def _npm(root: Path, p: Plan, ci: CiJobs) -> None:
                      f"exit ${{PIPESTATUS[0]}}")
 
 
+C_COVERAGE_ENV = {"CFLAGS": "--coverage -O0 -g", "CXXFLAGS": "--coverage -O0 -g", "LDFLAGS": "--coverage"}
 GCOV = (f"find . -name '*.gcda' | while read -r f; do (cd \"$(dirname \"$f\")\" && "
         f"gcov --json-format --stdout \"$(basename \"$f\")\") >> {REPORTS}/gcov.jsonl 2>/dev/null; done")
 
@@ -509,18 +580,27 @@ def _make(root: Path, p: Plan, ci: CiJobs) -> None:
         p.decide("test command", f"make && {binary}", f"no test target; the README or CI runs the built {binary}")
     else:
         raise PlanError("the Makefile has no test target, and neither CI nor the README names one or a test binary")
-    p.env = {"CFLAGS": "--coverage -O0 -g", "CXXFLAGS": "--coverage -O0 -g", "LDFLAGS": "--coverage"}
+    p.env = dict(C_COVERAGE_ENV)
     p.build_script = "make"
     p.lint_script = C_LINT
     run = f"make {target}" if target else shlex.quote(binary or "false")
-    p.test_script = f"{run}; rc=$?; {GCOV}; exit $rc"
+    p.test_script = f"{run} 2>&1 | tee {REPORTS}/make-check.txt; rc=${{PIPESTATUS[0]}}; {GCOV}; exit $rc"
+
+
+def _autotools(root: Path, p: Plan, ci: CiJobs) -> None:
+    p.env = dict(C_COVERAGE_ENV)
+    p.build_script = "sh ./configure && make -j 4"
+    p.lint_script = C_LINT
+    p.decide("test command", "make check", "a configure script with Makefile.in: configure, make, make check")
+    p.test_script = f"make check 2>&1 | tee {REPORTS}/make-check.txt; rc=${{PIPESTATUS[0]}}; {GCOV}; exit $rc"
 
 
 def _no_tests(root: Path, p: Plan, ci: CiJobs) -> None:
     p.decide("test command", "none", "no build system besides the Dockerfile: nothing known to run tests")
 
 
-RULE_FUNCTIONS = {"python": _python, "go": _go, "cargo": _cargo, "npm": _npm, "cmake": _cmake, "make": _make}
+RULE_FUNCTIONS = {"python": _python, "go": _go, "cargo": _cargo, "npm": _npm, "cmake": _cmake, "make": _make,
+                  "autotools": _autotools}
 
 
 def map_dockerfile(text: str, p: Plan) -> str:

@@ -8,19 +8,20 @@ import re
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kiln.ingest.errors import SaucerError
 from kiln.ingest.reader import Repository
 from kiln.ingest.store import SaucerStore
-from kiln.schemas.builder import BuildEvent, BuildRequest, FailureClass
+from kiln.schemas.builder import BuildEvent, BuildRequest, Decision, FailureClass
 from kiln.streams.cancel import in_thread
 from kiln.streams.errors import BlobNotFound, InfraError
 from kiln.workers.builder import images
 from kiln.workers.builder.agent import AgentConfig, agent_image
 from kiln.workers.builder.errors import PlanError, StepFailed
-from kiln.workers.builder.rules import REPORTS, RULES_VERSION, describe, plan
+from kiln.workers.builder.rules import REPORTS, RULES_VERSION, Plan, describe, plan
 from kiln.workers.common import reports
 from kiln.workers.common.containers import Limits, run_sandboxed
 
@@ -74,58 +75,47 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
         checkout = Path(tmp) / "src"
         await in_thread(checkout.mkdir)
         await in_thread(repo.checkout, commit, checkout)
-        try:
-            the_plan = plan(checkout, revision_version(repo, commit))
-        except PlanError as e:
-            rules_failed = failed("no_rule_matched", str(e))
-            if agent is None:
-                return _remember(store, rules_failed)
-            on_step("agent")
-            return _remember(store, await _with_agent(rules_failed, request, client, bases, checkout, agent, limits,
+        version, excluded, fallbacks = revision_version(repo, commit), set[str](), list[Decision]()
+        last_failure: BuildEvent | None = None
+        while True:  # the chosen build system, then the next one present when it cannot build
+            try:
+                the_plan = plan(checkout, version, excluded)
+            except PlanError as e:
+                rules_failed = last_failure or failed("no_rule_matched", str(e))
+                if agent is None:
+                    return _remember(store, rules_failed)
+                on_step("agent")
+                return _remember(store, await _with_agent(rules_failed, request, client, bases, checkout, agent,
+                                                          limits, left()))
+            the_plan.decisions[:0] = fallbacks
+            event = event.model_copy(update={"system": the_plan.system, "recipe": the_plan.recipe,
+                                             "decisions": the_plan.decisions, "toolchain": the_plan.toolchain})
+            tag = image_tag(request.repository, commit)
+            # The exec stage reads how to test and lint a session on this image from these labels.
+            labels = {"kiln.repository": request.repository, "kiln.commit": commit,
+                      "kiln.rules": str(RULES_VERSION), "kiln.system": the_plan.system,
+                      "kiln.test": images.test_command(the_plan), "kiln.lint": the_plan.lint_script,
+                      "kiln.env": json.dumps(the_plan.env), "kiln.module": _go_module(checkout)}
+            try:
+                built = await _image(the_plan, request, client, bases, checkout, tag, labels, left, on_step,
+                                     durations)
+            except InfraError as e:
+                return failed("infrastructure", str(e))
+            if not isinstance(built, _StepFailure):
+                image_id, learned = built
+                event = event.model_copy(update=learned)
+                break
+            last_failure = failed(built.kind, built.log, durations_s=_rounded(durations), **built.update)
+            if built.kind != "timeout" and the_plan.alternatives:
+                excluded.add(the_plan.recipe if the_plan.recipe == "dockerfile" else the_plan.system)
+                fallbacks.append(Decision(topic="fallback", choice=the_plan.alternatives[0], reason=(
+                    f"{the_plan.recipe if the_plan.recipe == 'dockerfile' else the_plan.system} failed "
+                    f"({built.kind}: {built.log.strip().splitlines()[-1][:160] if built.log.strip() else '?'})")))
+                continue
+            if agent is None or built.kind == "timeout":
+                return _remember(store, last_failure)
+            return _remember(store, await _with_agent(last_failure, request, client, bases, checkout, agent, limits,
                                                       left()))
-        event = event.model_copy(update={"system": the_plan.system, "recipe": the_plan.recipe,
-                                         "decisions": the_plan.decisions, "toolchain": the_plan.toolchain})
-        tag = image_tag(request.repository, commit)
-        # The exec stage reads how to test and lint a session on this image from these labels.
-        labels = {"kiln.repository": request.repository, "kiln.commit": commit, "kiln.rules": str(RULES_VERSION),
-                  "kiln.system": the_plan.system, "kiln.test": images.test_command(the_plan),
-                  "kiln.lint": the_plan.lint_script, "kiln.env": json.dumps(the_plan.env),
-                  "kiln.module": _go_module(checkout)}
-        try:
-            if the_plan.recipe == "dockerfile":
-                on_step("build (Dockerfile)")
-                t = time.monotonic()
-                image_id = await in_thread(images.dockerfile_image, client, the_plan, checkout, bases, tag,
-                                                   labels, left(), request.force)
-                durations["build"] = time.monotonic() - t
-            else:
-                on_step("dependencies")
-                t = time.monotonic()
-                try:
-                    deps, deps_cached = await in_thread(images.dependency_image, client, the_plan, checkout,
-                                                                bases, left(), request.force)
-                except StepFailed as e:
-                    kind: FailureClass = "timeout" if e.timed_out else "dependency_install_failed"
-                    if agent is None or e.timed_out:
-                        return _remember(store, failed(kind, e.log))
-                    return _remember(store, await _with_agent(failed(kind, e.log), request, client, bases, checkout,
-                                                              agent, limits, left()))
-                durations["dependencies"] = time.monotonic() - t
-                event = event.model_copy(update={"dependency_image": deps, "dependency_layer_cached": deps_cached})
-                on_step("build")
-                t = time.monotonic()
-                image_id = await in_thread(images.project_image, client, the_plan, checkout, deps, tag,
-                                                   labels, left(), request.force)
-                durations["build"] = time.monotonic() - t
-        except StepFailed as e:
-            rules_failed = failed("timeout" if e.timed_out else "compile_failed", e.log,
-                                  durations_s=_rounded(durations))
-            if agent is None or e.timed_out:
-                return _remember(store, rules_failed)
-            return _remember(store, await _with_agent(rules_failed, request, client, bases, checkout, agent, limits,
-                                                      left()))
-        except InfraError as e:
-            return failed("infrastructure", str(e))
         event = event.model_copy(update={"status": "built", "image": tag, "image_id": image_id})
         if request.run_tests:
             on_step("tests")
@@ -150,6 +140,46 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
             event = event.model_copy(update={"usable": True, "tests": tests})
         durations["total"] = time.monotonic() - started
         return _remember(store, event.model_copy(update={"durations_s": _rounded(durations)}))
+
+
+@dataclass
+class _StepFailure:
+    kind: FailureClass
+    log: str
+    update: dict[str, Any]
+
+
+async def _image(the_plan: Plan, request: BuildRequest, client: Any, bases: images.BaseImages, checkout: Path,
+                 tag: str, labels: dict[str, str], left: Callable[[], float], on_step: Callable[[str], None],
+                 durations: dict[str, float]) -> tuple[str, dict[str, Any]] | _StepFailure:
+    """The project image (its id, and what the event learns about the dependency layer), or the step that failed."""
+    if the_plan.recipe == "dockerfile":
+        on_step("build (Dockerfile)")
+        t = time.monotonic()
+        try:
+            image_id = await in_thread(images.dockerfile_image, client, the_plan, checkout, bases, tag, labels, left(),
+                                       request.force)
+        except StepFailed as e:
+            return _StepFailure("timeout" if e.timed_out else "compile_failed", e.log, {})
+        durations["build"] = time.monotonic() - t
+        return image_id, {}
+    on_step("dependencies")
+    t = time.monotonic()
+    try:
+        deps, deps_cached = await in_thread(images.dependency_image, client, the_plan, checkout, bases, left(),
+                                            request.force)
+    except StepFailed as e:
+        return _StepFailure("timeout" if e.timed_out else "dependency_install_failed", e.log, {})
+    durations["dependencies"] = time.monotonic() - t
+    on_step("build")
+    t = time.monotonic()
+    try:
+        image_id = await in_thread(images.project_image, client, the_plan, checkout, deps, tag, labels, left(),
+                                   request.force)
+    except StepFailed as e:
+        return _StepFailure("timeout" if e.timed_out else "compile_failed", e.log, {})
+    durations["build"] = time.monotonic() - t
+    return image_id, {"dependency_image": deps, "dependency_layer_cached": deps_cached}
 
 
 async def _with_agent(rules_failed: BuildEvent, request: BuildRequest, client: Any, bases: images.BaseImages,

@@ -1,7 +1,7 @@
 """Parsers from each ecosystem's test and coverage output to kiln's unified ``TestReport`` / ``CoverageReport``.
 
-Test results: JUnit XML (pytest, CTest), ``go test -json``, ``cargo test`` text, TAP (``node --test`` and
-others). Coverage: coverage.py JSON, Go cover profiles, gcov JSON (GCC), istanbul JSON (c8/nyc), lcov (llvm-cov,
+Test results: JUnit XML (pytest, CTest), ``go test -json``, ``cargo test`` text, automake's ``make check`` lines,
+TAP (``node --test`` and others). Coverage: coverage.py JSON, Go cover profiles, gcov JSON (GCC), istanbul JSON (c8/nyc), lcov (llvm-cov,
 for Rust). Every parser raises ``ReportError`` on malformed input and nothing else; paths are made relative to
 the project root.
 """
@@ -100,6 +100,17 @@ def cargo_test(text: str) -> TestReport:
         if (passed, failed, ignored) != (report.passed, report.failed, report.skipped):
             report = report.model_copy(update={"passed": passed, "failed": failed, "skipped": ignored})
     return report
+
+
+_AUTOMAKE = re.compile(r"^(PASS|FAIL|XFAIL|XPASS|SKIP|ERROR): (.+?)\s*$", re.MULTILINE)
+
+
+def automake(text: str) -> TestReport:
+    """The lines automake's test harness prints per test (``make check``)."""
+    outcome = {"PASS": "passed", "XFAIL": "passed", "FAIL": "failed", "XPASS": "failed", "SKIP": "skipped",
+               "ERROR": "error"}
+    return tally("make check", [TestCaseResult(name=m.group(2), outcome=outcome[m.group(1)])
+                                for m in _AUTOMAKE.finditer(text)])
 
 
 _TAP = re.compile(r"^\s*(not ok|ok) \d+ (?:- )?(.*?)(?:\s+#\s*(SKIP|TODO).*)?$", re.MULTILINE | re.IGNORECASE)
@@ -237,6 +248,8 @@ def parse_results(system: str, exit_code: int | None, files: dict[str, bytes], m
         report = go_test_json(text["go-test.json"])
     elif "cargo-test.txt" in text:
         report = cargo_test(text["cargo-test.txt"])
+    elif "make-check.txt" in text:
+        report = automake(text["make-check.txt"])
     elif "test-output.txt" in text:
         report = tap(text["test-output.txt"], f"{system} test")
     if report is None or not report.cases:
