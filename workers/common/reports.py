@@ -1,9 +1,9 @@
 """Parsers from each ecosystem's test and coverage output to kiln's unified ``TestReport`` / ``CoverageReport``.
 
 Test results: JUnit XML (pytest, CTest), ``go test -json``, ``cargo test`` text, automake's ``make check`` lines,
-TAP (``node --test`` and others). Coverage: coverage.py JSON, Go cover profiles, gcov JSON (GCC), istanbul JSON (c8/nyc), lcov (llvm-cov,
-for Rust). Every parser raises ``ReportError`` on malformed input and nothing else; paths are made relative to
-the project root.
+TAP (``node --test`` and others). Coverage: coverage.py JSON, Go cover profiles, gcov JSON (GCC), istanbul JSON
+(c8/nyc), lcov (llvm-cov, for Rust). Every parser raises ``ReportError`` on malformed input and nothing else;
+paths are made relative to the project root.
 """
 
 from __future__ import annotations
