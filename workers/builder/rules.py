@@ -568,7 +568,7 @@ def _make(root: Path, p: Plan, ci: CiJobs) -> None:
     targets = re.findall(r"^([\w.-]+)\s*:(?!=)", text, re.MULTILINE)
     target = next((t for t in ("test", "check") if t in targets), None) or next(
         (t for t in targets if re.fullmatch(r"(test|check|tests|unittests?|runtests?)([-_.]\w+)?", t)), None)
-    from_ci = _ci_test(ci, r"(^|\s)make\s+\w+")
+    from_ci = _ci_test(ci, r"(^|\s)make\s+(test|check|tests|unittests?|runtests?)\b")
     commands = [c for _job, job_commands in ci for c in job_commands] + readme_commands(root)
     binary = next((m.group(1) for c in commands for m in [_TEST_BINARY.search(c)] if m), None)
     if from_ci:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.ingest.gitrepos import Builder, write
-from tests.workers.builder.projects import CMAKELISTS, LIB_RS, PYPROJECT, _c_sources
+from tests.workers.builder.projects import CMAKELISTS, LIB_RS, PYPROJECT, TEST_CALC_PY, _c_sources
 
 CALC_PY = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
 
@@ -115,15 +115,74 @@ def test_binary_project(path: Path) -> Builder:
     return b
 
 
+GO_CALC = """package calc
+
+func Add(a, b int) int {
+	return a + b
+}
+"""
+GO_CALC_TEST = """package calc
+
+import "testing"
+
+func TestAdd(t *testing.T) {
+	if Add(2, 3) != 5 {
+		t.Fatal("add")
+	}
+}
+"""
+GO_EXAMPLE_TEST = """package calc_test
+
+import (
+	"fmt"
+
+	"github.com/acme/calc"
+)
+
+func ExampleAdd() {
+	fmt.Println(calc.Add(1, 2))
+	// Output: 3
+}
+"""
+
+
+def make_task_runner_project(path: Path) -> Builder:
+    """A Python project whose CI runs ``make`` targets that need the network (real: more-itertools): make is
+    chosen, fails to build, and the python rules build it instead."""
+    b = Builder(path)
+    write(path, "pyproject.toml", PYPROJECT)
+    write(path, "calc/__init__.py", CALC_PY)
+    write(path, "tests/test_calc.py", TEST_CALC_PY)
+    write(path, "Makefile", "all: requirements\n\nrequirements:\n\tcurl -sf https://example.invalid/reqs.txt\n\n"
+                            "check:\n\tpython3 -m pytest tests\n")
+    write(path, ".github/workflows/ci.yml", "jobs:\n  build:\n    steps:\n      - run: make requirements\n"
+                                            "      - run: make check\n")
+    b.commit("a Makefile as a task runner")
+    return b
+
+
+def go_without_module_project(path: Path) -> Builder:
+    """A Go package from before modules (real: pkg/errors' module zip): no go.mod; the example test imports the
+    package by its path."""
+    b = Builder(path)
+    write(path, "calc.go", GO_CALC)
+    write(path, "calc_test.go", GO_CALC_TEST)
+    write(path, "example_test.go", GO_EXAMPLE_TEST)
+    b.commit("a Go package without go.mod")
+    return b
+
+
 CLASS_PROJECTS = {
     "npm-prepare": npm_prepare_project, "cargo-dev-deps": cargo_dev_deps_project,
     "scm-version": scm_version_project, "test-group": test_group_project,
     "collection-error": collection_error_project, "unusable-dockerfile": unusable_dockerfile_project,
-    "test-binary": test_binary_project,
+    "test-binary": test_binary_project, "make-task-runner": make_task_runner_project,
+    "go-without-module": go_without_module_project,
 }
 # name -> (usable, failure class, tests passed)
 EXPECTED_OUTCOME: dict[str, tuple[bool, str | None, int | None]] = {
     "npm-prepare": (True, None, 1), "cargo-dev-deps": (True, None, 4), "scm-version": (True, None, 1),
     "test-group": (True, None, 1), "collection-error": (False, "tests_did_not_run", None),
-    "unusable-dockerfile": (True, None, 1), "test-binary": (True, None, 1),
+    "unusable-dockerfile": (True, None, 1), "test-binary": (True, None, 1), "make-task-runner": (True, None, 2),
+    "go-without-module": (True, None, 2),
 }

@@ -127,6 +127,30 @@ def test_a_makefile_without_a_test_target_runs_the_test_binary_the_readme_names(
     readme = "# x\n\nBuild and test:\n\n```sh\nmake && ./x-test --all\n```\n"
     p = plan(checkout(tmp_path / "a", {"Makefile": "all: x-test\nx-test: t.c\n\tcc -o x-test t.c\n",
                                        "README.md": readme}))
-    assert p.test_script.startswith("./x-test;") and "README or CI runs the built ./x-test" in p.decisions[-1].reason
+    assert p.test_script.startswith("./x-test 2>&1")
+    assert "README or CI runs the built ./x-test" in p.decisions[-1].reason
     named = plan(checkout(tmp_path / "b", {"Makefile": "all:\n\ttrue\nunittests: all\n\t./run\n"}))
-    assert named.test_script.startswith("make unittests;")
+    assert named.test_script.startswith("make unittests 2>&1")
+
+
+def test_what_release_artefacts_look_like(tmp_path: Path) -> None:
+    # A Go package from before modules: no go.mod; its example test imports it by its path.
+    go = plan(checkout(tmp_path / "go", {"errors.go": "package errors\n", "example_test.go":
+                                         'package errors_test\n\nimport "github.com/acme/errors"\n'}))
+    assert go.system == "go" and go.build_script.startswith("go mod init github.com/acme/errors && go mod tidy")
+    assert go.env["GOSUMDB"] == "off"
+    # A release tarball with both CMake and autotools: CMake first, autotools the fallback.
+    both = plan(checkout(tmp_path / "c", {"CMakeLists.txt": "project(x C)\n", "configure": "#!/bin/sh\n",
+                                          "Makefile.in": "all:\n"}))
+    assert both.system == "cmake" and both.alternatives == ["autotools"]
+    fallback = plan(tmp_path / "c", exclude={"cmake"})
+    assert fallback.system == "autotools" and fallback.test_script.startswith("make check")
+    # Nothing at the root, one directory with a build system (expat's layout).
+    nested = plan(checkout(tmp_path / "n", {"README.md": "x\n", "expat/configure": "#!/bin/sh\n",
+                                            "expat/configure.ac": "AC_INIT\n", "expat/Makefile.in": "all:\n"}))
+    assert nested.system == "autotools" and nested.build_script.startswith("cd expat && ")
+    assert nested.decisions[0].topic == "project directory"
+    # tox's factor-conditional deps and URLs are not requirements.
+    tox = plan(checkout(tmp_path / "t", {"pyproject.toml": PYPROJECT, "tox.ini": "[testenv]\ndeps =\n  attrs\n"
+                                         "  coverage: coverage\n  main: git+https://example.invalid/x.git\n"}))
+    assert "attrs" in tox.deps_script and "coverage:" not in tox.deps_script and "git+" not in tox.deps_script
