@@ -504,6 +504,29 @@ def _cargo(root: Path, p: Plan, ci: CiJobs) -> None:
                      "exit $rc")
 
 
+def _npm_test_tools(root: Path, pkg: dict[str, Any]) -> set[str] | None:
+    """Dev dependencies the test script (following ``npm run`` chains) or the test files name; None without a
+    test script."""
+    scripts, dev = pkg.get("scripts", {}), set(pkg.get("devDependencies", {}))
+    if "test" not in scripts:
+        return None
+    text, todo, seen = "", ["test"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in scripts:
+            continue
+        seen.add(name)
+        text += " " + str(scripts[name])
+        todo += re.findall(r"npm run(?:-script)? (?:--silent )?([\w:.-]+)", str(scripts[name]))
+    tests = [f for d in ("test", "tests", "__tests__", "spec") for f in (root / d).rglob("*.*js")
+             if (root / d).is_dir()] + list(root.glob("*.test.*js"))
+    for f in tests[:500]:
+        text += " " + " ".join(re.findall(r"(?:require\(|from\s+|import\s+)['\"]([^'\"]+)['\"]",
+                                          f.read_text(errors="replace")))
+    return {d for d in dev if re.search(rf"(^|[\s'\"/(]){re.escape(d)}($|[\s'\"/)])", text)
+            or re.search(rf"(^|\s){re.escape(d.split('/')[-1])}(\s|$)", text)}
+
+
 def _npm(root: Path, p: Plan, ci: CiJobs) -> None:
     try:
         pkg = json.loads((root / "package.json").read_text())
@@ -524,18 +547,35 @@ def _npm(root: Path, p: Plan, ci: CiJobs) -> None:
              "no lockfile: npm install")
     p.manifests = [m for m in ("package.json", "package-lock.json", "yarn.lock", "pnpm-lock.yaml")
                    if (root / m).is_file()]
-    # Lifecycle scripts (prepare: often a TypeScript build) need the sources: not in the manifests-only layer.
-    p.deps_script = f"{install} --ignore-scripts && npm install -g --prefix /opt/c8 c8@10 --no-audit --no-fund"
     scripts = pkg.get("scripts", {})
+    # Lifecycle scripts (prepare: often a TypeScript build) need the sources: not in the manifests-only layer.
+    install = f"{install} --ignore-scripts"
+    needed = _npm_test_tools(root, pkg)
+    if manager == "npm" and needed is not None:
+        # Dev dependencies the tests never use (linters, release tools) can be uninstallable here (a git URL, a
+        # dist-tag the registry lacks): when the full install fails, install the dependencies plus the ones the
+        # test script and test files name. The sources' package.json replaces the trimmed one in the next layer.
+        keep = json.dumps(sorted(needed))
+        trim = ("node -e 'const fs=require(\"fs\"),keep=new Set(" + keep + "),p=JSON.parse(fs.readFileSync("
+                "\"package.json\"));for(const k of Object.keys(p.devDependencies||{}))if(!keep.has(k))"
+                "delete p.devDependencies[k];fs.writeFileSync(\"package.json\",JSON.stringify(p))'")
+        install = (f"{{ {install} || {{ echo 'kiln: the full install failed; installing what the tests use: "
+                   f"{' '.join(sorted(needed))}'; {trim} && rm -f package-lock.json && npm install --no-audit "
+                   "--no-fund --ignore-scripts; }; }")
+        p.decide("test tools", " ".join(sorted(needed)) or "none", "dev dependencies the test script and test files "
+                 "use: what a failed full install falls back to")
+    p.deps_script = f"{install} && npm install -g --prefix /opt/c8 c8@10 --no-audit --no-fund"
     steps = ["npm rebuild --no-audit --no-fund"] + [f"npm run {s}" for s in ("prepare", "build") if s in scripts]
     p.build_script = " && ".join(steps)
     p.decide("lifecycle scripts", "after the sources", "dependencies install with --ignore-scripts; npm rebuild, "
                                                        "then prepare and build, run with the sources in place")
     if "test" not in pkg.get("scripts", {}):
         raise PlanError("package.json has no test script")
-    p.decide("test command", f"{manager} test", "package.json scripts.test")
+    # pretest/posttest hooks lint and audit (audits need the network): the suite is scripts.test itself.
+    command = f"{manager} test" + (" --ignore-scripts" if manager == "npm" else "")
+    p.decide("test command", command, "package.json scripts.test, without its pre/post hooks (lint, audit)")
     p.test_script = (f"/opt/c8/bin/c8 --reporter=json --report-dir={REPORTS} --exclude='test/**' "
-                     f"--exclude='**/*.test.*' {manager} test 2>&1 | tee {REPORTS}/test-output.txt; "
+                     f"--exclude='**/*.test.*' {command} 2>&1 | tee {REPORTS}/test-output.txt; "
                      f"exit ${{PIPESTATUS[0]}}")
 
 
