@@ -26,6 +26,20 @@ def npm_prepare_project(path: Path) -> Builder:
     return b
 
 
+def npm_dev_tools_project(path: Path) -> Builder:
+    """Class 1 too (real: qs, side-channel): a dev dependency that cannot be installed here (a dist-tag the
+    registry lacks) and a pretest lint hook that fails; the tests need neither."""
+    b = Builder(path)
+    write(path, "package.json", '{"name": "calc", "version": "1.0.0", "scripts": {"pretest": "exit 3", '
+                                '"test": "node --test"}, "devDependencies": {"left-pad": "kiln-no-such-tag"}}\n')
+    write(path, "calc.js", "module.exports = { add: (a, b) => a + b };\n")
+    write(path, "test/calc.test.js", "const test = require('node:test');\nconst assert = require('node:assert');\n"
+                                     "const { add } = require('../calc.js');\n"
+                                     "test('adds', () => { assert.strictEqual(add(2, 3), 5); });\n")
+    b.commit("npm package with dev tools the tests do not need")
+    return b
+
+
 def cargo_dev_deps_project(path: Path) -> Builder:
     """Class 2 (and 9): a workspace member, a dev-dependency used by an integration test, a ``harness = false``
     bench with an explicit path, no Cargo.lock: four tests (two unit, one integration, one doc test)."""
@@ -177,12 +191,12 @@ CLASS_PROJECTS = {
     "scm-version": scm_version_project, "test-group": test_group_project,
     "collection-error": collection_error_project, "unusable-dockerfile": unusable_dockerfile_project,
     "test-binary": test_binary_project, "make-task-runner": make_task_runner_project,
-    "go-without-module": go_without_module_project,
+    "go-without-module": go_without_module_project, "npm-dev-tools": npm_dev_tools_project,
 }
 # name -> (usable, failure class, tests passed)
 EXPECTED_OUTCOME: dict[str, tuple[bool, str | None, int | None]] = {
     "npm-prepare": (True, None, 1), "cargo-dev-deps": (True, None, 4), "scm-version": (True, None, 1),
     "test-group": (True, None, 1), "collection-error": (False, "tests_did_not_run", None),
     "unusable-dockerfile": (True, None, 1), "test-binary": (True, None, 1), "make-task-runner": (True, None, 2),
-    "go-without-module": (True, None, 2),
+    "go-without-module": (True, None, 2), "npm-dev-tools": (True, None, 1),
 }
