@@ -128,6 +128,7 @@ def prepare(project: Project, cache: Path = CACHE) -> Path:
         builder = Builder(Path(tmp) / "repo")
         for item in staged.iterdir():
             shutil.move(str(item), builder.path / item.name)
+        builder("add", "--all", "--force")  # the artefact as shipped: its .gitignore must not drop files from it
         builder.commit(f"{project.name} {project.version} from its {project.ecosystem} source artefact")
         builder("tag", f"v{project.version.lstrip('v').split(':')[-1]}")
         repo.parent.mkdir(parents=True, exist_ok=True)

@@ -273,8 +273,9 @@ def _in_subdirectory(p: Plan, sub: str) -> Plan:
     p.decisions.insert(0, Decision(topic="project directory", choice=sub, reason="nothing to build at the root; "
                                    "the only first-level directory with a build system"))
     p.manifests = [f"{sub}/{m}" for m in p.manifests]
-    p.deps_script, p.build_script, p.test_script = (where + p.deps_script, where + p.build_script,
-                                                    where + p.test_script)
+    # The dependency layer holds the manifests only: the directory exists there only if one of them is in it.
+    p.deps_script, p.build_script, p.test_script = (f"mkdir -p {shlex.quote(sub)} && {where}{p.deps_script}",
+                                                    where + p.build_script, where + p.test_script)
     p.lint_script = where + p.lint_script if p.lint_script else ""
     return p
 
