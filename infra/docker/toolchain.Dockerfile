@@ -6,9 +6,10 @@
 ARG BASE_IMAGE=kiln/base:latest
 FROM ${BASE_IMAGE}
 # llvm-22 (bookworm-security) matches the LLVM of the host's rustc: llvm-profdata/llvm-cov for Rust coverage.
+# autoconf/automake/libtool: C projects whose sources carry configure.ac but no generated configure.
 RUN echo 'deb http://deb.debian.org/debian-security bookworm-security main' > /etc/apt/sources.list.d/security.list \
     && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-      build-essential cmake pkg-config make curl xz-utils llvm-22 \
+      build-essential cmake pkg-config make curl xz-utils llvm-22 autoconf automake libtool \
     && rm -rf /var/lib/apt/lists/*
 COPY go /usr/local/go
 COPY rust /opt/rust

@@ -137,7 +137,7 @@ def test_what_release_artefacts_look_like(tmp_path: Path) -> None:
     # A Go package from before modules: no go.mod; its example test imports it by its path.
     go = plan(checkout(tmp_path / "go", {"errors.go": "package errors\n", "example_test.go":
                                          'package errors_test\n\nimport "github.com/acme/errors"\n'}))
-    assert go.system == "go" and go.build_script.startswith("go mod init github.com/acme/errors && go mod tidy")
+    assert go.system == "go" and go.build_script.startswith("go mod init github.com/acme/errors && go mod edit")
     assert go.env["GOSUMDB"] == "off"
     # A release tarball with both CMake and autotools: CMake first, autotools the fallback.
     both = plan(checkout(tmp_path / "c", {"CMakeLists.txt": "project(x C)\n", "configure": "#!/bin/sh\n",
