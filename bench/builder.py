@@ -110,8 +110,9 @@ async def real(with_agent: bool, only: list[str]) -> None:
             if event.usable and event.image:
                 command = project.test.replace("go test", "go test -v") if project.system == "go" else project.test
                 env = json.loads(client.images.get(event.image).labels.get("kiln.env", "{}"))
-                reference = run_sandboxed(client, event.image, f"cd /work && {command}", limits=limits,
-                                          role="build-test", env=env)
+                # As a person would in this image: the project's virtualenv (Python) first on PATH.
+                reference = run_sandboxed(client, event.image, f"export PATH=/opt/venv/bin:$PATH; cd /work && "
+                                          f"{command}", limits=limits, role="build-test", env=env)
                 human = human_count(project.system, reference.output)
             ok = bool(event.usable and event.tests and event.tests.passed >= 1 and ran >= 0.8 * human)
             counted.setdefault(project.system, []).append(ok)
