@@ -25,16 +25,19 @@ import os
 import re
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from bench.common import report
+from bench.corpus import Project, prepare, projects
 from kiln.ingest.service import ingest
 from kiln.ingest.store import SaucerStore
-from kiln.schemas.builder import BuildRequest
+from kiln.schemas.builder import BuildEvent, BuildRequest
 from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.infra import COMPONENT_STEPS, run_steps
@@ -44,6 +47,7 @@ from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits, docker_client, run_sandboxed
 from tests.workers.builder.projects import PROJECTS
 
+BASES = BaseImages("kiln/base:latest", "kiln/toolchain:latest")
 SHOULD_FAIL = {"broken-compile", "broken-deps", "no-rule"}
 
 
@@ -73,15 +77,49 @@ def human_count(system: str, output: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-async def real(with_agent: bool, only: list[str]) -> None:
-    from bench.corpus import CACHE, prepare, projects
+@dataclass
+class RealOutcome:
+    event: BuildEvent
+    human: int  # tests the human-known command executed in the same image
+    seconds: float
 
-    os.environ["KILN_INGEST_LOCAL_ROOTS"] = json.dumps([tempfile.gettempdir(), str(CACHE)])
+    @property
+    def usable(self) -> bool:
+        """Built, ≥ 1 test passed, and kiln ran ≥ 80 % of what the human-known command runs."""
+        tests = self.event.tests
+        return bool(self.event.usable and tests and tests.passed >= 1
+                    and tests.passed + tests.failed >= 0.8 * self.human)
+
+    @property
+    def outcome(self) -> str:
+        return "usable" if self.usable else (self.event.failure or ("too few tests" if self.event.usable else
+                                                                     "failed"))
+
+
+async def build_real(project: Project, source: Path, store: SaucerStore, client: Any, work: Path,
+                     agent: AgentConfig | None = None) -> RealOutcome:
+    """Ingest one corpus project, build it cold, and run its human-known command in the image to count its tests."""
+    limits = Limits(memory_bytes=2 << 30, cpus=2, pids=1024, timeout_s=900)
+    os.environ["KILN_INGEST_LOCAL_ROOTS"] = json.dumps([tempfile.gettempdir(), str(source.parent)])
+    await ingest(IngestRequest(name=f"corpus/{project.slug}", location=str(source)), project.slug, store, work)
+    started = time.monotonic()
+    event = await build_revision(BuildRequest(repository=f"corpus/{project.slug}", force=True), store, client,
+                                 BASES, work, limits, agent=agent)
+    seconds, human = time.monotonic() - started, 0
+    if event.usable and event.image:
+        command = project.test.replace("go test", "go test -v") if project.system == "go" else project.test
+        env = json.loads(client.images.get(event.image).labels.get("kiln.env", "{}"))
+        # As a person would in this image: the project's virtualenv (Python) first on PATH.
+        reference = await asyncio.to_thread(
+            run_sandboxed, client, event.image, f"export PATH=/opt/venv/bin:$PATH; cd /work && {command}",
+            limits=limits, role="build-test", env=env)
+        human = human_count(project.system, reference.output)
+    return RealOutcome(event, human, seconds)
+
+
+async def real(with_agent: bool, only: list[str]) -> None:
     run_steps(COMPONENT_STEPS["docker"])
     client = docker_client()
-    bases = BaseImages("kiln/base:latest", "kiln/toolchain:latest")
-    limits = Limits(memory_bytes=2 << 30, cpus=2, pids=1024, timeout_s=900)
-    agent = AgentConfig() if with_agent else None
     rows: list[tuple[str, ...]] = []
     counted: dict[str, list[bool]] = {}
     failures: dict[str, int] = {}
@@ -99,30 +137,17 @@ async def real(with_agent: bool, only: list[str]) -> None:
                 rows.append((project.slug, project.system, "rejected", "", "", "", str(e)[:60]))
                 progress.advance(task)
                 continue
-            await ingest(IngestRequest(name=f"corpus/{project.slug}", location=str(source)), project.slug, store,
-                         root / "work")
-            started = time.monotonic()
-            event = await build_revision(BuildRequest(repository=f"corpus/{project.slug}", force=True), store,
-                                         client, bases, root / "work", limits, agent=agent)
-            seconds = time.monotonic() - started
-            ran = (event.tests.passed + event.tests.failed) if event.tests else 0
-            human = 0
-            if event.usable and event.image:
-                command = project.test.replace("go test", "go test -v") if project.system == "go" else project.test
-                env = json.loads(client.images.get(event.image).labels.get("kiln.env", "{}"))
-                # As a person would in this image: the project's virtualenv (Python) first on PATH.
-                reference = run_sandboxed(client, event.image, f"export PATH=/opt/venv/bin:$PATH; cd /work && "
-                                          f"{command}", limits=limits, role="build-test", env=env)
-                human = human_count(project.system, reference.output)
-            ok = bool(event.usable and event.tests and event.tests.passed >= 1 and ran >= 0.8 * human)
-            counted.setdefault(project.system, []).append(ok)
-            by_agent += ok and event.recipe == "agent"
-            outcome = "usable" if ok else (event.failure or ("too few tests" if event.usable else "failed"))
-            if not ok:
-                failures[outcome] = failures.get(outcome, 0) + 1
-            rows.append((project.slug, event.system or "-", outcome,
-                         f"{event.tests.passed}/{event.tests.failed}" if event.tests else "-", str(human),
-                         f"{seconds:.0f}", (event.detail or "").strip().splitlines()[-1][:60] if event.detail else ""))
+            result = await build_real(project, source, store, client, root / "work",
+                                      AgentConfig() if with_agent else None)
+            event = result.event
+            counted.setdefault(project.system, []).append(result.usable)
+            by_agent += result.usable and event.recipe == "agent"
+            if not result.usable:
+                failures[result.outcome] = failures.get(result.outcome, 0) + 1
+            rows.append((project.slug, event.system or "-", result.outcome,
+                         f"{event.tests.passed}/{event.tests.failed}" if event.tests else "-", str(result.human),
+                         f"{result.seconds:.0f}",
+                         (event.detail or "").strip().splitlines()[-1][:60] if event.detail else ""))
             progress.advance(task)
     table = Table("project", "system", "outcome", "passed/failed", "human count", "s", "detail",
                   title="builder on the real corpus")
@@ -143,7 +168,7 @@ async def real(with_agent: bool, only: list[str]) -> None:
 async def main() -> None:
     run_steps(COMPONENT_STEPS["docker"])
     client = docker_client()
-    bases = BaseImages("kiln/base:latest", "kiln/toolchain:latest")
+    bases = BASES
     limits = Limits(memory_bytes=1 << 30, timeout_s=600)
     metrics: dict[str, float] = {}
     usable = 0

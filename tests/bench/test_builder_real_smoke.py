@@ -1,0 +1,38 @@
+"""A bounded smoke run of ``bench/builder.py --real`` (the 36-project corpus lives in the bench): one small crate
+fetched from its registry like every corpus project, ingested, built cold by the rules, and its tests counted
+against what ``cargo test`` itself reports in the same image."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.builder import build_real, human_count
+from bench.corpus import prepare, projects
+from kiln.ingest.store import SaucerStore
+from kiln.streams.blobstore import FileBlobStore
+
+pytestmark = pytest.mark.docker
+
+
+async def test_one_real_crate_builds_and_runs_every_test_its_own_command_runs(docker_engine: Any,
+                                                                             tmp_path: Path) -> None:
+    fnv = next(p for p in projects() if p.name == "fnv")
+    source = prepare(fnv, tmp_path / "corpus")
+    store = SaucerStore(FileBlobStore(tmp_path / "blobs"), tmp_path / "cache")
+    result = await build_real(fnv, source, store, docker_engine, tmp_path / "work")
+    assert result.usable, (result.event.failure, result.event.detail)
+    tests = result.event.tests
+    assert tests is not None and result.human >= 3 and tests.passed + tests.failed == result.human
+
+
+def test_human_counts_come_from_each_tool_summary() -> None:
+    assert human_count("python", "....\n=== 12 passed, 1 failed, 3 skipped in 0.52s ===\n") == 13
+    assert human_count("cargo", "test result: ok. 3 passed; 0 failed; 1 ignored;\n"
+                                "test result: FAILED. 2 passed; 1 failed; 0 ignored;\n") == 6
+    assert human_count("go", "=== RUN TestA\n--- PASS: TestA (0.00s)\n    --- FAIL: TestA/sub (0.00s)\n") == 2
+    assert human_count("npm", "TAP version 13\n# tests 9\n# pass  8\n# fail  1\n") == 9
+    assert human_count("cmake", "100% tests passed, 0 tests failed out of 7\n") == 7
+    assert human_count("autotools", "PASS: a\nFAIL: b\nSKIP: c\n# TOTAL: 3\n") == 2
