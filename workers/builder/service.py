@@ -153,32 +153,27 @@ async def _image(the_plan: Plan, request: BuildRequest, client: Any, bases: imag
                  tag: str, labels: dict[str, str], left: Callable[[], float], on_step: Callable[[str], None],
                  durations: dict[str, float]) -> tuple[str, dict[str, Any]] | _StepFailure:
     """The project image (its id, and what the event learns about the dependency layer), or the step that failed."""
-    if the_plan.recipe == "dockerfile":
-        on_step("build (Dockerfile)")
-        t = time.monotonic()
-        try:
+    failing: FailureClass = "compile_failed"
+    try:
+        if the_plan.recipe == "dockerfile":
+            on_step("build (Dockerfile)")
+            t = time.monotonic()
             image_id = await in_thread(images.dockerfile_image, client, the_plan, checkout, bases, tag, labels, left(),
                                        request.force)
-        except StepFailed as e:
-            return _StepFailure("timeout" if e.timed_out else "compile_failed", e.log, {})
-        durations["build"] = time.monotonic() - t
-        return image_id, {}
-    on_step("dependencies")
-    t = time.monotonic()
-    try:
+            durations["build"] = time.monotonic() - t
+            return image_id, {}
+        on_step("dependencies")
+        t, failing = time.monotonic(), "dependency_install_failed"
         deps, deps_cached = await in_thread(images.dependency_image, client, the_plan, checkout, bases, left(),
                                             request.force)
-    except StepFailed as e:
-        return _StepFailure("timeout" if e.timed_out else "dependency_install_failed", e.log, {})
-    durations["dependencies"] = time.monotonic() - t
-    on_step("build")
-    t = time.monotonic()
-    try:
+        durations["dependencies"] = time.monotonic() - t
+        on_step("build")
+        t, failing = time.monotonic(), "compile_failed"
         image_id = await in_thread(images.project_image, client, the_plan, checkout, deps, tag, labels, left(),
                                    request.force)
+        durations["build"] = time.monotonic() - t
     except StepFailed as e:
-        return _StepFailure("timeout" if e.timed_out else "compile_failed", e.log, {})
-    durations["build"] = time.monotonic() - t
+        return _StepFailure("timeout" if e.timed_out else failing, e.log, {})
     return image_id, {"dependency_image": deps, "dependency_layer_cached": deps_cached}
 
 

@@ -6,8 +6,14 @@ Each is a git repository (built with tests.ingest.gitrepos.Builder) so it goes t
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
+from kiln.ingest.service import ingest
+from kiln.ingest.store import SaucerStore
+from kiln.schemas.ingest import IngestRequest
+from kiln.streams.blobstore import FileBlobStore
 from tests.ingest.gitrepos import Builder, write
 
 PYPROJECT = """[project]
@@ -250,3 +256,14 @@ PROJECTS = {
     "cmake": cmake_project, "make": make_project, "ambiguous": ambiguous_project, "dockerfile": dockerfile_project,
     "broken-compile": broken_compile_project, "broken-deps": broken_dependency_project, "no-rule": no_rule_project,
 }
+
+
+def ingested_store(root: Path, projects: dict[str, Callable[[Path], Builder]], prefix: str) -> SaucerStore:
+    """A Saucer store under ``root`` holding every project as ``<prefix>/<name>``."""
+    saucer = SaucerStore(FileBlobStore(root / "blobs"), root / "cache")
+    for name, make in projects.items():
+        make(root / "src" / name)
+        event = asyncio.run(ingest(IngestRequest(name=f"{prefix}/{name}", location=str(root / "src" / name)),
+                                   f"{prefix}-{name}", saucer, root / "work"))
+        assert event.status == "ingested", event
+    return saucer

@@ -3,7 +3,6 @@ coverage with exact line counts, and the build cache."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +12,13 @@ from kiln.ingest.service import ingest
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildEvent, BuildRequest
 from kiln.schemas.ingest import IngestRequest
-from kiln.streams.blobstore import FileBlobStore
 from kiln.workers.builder.errors import PlanError
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.rules import plan
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits
 from tests.ingest.gitrepos import write
-from tests.workers.builder.projects import EXPECTED, PROJECTS, python_project
+from tests.workers.builder.projects import EXPECTED, PROJECTS, ingested_store, python_project
 
 BASES = BaseImages("kiln/base:latest", "kiln/toolchain:latest")
 LIMITS = Limits(memory_bytes=1 << 30, cpus=2, pids=512, timeout_s=300)
@@ -28,14 +26,7 @@ LIMITS = Limits(memory_bytes=1 << 30, cpus=2, pids=512, timeout_s=300)
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> SaucerStore:
-    root = tmp_path_factory.mktemp("builder")
-    saucer = SaucerStore(FileBlobStore(root / "blobs"), root / "cache")
-    for name, make in PROJECTS.items():
-        make(root / "src" / name)
-        event = asyncio.run(ingest(IngestRequest(name=f"demo/{name}", location=str(root / "src" / name)),
-                                   f"r-{name}", saucer, root / "work"))
-        assert event.status == "ingested", event
-    return saucer
+    return ingested_store(tmp_path_factory.mktemp("builder"), PROJECTS, "demo")
 
 
 async def build(store: SaucerStore, docker: Any, name: str, tmp: Path, **kwargs: Any) -> BuildEvent:

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kiln.ingest.service import ingest
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildRequest
-from kiln.schemas.ingest import IngestRequest
-from kiln.streams.blobstore import FileBlobStore
 from kiln.workers.builder.service import build_revision
 from tests.workers.builder.failure_classes import CLASS_PROJECTS, EXPECTED_OUTCOME
+from tests.workers.builder.projects import ingested_store
 from tests.workers.builder.test_builder import BASES, LIMITS
 
 pytestmark = pytest.mark.docker
@@ -22,14 +19,7 @@ pytestmark = pytest.mark.docker
 
 @pytest.fixture(scope="module")
 def class_store(tmp_path_factory: pytest.TempPathFactory) -> SaucerStore:
-    root = tmp_path_factory.mktemp("classes")
-    saucer = SaucerStore(FileBlobStore(root / "blobs"), root / "cache")
-    for name, make in CLASS_PROJECTS.items():
-        make(root / "src" / name)
-        event = asyncio.run(ingest(IngestRequest(name=f"classes/{name}", location=str(root / "src" / name)),
-                                   f"c-{name}", saucer, root / "work"))
-        assert event.status == "ingested", event
-    return saucer
+    return ingested_store(tmp_path_factory.mktemp("classes"), CLASS_PROJECTS, "classes")
 
 
 @pytest.mark.parametrize("name", sorted(CLASS_PROJECTS))
