@@ -105,12 +105,13 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
                 image_id, learned = built
                 event = event.model_copy(update=learned)
                 break
-            last_failure = failed(built.kind, built.log, durations_s=_rounded(durations), **built.update)
+            last_failure = failed(built.kind, built.log, durations_s=_rounded(durations))
             if built.kind != "timeout" and the_plan.alternatives:
-                excluded.add(the_plan.recipe if the_plan.recipe == "dockerfile" else the_plan.system)
-                fallbacks.append(Decision(topic="fallback", choice=the_plan.alternatives[0], reason=(
-                    f"{the_plan.recipe if the_plan.recipe == 'dockerfile' else the_plan.system} failed "
-                    f"({built.kind}: {built.log.strip().splitlines()[-1][:160] if built.log.strip() else '?'})")))
+                tried = the_plan.recipe if the_plan.recipe == "dockerfile" else the_plan.system
+                excluded.add(tried)
+                last_line = built.log.strip().splitlines()[-1][:160] if built.log.strip() else "?"
+                fallbacks.append(Decision(topic="fallback", choice=the_plan.alternatives[0],
+                                          reason=f"{tried} failed ({built.kind}: {last_line})"))
                 continue
             if agent is None or built.kind == "timeout":
                 return _remember(store, last_failure)
@@ -146,7 +147,6 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
 class _StepFailure:
     kind: FailureClass
     log: str
-    update: dict[str, Any]
 
 
 async def _image(the_plan: Plan, request: BuildRequest, client: Any, bases: images.BaseImages, checkout: Path,
@@ -173,7 +173,7 @@ async def _image(the_plan: Plan, request: BuildRequest, client: Any, bases: imag
                                    request.force)
         durations["build"] = time.monotonic() - t
     except StepFailed as e:
-        return _StepFailure("timeout" if e.timed_out else failing, e.log, {})
+        return _StepFailure("timeout" if e.timed_out else failing, e.log)
     return image_id, {"dependency_image": deps, "dependency_layer_cached": deps_cached}
 
 
