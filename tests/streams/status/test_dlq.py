@@ -54,6 +54,7 @@ def test_redrive_runs_once_and_reaches_the_owner(ops_topics: Callable[..., KilnS
         broken.wait_assigned()
         results = asyncio.run(_submit(settings, [SleepRequest(tag="poison"), SleepRequest(tag="poison"),
                                                  SleepRequest(tag="fine")]))
+        broken.stop()  # graceful: its final commit keeps the fixed worker from replaying these three
     poisoned = sorted(r.request_id for r in results if r.status == "error")
     assert len(poisoned) == 2 and all(r.error and r.error.type == "PermanentJobError" for r in results
                                       if r.status == "error")
