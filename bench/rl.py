@@ -8,7 +8,7 @@ code, the same seed and sample budget, every part its own process (``LearningRun
 - ``rl_inference_paused_fraction``: the async run's decoding pause for weight updates (server-measured) ÷ wall-clock.
 - ``rl_mean_lag_versions``: the async run's mean versions between a sample's first token and its training step.
 Writes each run's record and the PNG of ``kiln rl report`` to ``--record-dir``.
-Usage: python -m bench.rl [--steps 150] [--target 0.3] [--deadline 900] [--seed 1] [--in-process]
+Usage: python -m bench.rl [--steps 300] [--target 0.35] [--deadline 420] [--seed 1] [--in-process]
 (--in-process: verify without exec)
 """
 
@@ -37,9 +37,9 @@ def mean_lag(record: RunRecord) -> float:
 
 async def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--target", type=float, default=0.3)
-    parser.add_argument("--deadline", type=float, default=900)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--target", type=float, default=0.35)
+    parser.add_argument("--deadline", type=float, default=420)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--in-process", action="store_true")
     parser.add_argument("--record-dir", type=Path, default=Path(tempfile.gettempdir()) / "kiln-bench-rl")
