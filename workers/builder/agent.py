@@ -27,7 +27,7 @@ import httpx
 from kiln.schemas.builder import Decision
 from kiln.workers.builder.rules import ci_commands, readme_commands
 from kiln.workers.builder.sandbox import BuildSandbox
-from kiln.workers.common.containers import kill_on_cancel
+from kiln.workers.common.containers import exec_capped, kill_on_cancel
 
 _TEST = re.compile(r"\b(test|tests|check|pytest|ctest)\b")
 _SETUP = re.compile(r"\b(install|configure|bootstrap|setup|apt-get|pip|npm ci)\b")
@@ -170,9 +170,8 @@ def agent_image(client: Any, toolchain: str, checkout: Path, tag: str, labels: d
 
         def run(command: str) -> tuple[int, str]:
             # The proxy reaches the commands only (never the committed image: tests run without network).
-            result = container.exec_run(["timeout", "-s", "KILL", f"{timeout_s:g}", "bash", "-c", command],
-                                        workdir="/work", environment=sandbox.proxy_env())
-            return int(result.exit_code), result.output.decode(errors="replace")
+            return exec_capped(container, ["timeout", "-s", "KILL", f"{timeout_s:g}", "bash", "-c", command],
+                               sandbox.log_bytes, workdir="/work", environment=sandbox.proxy_env())
 
         plan = classify(checkout)
         built, test, decisions, output = run_loop(plan, run, checkout, budget, model)

@@ -1,10 +1,14 @@
 """Real images with the Docker SDK: a dependency image keyed by the hash of the dependency manifests, then the
-project image (sources + build) on top of it, or the repository's own Dockerfile. Every step runs in the build
-sandbox (``sandbox.py``: kiln's egress network, registries only through the allowlisting proxy, bounded); the
-project's own build runs as the unprivileged user; tests run without any network."""
+project image (sources + build) on top of it, or the repository's own Dockerfile (confined by ``dockerfile.py``).
+Every step runs in the build sandbox (``sandbox.py``: kiln's egress network, registries only through the
+allowlisting proxy, bounded); every step that runs repository code runs as the unprivileged user (the dependency
+step included: the tool directories it fills are made its own first); tests run without any network. A built
+image is checked before anything uses it: no volumes, no triggers, no health check, and no ``kiln.*`` label kiln
+did not set."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -22,13 +26,13 @@ from kiln.streams.errors import InfraError
 from kiln.workers.builder.errors import StepFailed
 from kiln.workers.builder.rules import LOCAL_IMAGE_MARK, RULES_VERSION, Plan
 from kiln.workers.builder.sandbox import UNPRIVILEGED, BuildSandbox
+from kiln.workers.common.containers import OutputTail
 
-# Give what the build created to the test user without touching (and so copying into the layer) the rest.
-HAND_OVER = "find /work ! -user 1000 -exec chown -h 1000:1000 {} +"
-# Where the dependency step (root: package managers install system-wide) leaves tools and caches; handed to the
-# unprivileged user in the same step, so the project's build, later rebuilds and tests use them as that user.
-TOOL_DIRS = "/opt/venv /opt/c8 /opt/gopath /opt/cargo-home"
-HAND_OVER_TOOLS = f"for d in {TOOL_DIRS}; do [ -e $d ] && chown -R 1000:1000 $d; done; {HAND_OVER}"
+# Where the dependency step leaves tools and caches: created for the unprivileged user by kiln's own root step
+# (no repository code in it), so the dependency install, the project's build, later rebuilds and tests all run as
+# that user (/opt/cargo-home is world-writable in the toolchain image already).
+TOOL_DIRS = "/work /opt/venv /opt/c8 /opt/gopath"
+MAKE_TOOL_DIRS = f"mkdir -p {TOOL_DIRS} && chown {UNPRIVILEGED} {TOOL_DIRS}"
 # Go's module cache outside any home directory, so root (dependencies) and uid 1000 (build, tests) share it.
 TOOL_ENV = "ENV GOPATH=/opt/gopath GOFLAGS=-modcacherw\n"
 
@@ -72,7 +76,7 @@ def build(client: Any, context: Path, dockerfile: str, tag: str, timeout_s: floa
     # Its own read timeout bounds the build; the engine cancels a build whose client went away.
     api = docker.from_env(timeout=max(1, int(timeout_s))).api
     cancel.on_cancel(api.close)  # a given-up job's build: the engine stops a build whose client went away
-    log: list[str] = []
+    log = OutputTail(sandbox.log_bytes)
     try:
         # The engine's /build endpoint directly: the SDK's build() has no parameter for the parent cgroup.
         params = {"t": tag, "dockerfile": "Dockerfile.kiln", "rm": True, "forcerm": True, "nocache": nocache,
@@ -83,21 +87,38 @@ def build(client: Any, context: Path, dockerfile: str, tag: str, timeout_s: floa
         api._raise_for_status(response)
         for chunk in api._stream_helper(response, decode=True):
             if "stream" in chunk:
-                log.append(str(chunk["stream"]))
+                log.add(str(chunk["stream"]))
             if "error" in chunk:
-                log.append(str(chunk["error"]))
-                raise StepFailed("".join(log))
+                log.add(str(chunk["error"]))
+                raise StepFailed(log.text())
     except StepFailed:
         raise
     except (APIError, DockerException) as e:
         raise InfraError(f"docker build {tag}: {e}") from e
     except Exception as e:  # the HTTP read timed out: the build ran past its budget
         if "timed out" in str(e).lower() or "timeout" in type(e).__name__.lower():
-            raise StepFailed("".join(log) + f"\nbuild ran past {timeout_s:.0f}s", timed_out=True) from None
+            raise StepFailed(log.text() + f"\nbuild ran past {timeout_s:.0f}s", timed_out=True) from None
         raise InfraError(f"docker build {tag}: {e}") from e
     finally:
         api.close()
-    return str(client.images.get(tag).id)
+    image = client.images.get(tag)
+    check_image(client, image, labels or {})
+    return str(image.id)
+
+
+def check_image(client: Any, image: Any, labels: dict[str, str]) -> None:
+    """Refuse (and remove) a built image that declares what kiln's other stages must never see from a repository:
+    volumes, ONBUILD triggers, a health check, or a ``kiln.*`` label kiln did not set to that value."""
+    config = image.attrs.get("Config") or {}
+    forged = {k: v for k, v in (config.get("Labels") or {}).items() if k.startswith("kiln.") and labels.get(k) != v}
+    problems = [f"volumes {sorted(config['Volumes'])}" if config.get("Volumes") else "",
+                f"ONBUILD {config['OnBuild']}" if config.get("OnBuild") else "",
+                "a health check" if (config.get("Healthcheck") or {}).get("Test") else "",
+                f"labels {forged}" if forged else ""]
+    if any(problems):
+        with contextlib.suppress(APIError, DockerException):
+            client.images.remove(image.id, force=True)
+        raise InfraError(f"built image {image.id[:19]} declares {', '.join(p for p in problems if p)}: refused")
 
 
 def dependency_image(client: Any, plan: Plan, checkout: Path, bases: BaseImages, timeout_s: float,
@@ -105,8 +126,8 @@ def dependency_image(client: Any, plan: Plan, checkout: Path, bases: BaseImages,
     """The dependency image for ``plan`` (built unless one with the same key exists, or ``fresh``); returns
     (tag, cached)."""
     toolchain_id = client.images.get(bases.toolchain).id  # the tag moves when the toolchain image is rebuilt
-    dockerfile = (f"FROM {bases.toolchain}\n{TOOL_ENV}{_env_lines(plan.env)}WORKDIR /work\n"
-                  f"COPY manifests/ /work/\n{_run(f'{plan.deps_script} && {{ {HAND_OVER_TOOLS}; }}')}")
+    dockerfile = (f"FROM {bases.toolchain}\n{TOOL_ENV}{_env_lines(plan.env)}{_run(MAKE_TOOL_DIRS)}WORKDIR /work\n"
+                  f"COPY --chown={UNPRIVILEGED} manifests/ /work/\nUSER {UNPRIVILEGED}\n{_run(plan.deps_script)}")
     # The recipe itself is part of the key: a change to how dependency images are made never reuses old ones.
     key = hashlib.sha256(json.dumps([RULES_VERSION, plan.system, toolchain_id, dockerfile,
                                      [(m, hashlib.sha256((checkout / m).read_bytes()).hexdigest())

@@ -27,7 +27,7 @@ from kiln.streams.errors import BlobNotFound, InfraError
 from kiln.workers.builder.errors import StepFailed
 from kiln.workers.builder.images import repository_slug
 from kiln.workers.builder.sandbox import UNPRIVILEGED, BuildSandbox
-from kiln.workers.common.containers import kill_on_cancel
+from kiln.workers.common.containers import exec_capped, kill_on_cancel
 from kiln.workers.common.registry import CONFIG_V1, LAYER_GZIP, Registry, sha256_digest
 
 # Files that cannot change a build or its tests (overridable per call).
@@ -193,11 +193,11 @@ def rebuild_layer(client: Any, parent_image: str, repo: Repository, d: Diff, scr
         # The SDK's exec has no time limit: the command carries its own (KILL, so nothing can ignore it).
         rebuild = ["timeout", "-s", "KILL", str(max(1, int(timeout_s))), "bash", "-c", script]
         for command in ([removals] if d.deleted else []) + [rebuild]:
-            result = container.exec_run(command, user=UNPRIVILEGED, workdir="/work")
-            if result.exit_code == 137:
+            code, output = exec_capped(container, command, sandbox.log_bytes, user=UNPRIVILEGED, workdir="/work")
+            if code == 137:
                 raise StepFailed(f"revision rebuild ran past {timeout_s:.0f}s", timed_out=True)
-            if result.exit_code != 0:
-                raise StepFailed(f"revision rebuild failed: {result.output.decode(errors='replace')}")
+            if code != 0:
+                raise StepFailed(f"revision rebuild failed: {output}")
         changes = sorted(container.diff() or [], key=lambda c: c["Path"])
         return _layer_from_changes(container, changes)
     except (APIError, DockerException) as e:

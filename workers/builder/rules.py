@@ -22,9 +22,10 @@ from typing import Any
 import yaml
 
 from kiln.schemas.builder import Decision
+from kiln.workers.builder.dockerfile import confine
 from kiln.workers.builder.errors import PlanError
 
-RULES_VERSION = 3
+RULES_VERSION = 4
 REPORTS = "/tmp/kiln-reports"
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
 LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time
@@ -655,31 +656,25 @@ RULE_FUNCTIONS = {"python": _python, "go": _go, "cargo": _cargo, "npm": _npm, "c
 
 
 def map_dockerfile(text: str, p: Plan) -> str:
-    """The Dockerfile with every hub ``FROM`` replaced by the local image that can stand in for it."""
-    stages: set[str] = set()
-    out = []
-    for line in text.splitlines():
-        m = re.match(r"^(\s*FROM\s+)(--platform=\S+\s+)?(\S+)(.*)$", line, re.IGNORECASE)
-        if not m:
-            out.append(line)
-            continue
-        image, rest = m.group(3), m.group(4)
-        alias = re.search(r"\bAS\s+(\S+)", rest, re.IGNORECASE)
-        if image in stages or image == "scratch":
-            out.append(line)
-        else:
-            first = image.split("/")[0]
-            if "/" in image and ("." in first or ":" in first or first == "localhost"):
-                raise PlanError(f"Dockerfile FROM {image}: images from other registries cannot be pulled here")
-            name = image.split(":")[0].split("@")[0].removeprefix("library/")
-            local = LOCAL_BASES.get(name)
-            if name == "debian" and not re.search(r":(bookworm|12)", image):
-                local = None
-            if local is None:
-                raise PlanError(f"Dockerfile FROM {image}: no local image can stand in for it (local bases: Debian "
-                                f"bookworm, and a toolchain with Go, Rust, Python 3.11, Node 20)")
-            p.decide("base image", f"{image} -> kiln/{local}", "hub images cannot be pulled; local stand-in")
-            out.append(f"{m.group(1)}{LOCAL_IMAGE_MARK}{local}{rest}")
-        if alias:
-            stages.add(alias.group(1))
-    return "\n".join(out) + "\n"
+    """The Dockerfile confined (``dockerfile.confine``: nothing dockerd does on the host's behalf reaches the host's
+    network, another repository's image, root or kiln's labels), with every hub ``FROM`` replaced by the local image
+    that can stand in for it."""
+
+    def local_image(image: str) -> str:
+        first = image.split("/")[0]
+        if "/" in image and ("." in first or ":" in first or first == "localhost"):
+            raise PlanError(f"Dockerfile FROM {image}: images from other registries cannot be pulled here")
+        name = image.split(":")[0].split("@")[0].removeprefix("library/")
+        local = LOCAL_BASES.get(name)
+        if name == "debian" and not re.search(r":(bookworm|12)", image):
+            local = None
+        if local is None:
+            raise PlanError(f"Dockerfile FROM {image}: no local image can stand in for it (local bases: Debian "
+                            f"bookworm, and a toolchain with Go, Rust, Python 3.11, Node 20)")
+        p.decide("base image", f"{image} -> kiln/{local}", "hub images cannot be pulled; local stand-in")
+        return f"{LOCAL_IMAGE_MARK}{local}"
+
+    confined = confine(text, local_image)
+    for topic, choice, reason in confined.decisions:
+        p.decide(topic, choice, reason)
+    return confined.text

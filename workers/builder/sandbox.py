@@ -4,7 +4,8 @@ CPU, memory, pids and time bounded. One place decides this for ``docker build``,
 
 Configuration (``KILN_BUILD_*``): ``NETWORK`` (kiln-egress), ``PROXY`` (http://172.31.250.1:3128), ``MEMORY_MB``
 (4096), ``CPUS`` (2), ``PIDS`` (4096), ``CGROUP`` (kiln-builds: the parent cgroup ``docker build`` steps run
-under, whose pids limit the setup script sets, since the classic builder takes no per-build pids limit).
+under, whose pids limit the setup script sets, since the classic builder takes no per-build pids limit),
+``LOG_BYTES`` (1 MiB: the tail of a build log or an agent command's output kept).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class BuildSandbox(BaseSettings):
     cpus: float = Field(2.0, gt=0)
     pids: int = Field(4096, ge=64)
     cgroup: str = Field("kiln-builds", description="Parent cgroup of `docker build` steps (pids bounded there).")
+    log_bytes: int = Field(1 << 20, ge=4096, description="The tail of a build log or an agent command's output kept "
+                           "in memory; the rest is read and dropped.")
 
     def proxy_env(self) -> dict[str, str]:
         """The variables package managers (pip, npm, cargo, go, curl) read to use the proxy."""

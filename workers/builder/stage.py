@@ -2,7 +2,8 @@
 unified coverage, and a failure class when it does not work out.
 
 Configuration (``KILN_BUILDER_*``): ``BASE_IMAGE``/``TOOLCHAIN_IMAGE`` (the local images hub images map to, built
-by ``kiln setup docker``), ``TEST_MEMORY_MB``, ``TEST_CPUS``, ``TEST_PIDS``, ``TEST_TIMEOUT_S``, and the fallback
+by ``kiln setup docker``), ``TEST_MEMORY_MB``, ``TEST_CPUS``, ``TEST_PIDS``, ``TEST_TIMEOUT_S``,
+``TEST_OUTPUT_BYTES`` (64 KiB of a test run's output kept), ``TEST_REPORTS_BYTES`` (256 MiB), and the fallback
 agent: ``AGENT`` (on), ``AGENT_BUDGET``, ``AGENT_URL``/``AGENT_MODEL``/``AGENT_API_KEY`` (an OpenAI-compatible
 endpoint; without one the agent reads README and CI commands deterministically).
 """
@@ -38,6 +39,9 @@ class BuilderSettings(BaseSettings):
     test_cpus: float = Field(2.0, gt=0)
     test_pids: int = Field(1024, ge=16)
     test_timeout_s: float = Field(900.0, gt=0)
+    test_output_bytes: int = Field(64 << 10, ge=1024, description="The tail of a test run's output kept in memory.")
+    test_reports_bytes: int = Field(256 << 20, ge=1 << 20, description="The most of a test run's reports directory "
+                                    "read back; a larger one is not read (the run counts as having no results).")
     registry: str = Field("127.0.0.1:5000", description="Registry (host:port, plain HTTP) layered builds push to.")
     registry_user: str = Field("", description="Registry user (infra/registry/registry.sh env).")
     registry_password: str = Field("", repr=False, description="Registry password.")
@@ -70,7 +74,8 @@ class _Builder:
             self.store = SaucerStore.from_settings(settings)
         assert self.store is not None
         limits = Limits(memory_bytes=cfg.test_memory_mb << 20, cpus=cfg.test_cpus, pids=cfg.test_pids,
-                        timeout_s=cfg.test_timeout_s)
+                        timeout_s=cfg.test_timeout_s, output_bytes=cfg.test_output_bytes,
+                        collect_bytes=cfg.test_reports_bytes)
         model = ModelClient(cfg.agent_url, cfg.agent_model, cfg.agent_api_key) if cfg.agent_url else None
         agent = AgentConfig(cfg.agent_budget, model) if cfg.agent else None
         bases = BaseImages(cfg.base_image, cfg.toolchain_image)

@@ -1,6 +1,11 @@
 """Running untrusted code in containers through the Docker SDK: no network, non-root, bounded CPU, memory, pids and
 time, no new privileges, every capability dropped; files come back as a tar of one directory. Shared by the stages
-that run repository code (builder, exec)."""
+that run repository code (builder, exec).
+
+What such code prints or leaves behind is read as a stream and never past a cap (``Limits.output_bytes``: the tail
+of the output is kept; ``Limits.collect_bytes``: a larger collected directory is not read at all), so the
+worker's memory is bounded by configuration, not by the code under test; the engine itself keeps no more than a
+few times ``output_bytes`` of a container's log on disk (json-file ``max-size``)."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from typing import Any
 
 import docker
 from docker.errors import APIError, DockerException, NotFound
+from docker.types import LogConfig
 
 from kiln.streams import cancel
 from kiln.streams.errors import InfraError
@@ -27,6 +33,46 @@ class Limits:
     pids: int = 1024
     timeout_s: float = 600.0
     user: str = "1000:1000"
+    output_bytes: int = 64 << 10  # the tail of stdout+stderr kept
+    collect_bytes: int = 256 << 20  # the most of the collected directory (a tar) read back
+
+
+class OutputTail:
+    """The last ``cap`` bytes of a stream fed in chunks, and how many bytes before them were dropped."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = max(1, cap)
+        self.buffer = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk: bytes | str) -> None:
+        self.buffer += chunk.encode() if isinstance(chunk, str) else chunk
+        if len(self.buffer) > 2 * self.cap:  # trimmed in batches: each byte is moved a bounded number of times
+            cut = len(self.buffer) - self.cap
+            del self.buffer[:cut]
+            self.dropped += cut
+
+    def text(self) -> str:
+        kept = bytes(self.buffer[-self.cap:])
+        dropped = self.dropped + len(self.buffer) - len(kept)
+        note = f"[kiln: {dropped} earlier bytes of output dropped]\n" if dropped else ""
+        return note + kept.decode(errors="replace")
+
+
+def log_config(output_bytes: int) -> LogConfig:
+    """The engine's log of a container, bounded on disk: one json-file of a few times what kiln reads back."""
+    return LogConfig(type=LogConfig.types.JSON, config={"max-size": f"{max(64, (4 * output_bytes) >> 10)}k",
+                                                         "max-file": "1"})
+
+
+def read_capped(chunks: Any, cap: int) -> bytes | None:
+    """The concatenated ``chunks``, or None as soon as they pass ``cap`` bytes (the rest is not read)."""
+    data = bytearray()
+    for chunk in chunks:
+        data += chunk
+        if len(data) > cap:
+            return None
+    return bytes(data)
 
 
 @dataclass
@@ -57,6 +103,19 @@ def untar_files(data: bytes) -> dict[str, bytes]:
     return files
 
 
+def exec_capped(container: Any, command: list[str], cap: int, *, workdir: str | None = None, user: str = "",
+                environment: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run ``command`` in a running container; (exit code, the last ``cap`` bytes of its stdout+stderr), read as a
+    stream (``exec_run`` would hold all of it)."""
+    api = container.client.api
+    exec_id = api.exec_create(container.id, command, user=user, workdir=workdir, environment=environment)["Id"]
+    tail = OutputTail(cap)
+    for chunk in api.exec_start(exec_id, stream=True):
+        tail.add(chunk)
+    code = api.exec_inspect(exec_id).get("ExitCode")
+    return (-1 if code is None else int(code)), tail.text()
+
+
 def kill_on_cancel(container: Any) -> None:
     """When the running job is given up, kill ``container`` (what waits on it then returns; see streams/cancel.py)."""
     def kill() -> None:
@@ -75,7 +134,7 @@ def run_sandboxed(client: Any, image: str, script: str, *, limits: Limits, role:
             image, ["bash", "-c", script], network_mode="none", user=limits.user, environment=env or {},
             working_dir=workdir, mem_limit=limits.memory_bytes, memswap_limit=limits.memory_bytes,
             nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.pids, security_opt=["no-new-privileges"],
-            cap_drop=["ALL"], labels={LABEL: role}, init=True, detach=True,
+            cap_drop=["ALL"], labels={LABEL: role}, init=True, detach=True, log_config=log_config(limits.output_bytes),
         )
     except (APIError, DockerException) as e:
         raise InfraError(f"creating a container from {image}: {e}") from e
@@ -89,15 +148,24 @@ def run_sandboxed(client: Any, image: str, script: str, *, limits: Limits, role:
         except Exception:  # the wait timed out (requests raises its own timeout types)
             timed_out, code = True, None
             container.kill()
-        output = container.logs(stdout=True, stderr=True).decode(errors="replace")
+        tail = OutputTail(limits.output_bytes)
+        for chunk in container.logs(stdout=True, stderr=True, stream=True, follow=False):
+            tail.add(chunk)
+        output = tail.text()
         files: dict[str, bytes] = {}
         if collect:
             try:
                 stream, _ = container.get_archive(collect)
-                files = untar_files(b"".join(stream))
+                archive = read_capped(stream, limits.collect_bytes)
+                with contextlib.suppress(AttributeError):
+                    stream.close()
+                if archive is None:
+                    output = f"[kiln: {collect} holds more than {limits.collect_bytes} bytes: not read]\n{output}"
+                else:
+                    files = untar_files(archive)
             except NotFound:
                 files = {}
-        return RunResult(code, output[-20000:], timed_out, time.monotonic() - started, files)
+        return RunResult(code, output, timed_out, time.monotonic() - started, files)
     except (APIError, DockerException) as e:
         raise InfraError(f"running a container from {image}: {e}") from e
     finally:
