@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
 import hmac
 import os
 import socket
@@ -11,6 +14,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
+from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.settings import KilnSettings
 from kiln.workers.exec.client import ExecClient
@@ -21,20 +25,42 @@ from kiln.workers.lean.client import LeanClient
 REQUESTS = Counter("kiln_gateway_requests_total", "Gateway requests, by route and status code.", ["route", "code"])
 
 
+def given_key(request: Request) -> str:
+    """The API key a request carries: ``X-API-Key`` (SWE-ReX, kimina), ``Authorization: Bearer`` (kimina), or
+    ``Authorization: Basic`` — what ``requests`` and ``aiohttp`` send for credentials in the URL
+    (``http://kiln:KEY@GATEWAY:8500``), the one way SandboxFusion's client, which sets no headers, can carry a key.
+    In Basic credentials the key is the password, or the user name when there is no password."""
+    if key := request.headers.get("x-api-key"):
+        return key
+    header = request.headers.get("authorization", "")
+    scheme, _, credentials = header.partition(" ")
+    if scheme.lower() == "bearer":
+        return credentials.strip()
+    if scheme.lower() == "basic":
+        try:
+            user, _, password = base64.b64decode(credentials.strip(), validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return ""
+        return password or user
+    return header
+
+
 def _authorized(request: Request) -> None:
     expected: str = request.app.state.settings.api_key
     if not expected:
         return
-    given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
-    if not hmac.compare_digest(given.encode(), expected.encode()):
+    if not hmac.compare_digest(given_key(request).encode(), expected.encode()):
         raise HTTPException(401, "missing or wrong API key (KILN_GATEWAY_API_KEY)")
 
 
 def create_app(settings: GatewaySettings, kiln_settings: KilnSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # One client id per process: results of this gateway's jobs come back to it alone.
-        async with KilnClient(kiln_settings, f"gateway.{socket.gethostname()}.{os.getpid()}") as kiln:
+        # One client id per process: results of this gateway's jobs come back to it alone. The blob store
+        # (KILN_BLOB_STORE) carries requests and results above KILN_CLAIM_CHECK_BYTES (a 200 KB run_code output).
+        blobs = await asyncio.to_thread(open_blob_store, kiln_settings)
+        async with KilnClient(kiln_settings, f"gateway.{socket.gethostname()}.{os.getpid()}",
+                              blob_store=blobs) as kiln:
             app.state.kiln = kiln
             app.state.exec_client = ExecClient(kiln)
             app.state.lean_client = LeanClient(kiln)

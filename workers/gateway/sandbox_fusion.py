@@ -88,7 +88,9 @@ def refuse_beyond_limits(request: RunCodeRequest, settings: GatewaySettings) -> 
     if request.language not in LANGUAGES:
         raise HTTPException(400, f"language {request.language!r} is not served by kiln "
                                  f"(served: {', '.join(sorted(LANGUAGES))})")
-    for name in ("compile_timeout", "run_timeout"):
+    # A language without a compile step never uses compile_timeout: SandboxFusion's default (10) or any other value
+    # is accepted for it.
+    for name in ("compile_timeout", "run_timeout") if LANGUAGES[request.language].compile else ("run_timeout",):
         value = getattr(request, name)
         if not 0 < value <= settings.max_timeout_s:
             raise HTTPException(400, f"{name}={value:g}s is outside kiln's limit (0, {settings.max_timeout_s:g}] "

@@ -12,7 +12,8 @@ class GatewaySettings(BaseSettings):
     host: str = Field("127.0.0.1", description="Bind address.")
     port: int = Field(8500, description="Port of every API (SandboxFusion, kimina, SWE-ReX, /health, /metrics).")
     api_key: str = Field("", description="When set, every API route needs it (X-API-Key, or Authorization: "
-                         "Bearer — what the peers' clients send); empty = loopback trust.")
+                         "Bearer — what the peers' clients send — or Basic with it as the password: SandboxFusion's "
+                         "endpoint http://kiln:KEY@GATEWAY:8500); empty = loopback trust.")
     toolchain_image: str = Field("kiln/toolchain:latest", description="Image of SandboxFusion run_code sessions.")
     max_timeout_s: float = Field(60.0, gt=0, description="Cap on run_code compile and run timeouts; a request "
                                  "over it is refused.")

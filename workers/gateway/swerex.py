@@ -5,12 +5,14 @@ on ``<image>`` (a kiln build) per runtime id, opened on first use and closed by 
 their working directory and exported variables from command to command: each command runs in a fresh shell that
 restores them and saves them again on exit. Background processes do not outlive a command (kiln's exec policy), and
 interactive commands are refused. Errors travel the way SWE-ReX's server sends them (HTTP 511 with the exception's
-class path), so the client raises ``NonZeroExitCodeError``, ``CommandTimeoutError``, ``SessionExistsError``, …"""
+class path), so the client raises ``NonZeroExitCodeError``, ``CommandTimeoutError``, ``BashIncorrectSyntaxError``,
+``SessionExistsError``, ``SessionDoesNotExistError``, …"""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from kiln.schemas.exec import SessionLimits
+from kiln.schemas.exec import CommandOutput, SessionLimits
 from kiln.streams.errors import KilnError
 from kiln.workers.exec.client import ExecClient, ExecSession
 from kiln.workers.gateway.settings import GatewaySettings
@@ -27,14 +29,16 @@ from kiln.workers.gateway.settings import GatewaySettings
 router = APIRouter(tags=["SWE-ReX"])
 _STATE = "/tmp/.kiln-swerex"  # per bash session: cwd and exported variables, inside the sandbox
 _FILE_INLINE = 60_000  # bytes a write carries inside its command; larger ones go through write_files first
+_SYNTAX = "kiln-swerex-syntax:"  # starts the wrapper's stderr when ``bash -n`` refused the command
 
 
 class PeerError(Exception):
     """An exception the SWE-ReX client re-raises as ``class_path``."""
 
-    def __init__(self, class_path: str, message: str) -> None:
+    def __init__(self, class_path: str, message: str, extra_info: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.class_path = class_path
+        self.extra_info = extra_info or {}
 
 
 class _Peer(BaseModel):
@@ -56,6 +60,14 @@ class BashAction(_Peer):
     check: str = "raise"
     error_msg: str = ""
     action_type: str = "bash"
+
+
+class BashInterruptAction(_Peer):
+    session: str = "default"
+    timeout: float = 0.2
+    n_retry: int = 3
+    expect: list[str] = []
+    action_type: str = "bash_interrupt"
 
 
 class CloseSession(_Peer):
@@ -88,6 +100,7 @@ class WriteFile(_Peer):
 class Runtime:
     image: str
     session: ExecSession | None = None
+    opening: asyncio.Task[ExecSession] | None = None
     shells: set[str] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -103,17 +116,42 @@ class Runtimes:
         return self._runtimes.setdefault((runtime_id, image), Runtime(image))
 
     async def session(self, runtime: Runtime) -> ExecSession:
-        if runtime.session is None:
-            runtime.session = await self.exec_client.open_session(
-                runtime.image, limits=SessionLimits(idle_timeout_s=self.settings.swerex_idle_s))
+        """The runtime's exec session, opened on first use. One open per runtime at a time, shared by every caller
+        and shielded from their cancellation: ``is_alive`` polls with a 0.1 s client timeout (SWE-ReX's
+        ``wait_until_alive``), shorter than an open, so an open outlives the request that started it."""
+        if runtime.session is not None:
+            return runtime.session
+        if runtime.opening is None:
+            runtime.opening = asyncio.get_running_loop().create_task(self.exec_client.open_session(
+                runtime.image, limits=SessionLimits(idle_timeout_s=self.settings.swerex_idle_s)))
+            # Retrieved here too: every caller may have given up before it failed.
+            runtime.opening.add_done_callback(lambda t: t.cancelled() or t.exception())
+        opening = runtime.opening
+        try:
+            runtime.session = await asyncio.shield(opening)
+        except KilnError:
+            if runtime.opening is opening:  # a later call tries again
+                runtime.opening = None
+            raise
         return runtime.session
+
+    def forget(self, runtime_id: str, image: str) -> None:
+        """Drop a runtime that holds no session (one whose image could not be opened)."""
+        runtime = self._runtimes.get((runtime_id, image))
+        if runtime is not None and runtime.session is None and runtime.opening is None:
+            del self._runtimes[(runtime_id, image)]
 
     async def close(self, runtime_id: str, image: str) -> None:
         runtime = self._runtimes.pop((runtime_id, image), None)
-        if runtime is not None and runtime.session is not None:
+        if runtime is None:
+            return
+        if runtime.session is None and runtime.opening is not None:  # closed while is_alive's open is in flight
+            with contextlib.suppress(KilnError):
+                runtime.session = await asyncio.shield(runtime.opening)
+        if runtime.session is not None:
             await self.exec_client.close_session(runtime.session)
 
-    async def run(self, runtime: Runtime, command: str, requested_s: float | None) -> Any:
+    async def run(self, runtime: Runtime, command: str, requested_s: float | None) -> CommandOutput:
         limit = self.settings.max_command_s
         if requested_s is not None and requested_s > limit:
             raise PeerError("builtins.ValueError", f"timeout={requested_s:g}s is over kiln's limit {limit:g}s "
@@ -127,20 +165,38 @@ class Runtimes:
         return output
 
 
-def _in_shell(name: str, command: str) -> str:
-    """``command`` in bash session ``name``: its directory and exported variables restored, and saved on exit."""
+def _in_shell(name: str, command: str, *, fresh: bool = False) -> str:
+    """``command`` in bash session ``name``: its directory and exported variables restored, and saved on exit
+    (``fresh``: a new session, whatever an earlier one of that name left). First ``bash -n`` checks it, as SWE-ReX's
+    server does: a syntax error ends the wrapper with exit 2 and ``_SYNTAX`` then bash's message on stderr, before
+    anything runs (the command's own stderr goes to stdout)."""
     state = f"{_STATE}/{base64.b32encode(name.encode()).decode().rstrip('=')}"
     body = base64.b64encode(command.encode()).decode()
-    return (f"S={state}; mkdir -p $S; [ -f $S/env ] && . $S/env; cd \"$(cat $S/cwd 2>/dev/null || echo /work)\"; "
+    # eval's argument is expanded before it runs, so the command can unset its own copy before it starts.
+    return (f"__kiln_cmd=\"$(echo {body} | base64 -d)\"; "
+            f"__kiln_syntax=\"$(printf '%s\\n' \"$__kiln_cmd\" | bash -n 2>&1)\" || "
+            f"{{ printf '{_SYNTAX}%s' \"$__kiln_syntax\" >&2; exit 2; }}; unset __kiln_syntax; "
+            f"S={state}; {'rm -rf $S; ' if fresh else ''}mkdir -p $S; [ -f $S/env ] && . $S/env; "
+            "cd \"$(cat $S/cwd 2>/dev/null || echo /work)\"; "
             "trap 'rc=$?; pwd > $S/cwd; export -p | grep -vE \"^declare -x (PWD|OLDPWD|SHLVL|_)=\" > $S/env; "
-            f"exit $rc' EXIT; exec 2>&1; eval \"$(echo {body} | base64 -d)\"")
+            "exit $rc' EXIT; exec 2>&1; eval \"unset __kiln_cmd; $__kiln_cmd\"")
+
+
+def _refuse_bad_syntax(command: str, output: CommandOutput) -> None:
+    """SWE-ReX's ``BashIncorrectSyntaxError``, with its message and ``extra_info``, when ``bash -n`` refused."""
+    if output.exit_code == 2 and output.stderr.startswith(_SYNTAX):
+        stderr = output.stderr.removeprefix(_SYNTAX)
+        raise PeerError("swerex.exceptions.BashIncorrectSyntaxError",
+                        f"Error (exit code 2) while checking bash command \n{command!r}\n"
+                        f"---- Stderr ----\n{stderr}\n---- Stdout ----\n",
+                        {"bash_stdout": "", "bash_stderr": stderr})
 
 
 async def _create_session(runtimes: Runtimes, runtime: Runtime, body: CreateSession) -> dict[str, Any]:
     if body.session in runtime.shells:
         raise PeerError("swerex.exceptions.SessionExistsError", f"session {body.session!r} already exists")
     sources = "; ".join(f"source {shlex.quote(s)}" for s in body.startup_source) or "true"
-    output = await runtimes.run(runtime, _in_shell(body.session, sources), None)
+    output = await runtimes.run(runtime, _in_shell(body.session, sources, fresh=True), None)
     runtime.shells.add(body.session)
     return {"output": output.stdout, "session_type": "bash"}
 
@@ -152,6 +208,7 @@ async def _run_in_session(runtimes: Runtimes, runtime: Runtime, body: BashAction
     if body.session not in runtime.shells:
         raise PeerError("swerex.exceptions.SessionDoesNotExistError", f"session {body.session!r} does not exist")
     output = await runtimes.run(runtime, _in_shell(body.session, body.command), body.timeout)
+    _refuse_bad_syntax(body.command, output)
     text = output.stdout.rstrip("\n")
     if body.check == "raise" and output.exit_code != 0:
         message = f"Command {body.command!r} failed with exit code {output.exit_code}. Here is the output:\n{text!r}"
@@ -159,6 +216,22 @@ async def _run_in_session(runtimes: Runtimes, runtime: Runtime, body: BashAction
                         f"{body.error_msg}: {message}" if body.error_msg else message)
     return {"output": text, "exit_code": None if body.check == "ignore" else output.exit_code,
             "failure_reason": "", "expect_string": "", "session_type": "bash"}
+
+
+async def _interrupt(runtimes: Runtimes, runtime: Runtime, body: BashInterruptAction) -> dict[str, Any]:
+    """Nothing is left to interrupt: a command ran to its end or was killed at its timeout with every process of
+    the sandbox (the exec stage's sweep), and commands of a runtime run one at a time. So an interrupt — what
+    SWE-agent sends after ``CommandTimeoutError`` — answers as SWE-ReX's does once its shell is back at the prompt."""
+    if body.session not in runtime.shells:
+        raise PeerError("swerex.exceptions.SessionDoesNotExistError", f"session {body.session!r} does not exist")
+    return {"output": "", "exit_code": 0, "failure_reason": "", "expect_string": "", "session_type": "bash"}
+
+
+async def _close_session(runtimes: Runtimes, runtime: Runtime, body: CloseSession) -> dict[str, Any]:
+    if body.session not in runtime.shells:
+        raise PeerError("swerex.exceptions.SessionDoesNotExistError", f"session {body.session!r} does not exist")
+    runtime.shells.discard(body.session)
+    return {"session_type": "bash"}
 
 
 async def _execute(runtimes: Runtimes, runtime: Runtime, body: Command) -> dict[str, Any]:
@@ -209,12 +282,13 @@ async def _write_file(runtimes: Runtimes, runtime: Runtime, body: WriteFile) -> 
 _HANDLERS: dict[str, tuple[type[_Peer], Any]] = {
     "create_session": (CreateSession, _create_session), "run_in_session": (BashAction, _run_in_session),
     "execute": (Command, _execute), "read_file": (ReadFile, _read_file), "write_file": (WriteFile, _write_file),
+    "close_session": (CloseSession, _close_session),
 }
 
 
 def _error(e: PeerError) -> JSONResponse:
     return JSONResponse(status_code=511, content={"swerexception": {
-        "message": str(e), "class_path": e.class_path, "traceback": "", "extra_info": {}}})
+        "message": str(e), "class_path": e.class_path, "traceback": "", "extra_info": e.extra_info}})
 
 
 def _target(path: str) -> tuple[str, str, str]:
@@ -231,6 +305,13 @@ async def swerex(path: str, request: Request) -> Any:
     if not runtime_id or not image:
         return JSONResponse(status_code=404, content={"detail": "use /swerex/<runtime id>/<image>/<endpoint>"})
     if endpoint == "is_alive":
+        # Alive once the sandbox is: the first call opens the runtime's session (an image that does not exist
+        # or is not a kiln build answers False, saying why).
+        try:
+            await runtimes.session(runtimes.get(runtime_id, image))
+        except KilnError as e:
+            runtimes.forget(runtime_id, image)
+            return {"is_alive": False, "message": f"kiln cannot open a sandbox on {image!r}: {e}"}
         return {"is_alive": True, "message": ""}
     if endpoint == "close":
         try:
@@ -241,9 +322,6 @@ async def swerex(path: str, request: Request) -> Any:
     runtime = runtimes.get(runtime_id, image)
     try:
         async with runtime.lock:
-            if endpoint == "close_session":
-                runtime.shells.discard(CloseSession.model_validate(await request.json()).session)
-                return {"session_type": "bash"}
             if endpoint == "upload":
                 form = await request.form()
                 upload = form["file"]
@@ -254,8 +332,11 @@ async def swerex(path: str, request: Request) -> Any:
                 return {}
             if endpoint not in _HANDLERS:
                 return JSONResponse(status_code=404, content={"detail": f"no SWE-ReX endpoint {endpoint!r}"})
+            body = await request.json()
             model, handler = _HANDLERS[endpoint]
-            return await handler(runtimes, runtime, model.model_validate(await request.json()))
+            if endpoint == "run_in_session" and isinstance(body, dict) and body.get("action_type") == "bash_interrupt":
+                model, handler = BashInterruptAction, _interrupt
+            return await handler(runtimes, runtime, model.model_validate(body))
     except ValidationError as e:
         return JSONResponse(status_code=422, content={"detail": e.errors(include_url=False)})
     except PeerError as e:

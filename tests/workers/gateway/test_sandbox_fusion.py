@@ -1,13 +1,15 @@
 """SandboxFusion's own client (``sandbox-fusion`` from PyPI, unmodified) against the gateway: code in six languages
 runs in exec sessions on the toolchain image, with stdin, files, a compile error, a timeout, and kiln's limits
-refused with a reason."""
+refused with a reason; with an API key, carried in the endpoint URL."""
 
 from __future__ import annotations
 
 import base64
+from urllib.parse import quote
 
 import pytest
 from sandbox_fusion import RunCodeRequest, RunStatus, run_code
+from sandbox_fusion.async_client import run_code as async_run_code
 
 from tests.workers.gateway.conftest import Gateway
 
@@ -71,3 +73,38 @@ def test_what_kiln_refuses_is_said(gateway: Gateway) -> None:
         with pytest.raises(Exception, match="422") as refused:
             run_code(bad, endpoint=url, max_attempts=1)
         assert "in.txt" in str(refused.value)
+
+
+async def test_what_the_peer_client_hit(gateway: Gateway) -> None:
+    """SandboxFusion's client sets no headers, so with an API key it carries the key the one way it can: in the
+    endpoint URL's credentials (percent-encoded), which requests and aiohttp send as HTTP Basic. Through it: an
+    output above the claim-check threshold (KILN_CLAIM_CHECK_BYTES, 256 KiB) comes back whole, and a language with no
+    compile step takes any compile_timeout while one with a compile step is still held to the cap."""
+    key = "s3cr@t/k:y"
+    url = gateway(KILN_GATEWAY_API_KEY=key)
+    host = url.removeprefix("http://")
+    with_key = f"http://kiln:{quote(key, safe='')}@{host}"
+
+    for endpoint in (url, f"http://kiln:wrong@{host}"):
+        with pytest.raises(Exception, match="401"):
+            run_code(RunCodeRequest(code="print(1)", language="python"), endpoint=endpoint, max_attempts=1)
+        with pytest.raises(Exception, match="401"):
+            await async_run_code(RunCodeRequest(code="print(1)", language="python"), endpoint=endpoint,
+                                 max_attempts=1)
+
+    big = run_code(RunCodeRequest(code="print('x' * 200_000)", language="python"), endpoint=with_key,
+                   max_attempts=1)
+    assert big.status == RunStatus.Success, big.message
+    assert big.run_result is not None and big.run_result.stdout == "x" * 200_000 + "\n"
+
+    for language in ("python", "nodejs"):
+        code = "print('ok')" if language == "python" else "console.log('ok')"
+        # SandboxFusion's async client (aiohttp) this time.
+        answer = await async_run_code(RunCodeRequest(code=code, language=language, compile_timeout=1000),
+                                      endpoint=with_key, max_attempts=1)
+        assert answer.status == RunStatus.Success, (language, answer)
+        assert answer.run_result is not None and answer.run_result.stdout == "ok\n"
+    with pytest.raises(Exception, match="400") as refused:
+        run_code(RunCodeRequest(code=HELLO["cpp"], language="cpp", compile_timeout=1000), endpoint=with_key,
+                 max_attempts=1)
+    assert "compile_timeout=1000s" in str(refused.value)

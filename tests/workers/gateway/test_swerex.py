@@ -1,13 +1,20 @@
 """SWE-ReX's own ``RemoteRuntime`` (``swe-rex`` from PyPI, unmodified) against the gateway: a session on a
 builder-built image of a repository revision, shell state carried between commands, a file written, the
-repository's tests run, output and files read back, and SWE-ReX's exceptions raised where its server raises them."""
+repository's tests run, output and files read back, and SWE-ReX's exceptions raised where its server raises them
+(a syntax error, a timeout and the interrupt that follows it, a closed session, an image that does not exist)."""
 
 from __future__ import annotations
 
 import pytest
-from swerex.exceptions import CommandTimeoutError, NonZeroExitCodeError, SessionDoesNotExistError
+from swerex.exceptions import (
+    BashIncorrectSyntaxError,
+    CommandTimeoutError,
+    NonZeroExitCodeError,
+    SessionDoesNotExistError,
+)
 from swerex.runtime.abstract import (
     BashAction,
+    BashInterruptAction,
     CloseBashSessionRequest,
     Command,
     CreateBashSessionRequest,
@@ -26,6 +33,8 @@ NEW_TEST = "from calc import sub\n\n\ndef test_sub():\n    assert sub(5, 3) == 2
 async def test_remote_runtime_on_a_built_image(gateway: Gateway, project_image: str) -> None:
     url = gateway(KILN_GATEWAY_API_KEY="secret")
     runtime = RemoteRuntime(host=f"{url}/swerex/agent-1/{project_image}", port=None, auth_token="secret")
+    # What SWE-agent's RemoteDeployment does: poll is_alive (0.1 s each) until the sandbox is open.
+    await runtime.wait_until_alive(timeout=120)
     assert (await runtime.is_alive()).is_alive
     await runtime.create_session(CreateBashSessionRequest())
     await runtime.run_in_session(BashAction(command="cd tests && export GREETING=hello"))
@@ -59,3 +68,44 @@ async def test_remote_runtime_on_a_built_image(gateway: Gateway, project_image: 
 
     await runtime.close_session(CloseBashSessionRequest())
     await runtime.close()
+
+
+async def test_what_swerex_clients_hit(gateway: Gateway, project_image: str) -> None:
+    url = gateway(KILN_GATEWAY_API_KEY="secret")
+    runtime = RemoteRuntime(host=f"{url}/swerex/agent-3/{project_image}", port=None, auth_token="secret")
+    await runtime.wait_until_alive(timeout=120)
+
+    # 300 KB of output: above the claim-check threshold (KILN_CLAIM_CHECK_BYTES, 256 KiB), it comes back whole.
+    big = await runtime.execute(Command(command=["python", "-c", "print('x' * 300_000)"]))
+    assert big.exit_code == 0 and big.stdout == "x" * 300_000 + "\n"
+
+    await runtime.create_session(CreateBashSessionRequest())
+    await runtime.run_in_session(BashAction(command="cd tests && export MARK=kept"))
+    # Checked with bash -n before it runs, as SWE-ReX's server does: nothing of it ran.
+    with pytest.raises(BashIncorrectSyntaxError) as syntax:
+        await runtime.run_in_session(BashAction(command="touch /work/ran; if then fi"))
+    assert "syntax error" in syntax.value.extra_info["bash_stderr"]
+    assert (await runtime.execute(Command(command="test -e /work/ran", shell=True))).exit_code == 1
+
+    # SWE-agent's answer to a timeout: interrupt the session, then go on in it, its state intact.
+    with pytest.raises(CommandTimeoutError):
+        await runtime.run_in_session(BashAction(command="sleep 30", timeout=1))
+    interrupted = await runtime.run_in_session(BashInterruptAction())
+    assert interrupted.exit_code == 0
+    after = await runtime.run_in_session(BashAction(command="echo $MARK from $(pwd)"))
+    assert after.output == "kept from /work/tests"
+    with pytest.raises(SessionDoesNotExistError):
+        await runtime.run_in_session(BashInterruptAction(session="other"))
+
+    await runtime.close_session(CloseBashSessionRequest())
+    with pytest.raises(SessionDoesNotExistError):
+        await runtime.close_session(CloseBashSessionRequest())
+    # A session created again under the same name starts afresh.
+    await runtime.create_session(CreateBashSessionRequest())
+    fresh = await runtime.run_in_session(BashAction(command="echo ${MARK:-unset} from $(pwd)"))
+    assert fresh.output == "unset from /work"
+    await runtime.close()
+
+    missing = RemoteRuntime(host=f"{url}/swerex/agent-4/kiln/no-such-image:latest", port=None, auth_token="secret")
+    alive = await missing.is_alive(timeout=120)
+    assert not alive.is_alive and "no-such-image" in alive.message
