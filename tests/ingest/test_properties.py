@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,10 +19,32 @@ from tests.ingest.conftest import Ingested, ingest_into
 from tests.ingest.gitrepos import Builder, all_commits, files_at, show, write
 
 
+def _size(n: int) -> bytes:
+    """A delta header's size: little-endian base 128."""
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
 @given(st.binary(max_size=64), st.binary(max_size=64))
 def test_garbage_deltas_fail_typed(base: bytes, delta: bytes) -> None:
-    with contextlib.suppress(CorruptPack):
-        apply_delta(base, delta)
+    # Arbitrary bytes almost never name this base's size: such a delta must be refused, typed.
+    if not delta.startswith(_size(len(base))):
+        with pytest.raises(CorruptPack):
+            apply_delta(base, delta)
+
+
+@given(st.binary(max_size=64), st.integers(0, 300), st.binary(max_size=64))
+def test_deltas_with_a_valid_header_and_garbage_ops_yield_the_declared_size_or_fail_typed(
+        base: bytes, declared: int, ops: bytes) -> None:
+    try:
+        out = apply_delta(base, _size(len(base)) + _size(declared) + ops)
+    except CorruptPack:
+        return
+    assert len(out) == declared
 
 
 @given(st.binary(max_size=300))

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 from datetime import timedelta
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from kiln.schemas.envelope import RequestEnvelope, new_request_id, utcnow
@@ -62,5 +61,31 @@ def test_decoding_arbitrary_bytes_raises_malformed_only(raw: bytes) -> None:
     from kiln.streams.codec import decode_request
     from kiln.streams.errors import MalformedRequest
 
-    with contextlib.suppress(MalformedRequest):
-        decode_request(raw)
+    try:
+        json.loads(raw)
+    except ValueError:  # not even JSON: refused, typed
+        with pytest.raises(MalformedRequest):
+            decode_request(raw)
+
+
+_VALID = RequestEnvelope(kind="echo", client_id="c", payload={"text": "hi"}).model_dump(mode="json")
+_JSON = st.none() | st.booleans() | st.integers() | st.text(max_size=5) | st.dictionaries(st.text(max_size=3),
+                                                                                           st.integers(), max_size=2)
+
+
+@given(st.sets(st.sampled_from(sorted(_VALID)), max_size=4),
+       st.dictionaries(st.sampled_from(sorted(_VALID)), _JSON, max_size=3))
+@example(dropped={"payload"}, changed={})  # neither a payload nor a claim check
+@example(dropped=set(), changed={"claim_check": {"digest": "0" * 64, "size": 1}})  # both
+def test_a_damaged_envelope_is_refused_typed_or_carries_what_a_job_needs(dropped: set[str],
+                                                                         changed: dict[str, object]) -> None:
+    from kiln.streams.codec import decode_request
+    from kiln.streams.errors import MalformedRequest
+
+    doc = {k: v for k, v in {**_VALID, **changed}.items() if k not in dropped}
+    try:
+        envelope = decode_request(json.dumps(doc).encode())
+    except MalformedRequest:
+        return
+    assert {"request_id", "kind", "schema_version", "created_at", "client_id", "attempt"} <= doc.keys()
+    assert (envelope.payload is None) != (envelope.claim_check is None)

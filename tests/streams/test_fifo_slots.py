@@ -45,6 +45,11 @@ async def test_a_waiter_gives_up_its_turn_without_losing_a_slot() -> None:
     handed.cancel()  # ...which gives up in the same instant: it passes the slot on
     await asyncio.sleep(0)
     await asyncio.wait_for(slots.acquire(), 1)
+    assert waiter.cancelled() and handed.cancelled()
+    extra = asyncio.create_task(slots.acquire())  # one slot, held: nobody else gets in (none was made up either)
+    await asyncio.sleep(0.01)
+    assert not extra.done()
+    extra.cancel()
 
 
 @given(waited=st.floats(0, 100), job=st.floats(0.01, 100), lock=st.floats(0.1, 100))

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
+import base64
 import random
+import string
+import zlib
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln.streams.offsets import MAX_METADATA_CHARS, OffsetMapError, PartitionOffsets, decode_done, encode_done
+from kiln.streams.offsets import (
+    MAX_METADATA_CHARS,
+    METADATA_PREFIX,
+    OffsetMapError,
+    PartitionOffsets,
+    decode_done,
+    encode_done,
+)
 
 
 @st.composite
@@ -83,8 +92,29 @@ def test_dense_map_of_many_finished_jobs_fits() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=200))
 def test_decoding_garbage_fails_cleanly(text: str) -> None:
-    with contextlib.suppress(OffsetMapError):
-        decode_done(5, "k1:" + text)
+    try:
+        decoded = decode_done(5, "k1:" + text)
+    except OffsetMapError:
+        return
+    assert all(o > 5 for o in decoded)  # the text happened to be a map: it names only offsets past the commit
+    assert not set(text) - set(string.ascii_letters + string.digits + "+/=")  # else it had to be refused
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 127), max_size=40))
+def test_decoding_garbage_runs_fails_typed_or_yields_a_map_past_the_commit(varints: list[int]) -> None:
+    """Well-formed metadata around arbitrary one-byte varints: runs of zero length or zero gap (which would name
+    the committed offset itself, or nothing) are refused; anything accepted names offsets past the commit and
+    round-trips through the encoder."""
+    text = METADATA_PREFIX + base64.b64encode(zlib.compress(bytes(varints))).decode()
+    try:
+        decoded = decode_done(5, text)
+    except OffsetMapError:
+        assert len(varints) % 2 or any(v < 1 for v in varints)
+        return
+    assert len(varints) % 2 == 0 and all(v >= 1 for v in varints)
+    assert all(o > 5 for o in decoded) and len(decoded) == sum(varints[1::2])
+    assert decode_done(5, encode_done(5, sorted(decoded))) == decoded
 
 
 def test_foreign_metadata_is_ignored() -> None:

@@ -113,14 +113,16 @@ def automake(text: str) -> TestReport:
                                 for m in _AUTOMAKE.finditer(text)])
 
 
-_TAP = re.compile(r"^\s*(not ok|ok) \d+ (?:- )?(.*?)(?:\s+#\s*(SKIP|TODO).*)?$", re.MULTILINE | re.IGNORECASE)
+# A description is optional (``ok 5``), as is the dash before it; a directive follows ``#``.
+_TAP = re.compile(r"^[ \t]*(not ok|ok)[ \t]+\d+(?:[ \t]+-)?(?:[ \t]+(.*?))?(?:[ \t]*#[ \t]*(SKIP|TODO)\b.*)?[ \t]*$",
+                  re.MULTILINE | re.IGNORECASE)
 
 
 def tap(text: str, runner: str) -> TestReport:
     cases = []
     for m in _TAP.finditer(text):
         outcome = "skipped" if m.group(3) else ("passed" if m.group(1) == "ok" else "failed")
-        cases.append(TestCaseResult(name=m.group(2).strip() or "unnamed", outcome=outcome))
+        cases.append(TestCaseResult(name=(m.group(2) or "").strip() or "unnamed", outcome=outcome))
     return tally(runner, cases)
 
 

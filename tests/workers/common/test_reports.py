@@ -3,12 +3,29 @@ did not really run (collection errors, nothing executed) told apart from usable 
 
 from __future__ import annotations
 
-import contextlib
+import json
+import xml.etree.ElementTree as ET
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kiln.workers.common.reports import ReportError, cargo_test, junit, not_run_reason
+from kiln.workers.common.reports import (
+    ReportError,
+    automake,
+    cargo_test,
+    coverage_py,
+    gcov_json,
+    go_cover_profile,
+    go_test_json,
+    istanbul,
+    junit,
+    lcov,
+    lint_findings,
+    not_run_reason,
+    parse_results,
+    tap,
+)
 
 # cargo test of a crate with a unit-test binary, an integration-test binary and doc tests.
 CARGO_OUTPUT = """\
@@ -58,8 +75,14 @@ def test_cargo_counts_equal_the_summaries_doc_tests_included() -> None:
 
 @given(st.text())
 def test_cargo_parser_takes_any_text(text: str) -> None:
-    report = cargo_test(text)
-    assert report.passed >= 0 and report.failed >= 0
+    # Text with no "test" in it holds no case and no summary: it adds nothing, before or after a real output.
+    noise = text.replace("test", "")
+    assert cargo_test(noise).cases == []
+    report = cargo_test(noise + "\n" + CARGO_OUTPUT)
+    assert (report.passed, report.failed, report.skipped, len(report.cases)) == (5, 1, 1, 7)
+    assert cargo_test(CARGO_OUTPUT + "\n" + noise).model_dump() == cargo_test(CARGO_OUTPUT).model_dump()
+    quiet = cargo_test(noise + "\n" + CARGO_QUIET + "\n" + noise)  # -q: only the summaries count
+    assert (quiet.passed, quiet.failed, quiet.skipped) == (37, 0, 1)
 
 
 COLLECTION_ERROR = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1"
@@ -83,5 +106,142 @@ def test_collection_errors_and_empty_runs_did_not_run() -> None:
 
 @given(st.text())
 def test_junit_parser_raises_report_error_only(text: str) -> None:
-    with contextlib.suppress(ReportError):
-        junit(text, "pytest")
+    try:
+        ET.fromstring(text)
+    except ET.ParseError:
+        with pytest.raises(ReportError):
+            junit(text, "pytest")
+    else:  # well-formed XML (rare in random text): one case per <testcase>, tallied
+        report = junit(text, "pytest")
+        assert report.passed + report.failed + report.skipped + report.errors == len(report.cases)
+
+
+# A CTest run written with --output-junit: a failure, a skip (CTest's "disabled"), a pass.
+CTEST = """<?xml version="1.0" encoding="UTF-8"?><testsuite name="Linux-c++" tests="3" failures="1" skipped="1">
+<testcase name="parse_ok" classname="parse_ok" time="0.01" status="run"/>
+<testcase name="parse_bad" classname="parse_bad" time="0.02" status="fail"><failure message="Failed"/></testcase>
+<testcase name="slow" classname="slow" time="0" status="disabled"><skipped message="Disabled"/></testcase>
+</testsuite>"""
+
+
+def test_junit_counts_outcomes_and_keeps_failure_messages() -> None:
+    report = junit(CTEST, "ctest")
+    assert (report.runner, report.passed, report.failed, report.skipped, report.errors) == ("ctest", 1, 1, 1, 0)
+    failed = next(c for c in report.cases if c.outcome == "failed")
+    assert (failed.name, failed.message, failed.duration_s) == ("parse_bad.parse_bad", "Failed", 0.02)
+    with pytest.raises(ReportError):
+        junit("<testsuite><testcase", "pytest")
+
+
+# go test -json: package events (no Test) and output lines are not cases; a test's last verdict counts.
+GO_JSON = "\n".join(json.dumps(e) for e in [
+    {"Action": "run", "Package": "example.com/calc", "Test": "TestAdd"},
+    {"Action": "output", "Package": "example.com/calc", "Test": "TestAdd", "Output": "=== RUN TestAdd\n"},
+    {"Action": "pass", "Package": "example.com/calc", "Test": "TestAdd", "Elapsed": 0.01},
+    {"Action": "fail", "Package": "example.com/calc", "Test": "TestDiv", "Elapsed": 0.02},
+    {"Action": "skip", "Package": "example.com/calc", "Test": "TestBig", "Elapsed": 0},
+    {"Action": "fail", "Package": "example.com/calc", "Elapsed": 0.05},
+]) + "\nFAIL\texample.com/calc\t0.05s\n"
+
+
+def test_go_test_json_counts_test_events_only() -> None:
+    report = go_test_json(GO_JSON)
+    assert (report.passed, report.failed, report.skipped) == (1, 1, 1)
+    assert {c.name for c in report.cases} == {"example.com/calc.TestAdd", "example.com/calc.TestDiv",
+                                               "example.com/calc.TestBig"}
+    with pytest.raises(ReportError):
+        go_test_json('{"Action": "pass", "Test": ')
+
+
+def test_automake_counts_expected_failures_as_passes_and_unexpected_passes_as_failures() -> None:
+    text = "PASS: t/add\nXFAIL: t/known_bug\nFAIL: t/div\nXPASS: t/fixed_by_accident\nSKIP: t/net\nERROR: t/io\n" \
+           "# TOTAL: 6\n"
+    report = automake(text)
+    assert (report.passed, report.failed, report.skipped, report.errors) == (2, 2, 1, 1)
+    assert [c.name for c in report.cases] == ["t/add", "t/known_bug", "t/div", "t/fixed_by_accident", "t/net",
+                                              "t/io"]
+
+
+def test_tap_reads_node_test_output_with_directives_and_nesting() -> None:
+    text = "TAP version 13\n# Subtest: math\n    ok 1 - adds\n    not ok 2 - divides\n1..2\n" \
+           "ok 3 - slow # SKIP no time\nnot ok 4 - todo thing # TODO later\nok 5\nok 6 # skip offline\n"
+    report = tap(text, "node test")
+    assert (report.runner, report.passed, report.failed, report.skipped) == ("node test", 2, 1, 3)
+    assert [c.name for c in report.cases] == ["adds", "divides", "slow", "todo thing", "unnamed", "unnamed"]
+
+
+def test_coverage_py_json_is_made_relative_and_counts_executed_lines() -> None:
+    doc = {"files": {"/work/calc.py": {"executed_lines": [1, 2, 4], "missing_lines": [5]},
+                     "./pkg/util.py": {"executed_lines": [], "missing_lines": [1, 2]}}}
+    cov = coverage_py(json.dumps(doc))
+    assert (cov.lines_total, cov.lines_covered) == (6, 3)
+    assert {f.path: f.covered_lines for f in cov.files} == {"calc.py": [1, 2, 4], "pkg/util.py": []}
+    for bad in ("not json", json.dumps({"files": {"a.py": {"executed_lines": [1]}}})):
+        with pytest.raises(ReportError):
+            coverage_py(bad)
+
+
+def test_go_cover_profile_covers_whole_blocks_and_strips_the_module() -> None:
+    text = "mode: set\nexample.com/calc/add.go:3.20,5.2 1 1\nexample.com/calc/add.go:7.20,9.2 2 0\n" \
+           "example.com/calc/add.go:10.1,10.5 0 1\n"
+    cov = go_cover_profile(text, module="example.com/calc")
+    (f,) = cov.files
+    assert (f.path, f.executable_lines, f.covered_lines) == ("add.go", [3, 4, 5, 7, 8, 9], [3, 4, 5])
+    with pytest.raises(ReportError):
+        go_cover_profile("mode: set\nadd.go:3 1 1\n")
+
+
+def test_gcov_json_skips_system_and_cmake_files() -> None:
+    doc = {"files": [{"file": "/work/build/src/calc.c", "lines": [{"line_number": 3, "count": 2},
+                                                                   {"line_number": 4, "count": 0}]},
+                     {"file": "/usr/include/stdio.h", "lines": [{"line_number": 1, "count": 1}]},
+                     {"file": "/work/build/CMakeFiles/x.c", "lines": [{"line_number": 1, "count": 1}]}]}
+    cov = gcov_json(json.dumps(doc) + "\n\n", ("/work/build", "/work"))
+    assert [(f.path, f.executable_lines, f.covered_lines) for f in cov.files] == [("src/calc.c", [3, 4], [3])]
+    with pytest.raises(ReportError):
+        gcov_json(json.dumps({"files": [{"file": "a.c"}]}))
+
+
+def test_lcov_reads_records_and_refuses_bad_lines() -> None:
+    text = "TN:\nSF:/work/src/lib.rs\nDA:1,3\nDA:2,0\nDA:5,1.0\nend_of_record\nDA:9,1\nSF:src/main.rs\nDA:1,0\n" \
+           "end_of_record\n"
+    cov = lcov(text, "llvm-cov")
+    assert {f.path: (f.executable_lines, f.covered_lines) for f in cov.files} == {
+        "src/lib.rs": ([1, 2, 5], [1, 5]), "src/main.rs": ([1], [])}
+    assert (cov.tool, cov.lines_total, cov.lines_covered) == ("llvm-cov", 4, 2)
+    with pytest.raises(ReportError):
+        lcov("SF:a.rs\nDA:x,1\n", "llvm-cov")
+
+
+def test_istanbul_marks_a_line_covered_when_a_statement_on_it_ran() -> None:
+    doc = {"/work/src/a.js": {"statementMap": {"0": {"start": {"line": 1}}, "1": {"start": {"line": 1}},
+                                               "2": {"start": {"line": 3}}},
+                              "s": {"0": 0, "1": 4, "2": 0}}}
+    cov = istanbul(json.dumps(doc))
+    assert [(f.path, f.executable_lines, f.covered_lines) for f in cov.files] == [("src/a.js", [1, 3], [1])]
+    with pytest.raises(ReportError):
+        istanbul(json.dumps({"a.js": {"s": {}}}))
+
+
+def test_parse_results_picks_the_runner_file_and_its_coverage() -> None:
+    lcov_text = b"SF:/work/src/lib.rs\nDA:1,1\nend_of_record\n"
+    report = parse_results("cargo", 101, {"cargo-test.txt": CARGO_OUTPUT.encode(), "lcov.info": lcov_text})
+    assert report is not None and (report.runner, report.failed) == ("cargo test", 1)
+    assert report.coverage is not None and report.coverage.lines_covered == 1
+    # No per-test output: a succeeding run is one passing case, a failing or missing command is no report.
+    whole = parse_results("make", 0, {})
+    assert whole is not None and [(c.name, c.outcome) for c in whole.cases] == [("make test suite", "passed")]
+    assert parse_results("make", 2, {}) is None and parse_results("make", 127, {}) is None
+    assert parse_results("go", 0, {"go-test.json": b"not json\n"}) is not None  # non-JSON lines are output
+
+
+def test_lint_findings_from_ruff_json_and_plain_lines() -> None:
+    ruff = [{"filename": "/work/a.py", "location": {"row": 3, "column": 1}, "code": "F401",
+             "message": "os imported but unused"}]
+    (finding,) = lint_findings(json.dumps(ruff))
+    assert (finding.path, finding.line, finding.column, finding.code) == ("a.py", 3, 1, "F401")
+    plain = lint_findings("./src/x.c:10:5: warning: unused variable\nsrc/y.c:2: note\nnot a finding\n")
+    assert [(f.path, f.line, f.column, f.message) for f in plain] == [
+        ("src/x.c", 10, 5, "warning: unused variable"), ("src/y.c", 2, None, "note")]
+    with pytest.raises(ReportError):
+        lint_findings('[{"filename": "a.py"}]')
