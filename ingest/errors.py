@@ -2,6 +2,7 @@
 
 SaucerError
 ├── InvalidLocation     the repository location is not acceptable (unknown transport, option injection)
+│   └── LocationOutsideRoots  a local repository whose git directory, objects or links lead outside the roots
 ├── DownloadFailed      every download strategy failed; ``reason`` is the class of failure
 ├── InvalidReference    a revision or path is malformed or absurd (HTTP 400)
 ├── NotFound            (HTTP 404)
@@ -25,6 +26,11 @@ class SaucerError(KilnError):
 
 class InvalidLocation(SaucerError):
     """The location cannot be ingested safely."""
+
+
+class LocationOutsideRoots(InvalidLocation):
+    """A local location, or what git would follow from it (``.git`` file or link, ``commondir``, alternates, a link
+    inside the git directory), lies outside ``KILN_INGEST_LOCAL_ROOTS``."""
 
 
 class DownloadFailed(SaucerError):

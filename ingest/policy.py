@@ -1,7 +1,13 @@
 """Which locations Saucer fetches from, and how: a location is untrusted input from whoever submits a request.
 
 - Local paths and ``file://`` only under ``KILN_INGEST_LOCAL_ROOTS`` (none by default): the worker can read far
-  more than the repositories it should serve.
+  more than the repositories it should serve. Not only the location: everything git would follow from it to read
+  objects is resolved and must lie under a root too (a ``.git`` file or link, the ``.git`` suffixes git tries, a
+  worktree's ``commondir``, ``objects/info/alternates`` to any depth, every link inside those git directories;
+  ``LocationOutsideRoots`` otherwise), and git is then given the git directory found, as a plain path (git
+  percent-decodes ``file://`` paths, so they are decoded before the check). Git's own object-directory variables
+  never reach it (``download.git_env``). Hard links and changes made to the roots between the check and the fetch
+  are not seen: the roots must not be writable by whoever submits locations.
 - http(s)/git/ssh hosts that resolve to loopback, link-local, private, shared (CGNAT) or unspecified addresses are
   refused (server-side request forgery into the cluster) unless named in ``KILN_INGEST_ALLOW_HOSTS`` (host names or
   CIDRs). For http(s) git then connects to exactly the vetted address (``http.curloptResolve``) and follows no
@@ -16,16 +22,17 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 import shlex
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kiln.ingest.errors import InvalidLocation
+from kiln.ingest.errors import InvalidLocation, LocationOutsideRoots
 
 _INWARD = [ipaddress.ip_network(n) for n in (
     "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16",
@@ -89,13 +96,111 @@ def _resolve(host: str, port: int, policy: IngestPolicy) -> str:
     return addresses[0]
 
 
+_ALTERNATES_DEPTH = 5  # git follows alternates of alternates this deep, then stops with an error
+_SMALL_FILE = 64 << 10  # .git files, commondir and alternates are a few lines
+
+
+def _roots_text(policy: IngestPolicy) -> str:
+    return ", ".join(map(str, policy.local_roots)) or "none configured"
+
+
+class _GitDirCheck:
+    """Follows what git follows from a local location and refuses anything that leads outside the roots."""
+
+    def __init__(self, location: str, policy: IngestPolicy) -> None:
+        self.location = location
+        self.policy = policy
+        self.roots = [root.resolve() for root in policy.local_roots]
+        self.walked: set[Path] = set()
+
+    def inside(self, path: Path, what: str) -> Path:
+        try:
+            real = path.resolve()
+        except (RuntimeError, OSError):  # a link loop
+            raise LocationOutsideRoots(f"local path {self.location!r}: {what} is a link loop") from None
+        if not any(real == root or real.is_relative_to(root) for root in self.roots):
+            raise LocationOutsideRoots(f"local path {self.location!r}: {what} leads outside KILN_INGEST_LOCAL_ROOTS "
+                                       f"({_roots_text(self.policy)})")
+        return real
+
+    def read(self, path: Path, what: str) -> str:
+        with open(path, "rb") as f:
+            data = f.read(_SMALL_FILE + 1)
+        if len(data) > _SMALL_FILE:
+            raise InvalidLocation(f"local path {self.location!r}: {what} is larger than {_SMALL_FILE} bytes")
+        return data.decode(errors="surrogateescape")
+
+    def walk(self, directory: Path) -> None:
+        """Every link under ``directory`` (already inside a root) must resolve inside a root; linked folders are
+        walked too."""
+        if directory in self.walked:
+            return
+        self.walked.add(directory)
+        for folder, dirs, files in os.walk(directory, followlinks=False):
+            for name in (*dirs, *files):
+                entry = Path(folder) / name
+                if entry.is_symlink():
+                    target = self.inside(entry, f"the link {entry.relative_to(directory)} in {directory.name}")
+                    if target.is_dir():
+                        self.walk(target)
+
+    def git_dir(self, real: Path) -> Path:
+        """The git directory git would use for the location ``real``, with everything it reads objects through
+        checked."""
+        dotgit = real / ".git"
+        if dotgit.is_symlink() or dotgit.exists():
+            gitdir = self.inside(dotgit, "its .git link") if dotgit.is_symlink() else dotgit
+            if gitdir.is_file():
+                first = self.read(gitdir, "its .git file").split("\n", 1)[0]
+                if not first.startswith("gitdir: "):
+                    raise InvalidLocation(f"local path {self.location!r}: its .git file names no gitdir")
+                target = Path(first[len("gitdir: "):].rstrip("\r"))
+                gitdir = self.inside(target if target.is_absolute() else dotgit.parent / target, "its .git file")
+        else:
+            gitdir = real
+        if not gitdir.is_dir():
+            raise InvalidLocation(f"local path {self.location!r} is not a git repository")
+        if (gitdir / ".git").is_symlink() or (gitdir / ".git").exists():  # git would look there first
+            raise InvalidLocation(f"local path {self.location!r}: its git directory holds a .git of its own")
+        self.walk(gitdir)
+        common = gitdir
+        if (gitdir / "commondir").is_file():
+            target = Path(self.read(gitdir / "commondir", "its commondir").split("\n", 1)[0].rstrip("\r"))
+            common = self.inside(target if target.is_absolute() else gitdir / target, "its commondir")
+            self.walk(common)
+        for objects in dict.fromkeys((gitdir / "objects", common / "objects")):
+            self.alternates(objects, 0)
+        return gitdir
+
+    def alternates(self, objects: Path, depth: int) -> None:
+        listing = objects / "info" / "alternates"
+        if not listing.is_file():
+            return
+        if depth >= _ALTERNATES_DEPTH:
+            raise InvalidLocation(f"local path {self.location!r}: alternates nested deeper than {_ALTERNATES_DEPTH}")
+        for line in self.read(listing, "its objects/info/alternates").split("\n"):
+            line = line.rstrip("\r")
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith('"'):  # C-quoted: not followed, refused
+                raise LocationOutsideRoots(f"local path {self.location!r}: a quoted entry in its "
+                                           "objects/info/alternates is not accepted")
+            target = Path(line)
+            real = self.inside(target if target.is_absolute() else objects / target, "its objects/info/alternates")
+            self.walk(real)
+            self.alternates(real, depth + 1)
+
+
 def _local(path: str, policy: IngestPolicy) -> Path:
+    """The git directory to fetch from for the local location ``path``; LocationOutsideRoots when the location or
+    anything git reads objects through lies outside the roots."""
+    check = _GitDirCheck(path, policy)
     real = Path(path).resolve()
-    for root in policy.local_roots:
-        if real == root.resolve() or real.is_relative_to(root.resolve()):
-            return real
-    raise InvalidLocation(f"local path {path!r} is outside KILN_INGEST_LOCAL_ROOTS "
-                          f"({', '.join(map(str, policy.local_roots)) or 'none configured'})")
+    if not any(real == root or real.is_relative_to(root) for root in check.roots):
+        raise LocationOutsideRoots(f"local path {path!r} is outside KILN_INGEST_LOCAL_ROOTS ({_roots_text(policy)})")
+    if not real.is_dir():  # git would try ``path.git`` and ``path.git/.git`` next: only existing folders are taken
+        raise InvalidLocation(f"local path {path!r} is not a directory under KILN_INGEST_LOCAL_ROOTS")
+    return check.git_dir(real)
 
 
 def _ssh(policy: IngestPolicy) -> dict[str, str]:
@@ -132,8 +237,10 @@ def vet(location: str, scp_like: bool, policy: IngestPolicy) -> Vetted:
         return Vetted(str(_local(location, policy)), location)
     parts = urlsplit(location)
     scheme = parts.scheme.lower()
-    if scheme == "file":
-        return Vetted(f"file://{_local(parts.path, policy)}", location)
+    if scheme == "file":  # git percent-decodes file:// paths; it is given the checked git directory as a path
+        if parts.netloc not in ("", "localhost"):
+            raise InvalidLocation(f"location {location!r}: file:// names a host")
+        return Vetted(str(_local(unquote(parts.path), policy)), location)
     env: dict[str, str] = _ssh(policy) if scheme == "ssh" else {}
     host = parts.hostname or ""
     if not host:
