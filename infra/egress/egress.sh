@@ -5,10 +5,18 @@
 # Enforced by the host's packet filter (dockerd runs with --iptables=false, so kiln writes its own rules):
 #   - from the bridge, only tcp to <gateway>:<port> (the proxy) is accepted; everything else is rejected, and
 #     nothing is forwarded off the bridge (no route to the internet, other hosts or private ranges);
+#   - nothing passes between two containers on the bridge: IP is rejected in FORWARD (the kernel hands bridged IP
+#     to iptables: bridge-nf-call-iptables), and any frame (ARP included) a container sends to another port is
+#     dropped by ebtables (source MACs of the subnet: Docker derives a container's MAC from its address; changing
+#     it needs NET_ADMIN, which no build step has);
+#   - no resolver: only the proxy's port on the gateway is open, so DNS (Docker's embedded resolver forwards from
+#     the container's own namespace) reaches nothing; names are resolved by the proxy;
 #   - the proxy runs as its own user, and that user's connections to loopback, link-local and private ranges are
 #     rejected (the resolver excepted), so an allowed name that resolves inward still goes nowhere.
 # Env: KILN_EGRESS_NETWORK (kiln-egress), KILN_EGRESS_SUBNET (172.31.250.0/24), KILN_EGRESS_PORT (3128),
-#      KILN_EGRESS_ALLOW (space-separated host names; suffix match; default: the language registries below).
+#      KILN_EGRESS_ALLOW (space-separated host names; suffix match; default: the package registries below),
+#      KILN_EGRESS_ALLOW_EXTRA (hosts added to that list, e.g. storage.googleapis.com, where proxy.golang.org
+#      redirects module zips: a generic storage host anyone can put a bucket on, so never a default).
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 NETWORK="${KILN_EGRESS_NETWORK:-kiln-egress}"
@@ -16,10 +24,10 @@ SUBNET="${KILN_EGRESS_SUBNET:-172.31.250.0/24}"
 PORT="${KILN_EGRESS_PORT:-3128}"
 BRIDGE="${NETWORK:0:12}0"
 GATEWAY="${SUBNET%.*}.1"
+# Package registries only: no host that serves anyone's content (object storage, gists, pastebins).
 DEFAULT_ALLOW="pypi.org files.pythonhosted.org registry.npmjs.org registry.yarnpkg.com crates.io index.crates.io
-static.crates.io proxy.golang.org sum.golang.org storage.googleapis.com repo.maven.apache.org repo1.maven.org
-deb.debian.org"
-ALLOW="${KILN_EGRESS_ALLOW:-$DEFAULT_ALLOW}"
+static.crates.io proxy.golang.org sum.golang.org repo.maven.apache.org repo1.maven.org deb.debian.org"
+ALLOW="${KILN_EGRESS_ALLOW:-$DEFAULT_ALLOW} ${KILN_EGRESS_ALLOW_EXTRA:-}"
 # Not under $KILN_RUN: the proxy drops to its own user, which must reach its log and pid files.
 DATA="${KILN_EGRESS_DATA:-/var/lib/kiln-egress/$NETWORK}"
 PIDFILE="$DATA/tinyproxy.pid"
@@ -49,6 +57,7 @@ rules() {
   iptables -C INPUT -i "$BRIDGE" -j "$CHAIN" 2>/dev/null || iptables -I INPUT 1 -i "$BRIDGE" -j "$CHAIN"
   iptables -C FORWARD -i "$BRIDGE" -j REJECT 2>/dev/null || iptables -I FORWARD 1 -i "$BRIDGE" -j REJECT
   iptables -C FORWARD -o "$BRIDGE" -j REJECT 2>/dev/null || iptables -I FORWARD 1 -o "$BRIDGE" -j REJECT
+  layer2
   if command -v ip6tables >/dev/null; then
     ip6tables -C INPUT -i "$BRIDGE" -j REJECT 2>/dev/null || ip6tables -I INPUT 1 -i "$BRIDGE" -j REJECT
     ip6tables -C FORWARD -i "$BRIDGE" -j REJECT 2>/dev/null || ip6tables -I FORWARD 1 -i "$BRIDGE" -j REJECT
@@ -66,6 +75,32 @@ rules() {
   for range in $INWARD; do iptables -A "$OUT_CHAIN" -d "$range" -j REJECT; done
   iptables -C OUTPUT -m owner --uid-owner "$uid" -j "$OUT_CHAIN" 2>/dev/null \
     || iptables -I OUTPUT 1 -m owner --uid-owner "$uid" -j "$OUT_CHAIN"
+}
+
+# Container to container below IP: the FORWARD rules above see bridged IP only because the kernel hands it to
+# iptables; ARP and other frames are dropped here (frames to the gateway itself take ebtables' INPUT, not FORWARD).
+# Fails closed: without these filters the proxy is not started.
+layer2() {
+  [[ "$(cat /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null)" == 1 ]] \
+    || { modprobe br_netfilter 2>/dev/null; sysctl -qw net.bridge.bridge-nf-call-iptables=1 \
+         net.bridge.bridge-nf-call-ip6tables=1 >/dev/null 2>&1; } \
+    || die "bridged traffic does not pass iptables (br_netfilter): builds could reach each other"
+  apt_install ebtables
+  local mac
+  mac=$(subnet_mac)
+  ebtables -C FORWARD -s "$mac" -j DROP 2>/dev/null || ebtables -I FORWARD 1 -s "$mac" -j DROP \
+    || die "ebtables FORWARD rule for $mac failed"
+}
+
+# 02:42 and the subnet's address bytes, with the mask its prefix length rounds down to in whole bytes.
+subnet_mac() {
+  local address="${SUBNET%/*}" bits="${SUBNET#*/}" mac="02:42" mask="ff:ff" i=0 byte
+  for byte in ${address//./ }; do
+    if (( i * 8 < bits / 8 * 8 )); then mac+=$(printf ':%02x' "$byte"); mask+=":ff"
+    else mac+=":00"; mask+=":00"; fi
+    i=$((i + 1))
+  done
+  echo "$mac/$mask"
 }
 
 config() {
@@ -120,7 +155,7 @@ start() {
   network
   rules
   build_cgroup
-  local wanted; wanted=$(printf '%s %s %s' "$ALLOW" "$GATEWAY" "$PORT" | sha256sum | cut -c1-12)
+  local wanted; wanted=$(printf '%s %s %s' "$(echo $ALLOW)" "$GATEWAY" "$PORT" | sha256sum | cut -c1-12)
   if same_config_running "$PIDFILE" "$DATA/config.key" "$wanted" && proxy_ready; then
     log "egress proxy already running on $GATEWAY:$PORT"; return 0
   fi
