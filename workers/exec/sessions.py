@@ -10,35 +10,47 @@ wrapper, setsid, fork bombs, SIGTERM-ignorers): nothing it starts outlives it, s
 command's files or reports. File reads and writes run as uid 1000 inside the container too (one ``tar`` each) and
 refuse any path that resolves outside ``/work``; Docker's archive API (root, follows symlinks, ignores the
 read-only root and the disk limit) is used only on kiln's own areas.
+
+Nothing an image declares changes that: a path it declares a ``VOLUME`` gets a read-only empty tmpfs (outside
+``/work`` and ``/tmp``) or a size-limited tmpfs volume carved out of the session's disk budget (inside them), so
+Docker creates no anonymous volume. Its ``LABEL``s, which Docker merges into its containers' labels, can imitate
+kiln's (``kiln.role``, ``kiln.worker``, ``kiln.lock``): the labels kiln sets on its containers carry a seal
+(``LabelSeal``), and the reaper judges only what a seal covers.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
+import hmac
 import io
 import json
 import os
+import posixpath
+import secrets
 import shlex
 import signal
 import socket
+import stat
 import tarfile
 import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import zstandard
 from docker.errors import APIError, DockerException, NotFound
+from docker.types import Mount
 from docker.utils.socket import consume_socket_output, demux_adaptor, frames_iter
 
-from kiln.schemas.envelope import request_id_ms
 from kiln.schemas.exec import CommandOutput, ExecRequest, ExecResult, FileContent, SessionLimits
 from kiln.streams.blobstore import BlobStore
-from kiln.streams.errors import BlobNotFound, InfraError, RoutineJobError
+from kiln.streams.errors import BlobNotFound, ConfigError, InfraError, RoutineJobError
 from kiln.workers.common.containers import untar_files
 from kiln.workers.exec import auth
 
@@ -94,6 +106,31 @@ class LimitExceeded(SessionError):
 
 
 REPLAY_WINDOW = 4096  # results remembered per session for replayed request ids
+REPLAY_BYTES = 16 << 20  # ... and their size (``KILN_EXEC_REPLAY_CACHE_BYTES``)
+HANDOVER_RESULTS = 256  # results a hand-over carries to the next owner
+MAX_IMAGE_VOLUMES = 64  # paths an image may declare as volumes
+
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def ulid_value(request_id: str) -> int | None:
+    """A ULID request id as its 128-bit number: ordered by time, then (ids of one client process, which
+    ``new_request_id`` keeps monotonic) by issue; None for any other id."""
+    if len(request_id) != 26:
+        return None
+    value = 0
+    for ch in request_id.upper():
+        digit = _CROCKFORD.find(ch)
+        if digit < 0:
+            return None
+        value = value * 32 + digit
+    return value
+
+
+def result_bytes(result: ExecResult) -> int:
+    """What a remembered result weighs: its JSON form (the form a hand-over stores too)."""
+    return len(result.model_dump_json())
 
 
 @dataclass
@@ -112,26 +149,157 @@ class Session:
     created: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # Replays: request id -> first result; ids older than the forgotten watermark are refused.
+    # Replays: request id -> first result; ids at or below the forgotten watermark (a ULID's number) are refused.
+    # Bounded by count (REPLAY_WINDOW) and bytes (max_bytes); every result forgotten raises the watermark to its id.
     results: OrderedDict[str, ExecResult] = field(default_factory=OrderedDict)
-    forgotten_ms: int = 0
+    forgotten: int = 0
+    max_bytes: int = REPLAY_BYTES
+    cached_bytes: int = 0
+    sizes: dict[str, int] = field(default_factory=dict)
+    trim: Callable[[Session], None] | None = None  # the worker's bound across its sessions, set on registering
 
     def answered(self, request_id: str) -> ExecResult | None:
         """The first result of ``request_id`` if it ran here; SessionDenied if it is too old to tell."""
         if request_id in self.results:
             return self.results[request_id]
-        stamp = request_id_ms(request_id)
-        if stamp is None:
+        value = ulid_value(request_id)
+        if value is None:
             raise SessionDenied("session requests need ULID request ids (replays are judged by their time)")
-        if stamp <= self.forgotten_ms:
+        if value <= self.forgotten:
             raise SessionDenied(f"request id {request_id} is older than this session's replay window")
         return None
 
     def remember(self, request_id: str, result: ExecResult) -> None:
+        """Keep ``result`` for replays of ``request_id``; past the count or byte bound the oldest are forgotten
+        (the result just kept too, when it alone is larger than the bound: a replay of it is then refused)."""
+        if request_id in self.results:
+            return
+        size = result_bytes(result)
         self.results[request_id] = result
-        while len(self.results) > REPLAY_WINDOW:
-            old, _ = self.results.popitem(last=False)
-            self.forgotten_ms = max(self.forgotten_ms, request_id_ms(old) or 0)
+        self.sizes[request_id] = size
+        self.cached_bytes += size
+        while self.results and (len(self.results) > REPLAY_WINDOW or self.cached_bytes > self.max_bytes):
+            self.forget_oldest()
+        if self.trim is not None:
+            self.trim(self)
+
+    def forget_oldest(self) -> int:
+        """Drop the oldest remembered result, raising the watermark to its id's time; returns the bytes freed."""
+        if not self.results:
+            return 0
+        old, _ = self.results.popitem(last=False)
+        size = self.sizes.pop(old, 0)
+        self.cached_bytes -= size
+        self.forgotten = max(self.forgotten, ulid_value(old) or 0)
+        return size
+
+    def handover_state(self, keep: int = HANDOVER_RESULTS) -> tuple[int, list[tuple[str, ExecResult]]]:
+        """What the next owner needs to answer replays: the newest ``keep`` results, and a watermark at or above
+        every id *not* carried (those forgotten before, and those left behind now), so a request id runs at most
+        once whichever worker holds the session."""
+        items = list(self.results.items())
+        carried = items[-keep:] if keep > 0 else []
+        dropped = items[:len(items) - len(carried)]
+        forgotten = max([self.forgotten, *((ulid_value(rid) or 0) for rid, _ in dropped)])
+        return forgotten, carried
+
+
+SEAL = "kiln.seal"
+SEALED = "kiln.sealed"
+SEAL_FILE = ".kiln-seal-key"
+
+
+class LabelSeal:
+    """kiln's mark on the containers it creates. Docker merges an image's ``LABEL``s into the labels of every
+    container of it, so a label alone proves nothing: any image can claim ``kiln.role=exec-session``, a lock path,
+    a worker id. kiln sets its own labels explicitly when it creates a container (they override an image's labels
+    of the same keys) and adds ``kiln.sealed`` (the keys it set) and ``kiln.seal``: an HMAC-SHA256, under a secret
+    of this host, over the container's name and those labels. An image cannot compute it, nor reuse a seal it saw
+    (another name). Only labels a seal covers are kiln's."""
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) < 32:
+            raise ConfigError("a label seal needs a key of at least 32 bytes")
+        self._key = key
+
+    @classmethod
+    def load(cls, lock_dir: Path) -> LabelSeal:
+        """The host's secret, ``lock_dir/.kiln-seal-key``: made once (0600, by the first worker; the link makes the
+        first one win a race), then read by every worker of the host. A file that is not a regular file of this uid
+        readable only by it is refused."""
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        path = lock_dir / SEAL_FILE
+        for _ in range(3):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                draft = lock_dir / f"{SEAL_FILE}.{os.getpid()}.{uuid.uuid4().hex}"
+                with os.fdopen(os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600),
+                               "wb") as out:
+                    out.write(secrets.token_bytes(32))
+                try:
+                    os.link(draft, path)
+                except FileExistsError:
+                    pass
+                finally:
+                    draft.unlink()
+                continue
+            except OSError as e:
+                raise ConfigError(f"the exec label seal {path} cannot be opened: {e}") from e
+            with os.fdopen(fd, "rb") as f:
+                info = os.fstat(f.fileno())
+                key = f.read(64)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+                raise ConfigError(f"the exec label seal {path} must be a regular file of uid {os.geteuid()}, "
+                                  "mode 0600")
+            return cls(key)
+        raise ConfigError(f"the exec label seal {path} could not be created")
+
+    def _mac(self, name: str, labels: Mapping[str, str], keys: list[str]) -> str:
+        body = json.dumps([name, [[k, labels.get(k)] for k in keys]], separators=(",", ":"))
+        return hmac.new(self._key, body.encode(), hashlib.sha256).hexdigest()
+
+    def seal(self, name: str, labels: Mapping[str, str]) -> dict[str, str]:
+        """``labels`` plus the seal binding them to the container named ``name``."""
+        own = {k: v for k, v in labels.items() if k not in (SEAL, SEALED)}
+        keys = sorted(own)
+        if any("," in k for k in keys):
+            raise ValueError("sealed label keys cannot contain ','")
+        return {**own, SEALED: ",".join(keys), SEAL: self._mac(name, own, keys)}
+
+    def recorded(self, name: str, labels: Mapping[str, str]) -> dict[str, str] | None:
+        """The labels kiln set on container ``name`` (only those its seal covers), or None without a valid seal."""
+        mac, listed = labels.get(SEAL), labels.get(SEALED)
+        if not mac or not listed:
+            return None
+        keys = listed.split(",")
+        if keys != sorted(set(keys)) or any(k not in labels for k in keys):
+            return None
+        if not hmac.compare_digest(mac, self._mac(name, labels, keys)):
+            return None
+        return {k: labels[k] for k in keys}
+
+    def holds(self, name: str, labels: Mapping[str, str]) -> bool:
+        return self.recorded(name, labels) is not None
+
+
+def image_volumes(client: Any, image: str) -> list[str]:
+    """The paths ``image`` declares as volumes (its config's ``Volumes``), normalised."""
+    try:
+        config = client.images.get(image).attrs.get("Config") or {}
+    except (APIError, DockerException) as e:
+        raise InfraError(f"inspecting image {image}: {e}") from e
+    paths = sorted({posixpath.normpath("/" + str(p).strip("/")) for p in (config.get("Volumes") or {})})
+    if len(paths) > MAX_IMAGE_VOLUMES:
+        raise SessionError(f"image {image} declares {len(paths)} volumes (at most {MAX_IMAGE_VOLUMES})")
+    return paths
+
+
+def _forgotten(record: dict[str, Any]) -> int:
+    """A hand-over record's watermark; one without the id's number (an earlier worker) covers its whole ms."""
+    if "forgotten" in record:
+        return int(record["forgotten"])
+    return ((int(record["forgotten_ms"]) + 1) << 80) - 1
 
 
 def handover_name(session_id: str) -> str:
@@ -205,15 +373,29 @@ def _read_capped(stream: Any, cap: int) -> tuple[bytes, bytes, bool, bool]:
 
 class SessionManager:
     def __init__(self, client: Any, worker_id: str, blobs: BlobStore | None, image_prefixes: list[str],
-                 labels: dict[str, str] | None = None) -> None:
+                 labels: dict[str, str] | None = None, seal: LabelSeal | None = None,
+                 replay_bytes: int = REPLAY_BYTES, replay_total_bytes: int = 16 * REPLAY_BYTES) -> None:
         self.client = client
         self.worker_id = worker_id
         self.labels = {"kiln.role": ROLE, "kiln.worker": worker_id, **(labels or {})}
+        # Without the host's seal (a manager outside a worker), one of this process: only it knows its containers.
+        self.seal = seal if seal is not None else LabelSeal(secrets.token_bytes(32))
         self.blobs = blobs
         self.image_prefixes = image_prefixes
+        self.replay_bytes = replay_bytes
+        self.replay_total_bytes = replay_total_bytes
         self.sessions: dict[str, Session] = {}
         self._work_tars: dict[str, bytes] = {}
         self._lock = threading.Lock()
+
+    def sealed_labels(self, name: str, labels: dict[str, str] | None = None) -> dict[str, str]:
+        """The labels to create the container named ``name`` with: this worker's (role, worker, lock, namespace),
+        then ``labels``, all sealed to ``name`` -- the only labels the reaper trusts."""
+        return self.seal.seal(name, {**self.labels, **(labels or {})})
+
+    def seal_holds(self, name: str, labels: Mapping[str, str]) -> bool:
+        """Whether container ``name``'s ``labels`` carry a seal made with this host's secret."""
+        return self.seal.holds(name, labels)
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
 
@@ -224,22 +406,23 @@ class SessionManager:
     def create_container(self, image: str, limits: SessionLimits) -> tuple[Any, list[str], int, int]:
         """A running, empty-workspace container for ``image``; returns it, its volumes, keeper and init host pids."""
         name = f"kiln-x-{uuid.uuid4().hex[:16]}"
-        half = max(4, limits.disk_mb // 2)
-        volumes = []
+        areas, mounts = self.volume_plan(image, limits.disk_mb)
+        volumes: list[str] = []
         try:
-            for where in ("work", "tmp"):
+            binds = {}
+            for where, path, size in areas:
                 volume = f"{name}-{where}"
                 self.client.volumes.create(volume, driver="local", labels={"kiln.role": ROLE},
                                            driver_opts={"type": "tmpfs", "device": "tmpfs",
-                                                        "o": f"size={half}m,uid=1000,gid=1000,mode=0755"})
+                                                        "o": f"size={size}m,uid=1000,gid=1000,mode=0755"})
                 volumes.append(volume)
+                binds[volume] = {"bind": path, "mode": "rw"}
             container = self.client.containers.run(
                 image, ["sleep", "infinity"], name=name, detach=True, network_mode="none", user="0:0",
-                read_only=True, volumes={volumes[0]: {"bind": "/work", "mode": "rw"},
-                                         volumes[1]: {"bind": "/tmp", "mode": "rw"}},
+                read_only=True, volumes=binds, mounts=mounts,
                 working_dir="/work", mem_limit=limits.memory_mb << 20, memswap_limit=limits.memory_mb << 20,
                 nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.pids, security_opt=["no-new-privileges"],
-                cap_drop=["ALL"], init=True, labels=self.labels,
+                cap_drop=["ALL"], init=True, labels=self.sealed_labels(name),
                 environment={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
             )
             container.reload()
@@ -249,6 +432,23 @@ class SessionManager:
             self.remove(None, volumes)
             raise InfraError(f"starting a session container from {image}: {e}") from e
         return container, volumes, keeper, init_pid
+
+    def volume_plan(self, image: str, disk_mb: int) -> tuple[list[tuple[str, str, int]], list[Mount]]:
+        """Where a session's writable areas go: (volume suffix, path, MiB) for ``/work``, ``/tmp`` and every path
+        the image declares a volume inside them -- all tmpfs volumes sharing the disk budget -- and a read-only
+        empty tmpfs on every other declared path. Docker then creates no anonymous volume (it would be writable,
+        unbounded, and left behind)."""
+        declared = [p for p in image_volumes(self.client, image) if p not in ("/work", "/tmp")]
+        inside = [p for p in declared if p.startswith(("/work/", "/tmp/"))]
+        share = max(4, disk_mb // 2) if not inside else disk_mb // (2 + len(inside))
+        if share < 4:
+            raise SessionError(f"image {image} declares {len(inside)} volumes under /work and /tmp: more than "
+                               f"a {disk_mb} MiB work area can share")
+        areas = [("work", "/work", share), ("tmp", "/tmp", share)]
+        areas += [(f"v{i}", path, share) for i, path in enumerate(inside)]
+        mounts = [Mount(target=path, source=None, type="tmpfs", read_only=True, tmpfs_size=64 << 10)
+                  for path in declared if path not in inside]
+        return areas, mounts
 
     @staticmethod
     def _keeper(container: Any, init_pid: int) -> int:
@@ -294,6 +494,7 @@ class SessionManager:
             cached = self._work_tars.get(image_id)
         if cached is not None:
             return cached
+        # Never started; its anonymous volumes (paths the image declares) go with it.
         source = self.client.containers.create(image, ["true"], network_mode="none")
         try:
             stream, _ = source.get_archive("/work/.")
@@ -301,7 +502,7 @@ class SessionManager:
         except NotFound:
             content = b""
         finally:
-            source.remove(force=True)
+            source.remove(force=True, v=True)
         with self._lock:
             self._work_tars[image_id] = content
             while len(self._work_tars) > 8:
@@ -318,7 +519,8 @@ class SessionManager:
             raise SessionError(f"client_key is not an X25519 public key: {e}") from None
         session = self._register(Session(id=uuid.uuid4().hex, key=key, client_id=client_id, image=image,
                                          limits=limits, container=container, volumes=volumes, keeper_pid=keeper,
-                                         init_pid=init_pid, procs_file=cgroup_procs(init_pid)))
+                                         init_pid=init_pid, procs_file=cgroup_procs(init_pid),
+                                         max_bytes=self.replay_bytes))
         if self.blobs is not None:
             self.blobs.set_name(key_name(session.id), key)
         return session, sealed
@@ -326,7 +528,27 @@ class SessionManager:
     def _register(self, session: Session) -> Session:
         with self._lock:
             self.sessions[session.id] = session
+        session.trim = self._trim_replays
+        self._trim_replays(session)
         return session
+
+    def replay_bytes_held(self) -> int:
+        with self._lock:
+            return sum(s.cached_bytes for s in self.sessions.values())
+
+    def _trim_replays(self, current: Session) -> None:
+        """Keep the replay caches of all sessions under ``replay_total_bytes``: the largest forgets its oldest
+        first. ``current``'s lock is held by the caller; another session's is taken."""
+        with self._lock:
+            sessions = list(self.sessions.values())
+        total = sum(s.cached_bytes for s in sessions)
+        while total > self.replay_total_bytes:
+            largest = max(sessions, key=lambda s: s.cached_bytes)
+            if largest.cached_bytes <= 0:
+                return
+            with contextlib.nullcontext() if largest is current else largest.lock:
+                freed = largest.forget_oldest()
+            total -= freed
 
     # --- hand-over between workers (a rebalance moves the session's partition) --------------------------------
 
@@ -337,9 +559,9 @@ class SessionManager:
             return
         digest, _ = self.snapshot(session)
         with session.lock:
-            recent = list(session.results.items())[-256:]
+            forgotten, recent = session.handover_state()
         record = {"image": session.image, "limits": session.limits.model_dump(), "snapshot": digest,
-                  "client_id": session.client_id, "forgotten_ms": session.forgotten_ms,
+                  "client_id": session.client_id, "forgotten": str(forgotten), "forgotten_ms": forgotten >> 80,
                   "results": [[rid, result.model_dump(mode="json")] for rid, result in recent]}
         self.blobs.set_name(handover_name(session.id), json.dumps(record).encode())
         self.close(session)
@@ -368,9 +590,9 @@ class SessionManager:
         session = Session(id=session_id, key=key, client_id=record["client_id"], image=record["image"],
                           limits=limits, container=container, volumes=volumes, keeper_pid=keeper, init_pid=init_pid,
                           procs_file=cgroup_procs(init_pid), partition=partition,
-                          forgotten_ms=int(record["forgotten_ms"]))
-        for rid, result in record["results"]:
-            session.results[rid] = ExecResult.model_validate(result)
+                          forgotten=_forgotten(record), max_bytes=self.replay_bytes)
+        for rid, result in record["results"]:  # within this worker's bounds (forgetting raises the watermark)
+            session.remember(rid, ExecResult.model_validate(result))
         self.blobs.set_name(handover_name(session_id), b"")
         return self._register(session)
 
