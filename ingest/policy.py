@@ -8,10 +8,14 @@
   percent-decodes ``file://`` paths, so they are decoded before the check). Git's own object-directory variables
   never reach it (``download.git_env``). Hard links and changes made to the roots between the check and the fetch
   are not seen: the roots must not be writable by whoever submits locations.
-- http(s)/git/ssh hosts that resolve to loopback, link-local, private, shared (CGNAT) or unspecified addresses are
-  refused (server-side request forgery into the cluster) unless named in ``KILN_INGEST_ALLOW_HOSTS`` (host names or
-  CIDRs). For http(s) git then connects to exactly the vetted address (``http.curloptResolve``) and follows no
-  redirect, so neither DNS rebinding nor a redirect can move the fetch inward afterwards.
+- http(s)/git/ssh hosts that resolve to loopback, link-local, private, shared (CGNAT), unspecified or any other
+  non-global address (also when carried inside an IPv6 address: mapped, compatible, 6to4, NAT64) are refused
+  (server-side request forgery into the cluster) unless named in ``KILN_INGEST_ALLOW_HOSTS`` (host names or CIDRs).
+  The host is resolved with ``getaddrinfo``, as git and libcurl resolve it, so numeric spellings (``2130706433``,
+  ``0x7f000001``, ``0177.0.0.1``, ``127.1``) and names resolving inward are judged by the address they reach, and
+  every address of a name must pass. For http(s) git then connects to exactly the vetted address
+  (``http.curloptResolve``) and follows no redirect, so neither DNS rebinding nor a redirect can move the fetch
+  inward afterwards; git:// and ssh connect by name again (not pinned).
 - ssh only with kiln's own key (``KILN_INGEST_SSH_KEY``, optionally ``KILN_INGEST_SSH_KNOWN_HOSTS``): never the
   worker user's keys, agent or ssh config.
 - Credentials in a location (``https://user:token@host/…``, a query string) are used for the fetch only; what is
@@ -63,11 +67,32 @@ class Vetted:
         return text
 
 
+_NAT64 = [ipaddress.ip_network(n) for n in ("64:ff9b::/96", "64:ff9b:1::/48")]
+
+
+def _embedded(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """IPv4 addresses an IPv6 address carries (mapped, compatible, 6to4, NAT64): each is checked as well."""
+    found = [v4 for v4 in (ip.ipv4_mapped, ip.sixtofour) if v4 is not None]
+    if int(ip) >> 32 == 0 or any(ip in net for net in _NAT64):  # ::a.b.c.d (deprecated), NAT64 prefixes
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return found
+
+
 def _inward(address: str) -> bool:
+    """Anything but a global unicast address: loopback, private, link-local, shared, reserved, documentation."""
     ip = ipaddress.ip_address(address.split("%")[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return any(ip in net for net in _INWARD)
+    candidates: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = [ip]
+    if isinstance(ip, ipaddress.IPv6Address):
+        candidates += _embedded(ip)
+    return any(not c.is_global or any(c in net for net in _INWARD) for c in candidates)
+
+
+def _literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return False
+    return True
 
 
 def _allowed(host: str, address: str, allow: list[str]) -> bool:
@@ -256,6 +281,8 @@ def vet(location: str, scp_like: bool, policy: IngestPolicy) -> Vetted:
     shown = shown_form(location)
     config: tuple[str, ...] = ()
     if scheme in ("http", "https"):
-        pinned = address if ":" not in address else f"[{address}]"
-        config = ("-c", f"http.curloptResolve={host}:{port}:{pinned}", "-c", "http.followRedirects=false")
+        config = ("-c", "http.followRedirects=false")
+        if not _literal(host):  # an address needs no pin (and curl cannot parse a resolve entry for IPv6 literals)
+            pinned = address if ":" not in address else f"[{address}]"
+            config = ("-c", f"http.curloptResolve={host}:{port}:{pinned}", *config)
     return Vetted(location, shown, config, env, secrets)

@@ -3,8 +3,11 @@ cluster (SSRF), use the worker's ssh identity or leak credentials through what S
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
+import ipaddress
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,6 +100,103 @@ async def test_internal_hosts_are_refused_and_never_contacted(store: SaucerStore
         assert (event.status, event.reason) == ("failed", "invalid_location"), (location, event)
         assert TOKEN not in event.model_dump_json()
     assert hits == []
+
+
+NUMERIC_LOOPBACK = ("2130706433", "0x7f000001", "0x7F.0.0.1", "0177.0.0.1", "0177.0.0.01", "127.1", "127.0.1",
+                    "127.000.000.001", "0", "0.0.0.0", "[::1]", "[0:0:0:0:0:0:0:1]", "[::ffff:127.0.0.1]",
+                    "[::ffff:7f00:1]", "[0:0:0:0:0:ffff:127.0.0.1]", "[::]", "[::127.0.0.1]", "[64:ff9b::127.0.0.1]",
+                    "[2002:7f00:1::]", "LOCALHOST", "localhost.")
+
+
+async def test_numeric_and_spelled_loopback_hosts_are_refused_and_never_contacted(
+        store: SaucerStore, tmp_path: Path, served: tuple[int, list[str]]) -> None:
+    """Every way of writing loopback that git (libcurl, getaddrinfo) accepts: decimal, hex, octal, short forms,
+    IPv6 and IPv4-mapped; each names the live repository on loopback, so a policy that let one through would
+    show up as a fetch."""
+    port, hits = served
+    for host in NUMERIC_LOOPBACK:
+        for location in (f"http://{host}:{port}/repo.git", f"https://{TOKEN}@{host}:{port}/repo.git",
+                         f"git://{host}:{port}/repo.git"):
+            event = await _ingest(store, tmp_path, location, IngestPolicy())
+            assert (event.status, event.reason) == ("failed", "invalid_location"), (location, event)
+            assert TOKEN not in event.model_dump_json()
+    assert hits == []
+
+
+def _names_resolving_inward() -> list[str]:
+    """Host names this machine resolves to loopback or a private address (``/etc/hosts``, its own name), besides
+    ``localhost``: the offline stand-in for a public DNS name pointing inward."""
+    names = {socket.gethostname()}
+    with contextlib.suppress(OSError), open("/etc/hosts") as hosts:
+        for line in hosts:
+            names.update(line.split("#", 1)[0].split()[1:])
+    found = []
+    for name in sorted(names - {"localhost"}):
+        with contextlib.suppress(OSError):
+            addresses = {info[4][0] for info in socket.getaddrinfo(name, 80, type=socket.SOCK_STREAM)}
+            if any(ipaddress.ip_address(str(a).split("%")[0]).is_private for a in addresses):
+                found.append(name)
+    return found
+
+
+async def test_names_resolving_inward_are_refused_and_never_contacted(
+        store: SaucerStore, tmp_path: Path, served: tuple[int, list[str]]) -> None:
+    port, hits = served
+    names = _names_resolving_inward()
+    if not names:
+        pytest.skip("no host name here resolves inward besides localhost (/etc/hosts, the machine's own name)")
+    for name in names:
+        event = await _ingest(store, tmp_path, f"http://{name}:{port}/repo.git", IngestPolicy())
+        assert (event.status, event.reason) == ("failed", "invalid_location"), (name, event)
+        assert "internal address" in (event.detail or ""), event
+    assert hits == []
+
+
+@pytest.fixture
+def redirector() -> Iterator[tuple[int, list[str], list[str]]]:
+    """An allowed host (the operator's mirror, say) that answers every request with a 302 to another address;
+    (its port, its request log, where to send the redirects)."""
+    hits: list[str] = []
+    targets: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            self.send_response(302)
+            self.send_header("Location", targets[0] + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield int(server.server_address[1]), hits, targets
+    server.shutdown()
+    server.server_close()
+
+
+async def test_redirects_to_internal_addresses_are_not_followed(
+        store: SaucerStore, tmp_path: Path, served: tuple[int, list[str]],
+        redirector: tuple[int, list[str], list[str]]) -> None:
+    """The allowed host is fetched from; its redirect to the internal repository (on loopback, under another
+    port, never allowed) or to the metadata address is not followed: the internal service sees no request."""
+    port, internal_hits = served
+    mirror, mirror_hits, targets = redirector
+    policy = IngestPolicy(allow_hosts=["localhost"])
+    for target in (f"http://127.0.0.1:{port}", f"http://[::ffff:127.0.0.1]:{port}", f"http://2130706433:{port}",
+                   "http://169.254.169.254/latest/meta-data"):
+        targets[:] = [target]
+        mirror_hits.clear()
+        event = await _ingest(store, tmp_path, f"http://localhost:{mirror}/repo.git", policy)
+        assert event.status == "failed" and event.reason != "invalid_location", (target, event)
+        assert mirror_hits, "the allowed host was asked"
+    assert internal_hits == []
+    # The internal repository itself is fetchable when named and allowed: the redirect's target was live.
+    allowed = await _ingest(store, tmp_path, f"http://127.0.0.1:{port}/repo.git",
+                            IngestPolicy(allow_hosts=["127.0.0.1/32"]))
+    assert allowed.status == "ingested" and internal_hits, allowed
 
 
 async def test_ssh_needs_kiln_key_never_the_workers(store: SaucerStore, tmp_path: Path) -> None:
