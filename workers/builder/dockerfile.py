@@ -155,8 +155,8 @@ def confine(text: str, local_image: Callable[[str], str]) -> Confined:
                     raise PlanError("Dockerfile ADD --from does not exist")
             if "from" in flags:
                 # Earlier stages only: a name dockerd cannot find among them is looked up as an image.
-                ref, earlier = flags["from"].lower(), stages[:-1]
-                known = (ref.isdigit() and int(ref) < len(earlier)) or (bool(ref) and ref in earlier)
+                ref, before = flags["from"].lower(), stages[:-1]
+                known = (ref.isdigit() and int(ref) < len(before)) or (bool(ref) and ref in before)
                 if not known:
                     raise PlanError(f"Dockerfile COPY --from={flags['from'][:80]}: only an earlier stage of the same "
                                     "Dockerfile can be copied from, never an image")
