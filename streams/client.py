@@ -6,6 +6,13 @@
   consumer group; its committed offset advances only past results that were delivered (to a future, or out of
   ``unclaimed()``), so a restarted process with the same client id loses none.
 - Each request id is delivered at most once per process: duplicates from replayed jobs are dropped.
+- Nothing hangs silently: a request the producer refuses raises ``RequestRefused`` (its slot freed); a results topic
+  re-created or truncated under the client (its id changes, or the position falls out of range) is reported and read
+  again from its start, duplicates dropped by request id; a future with no result after ``result_timeout_s`` fails
+  with ``ResultLost``.
+- Deadlines are durations: a worker measures them from the broker's timestamp of the request, so the client's clock
+  may be off; the client compares its clock with the broker's timestamps and warns when they disagree by more than
+  ``clock_skew_warn_s`` (``clock_skew_s``, ``kiln_client_clock_skew_seconds``).
 - Fork-safe: Kafka handles are created lazily per process id. A forked child gets fresh handles and, unless told
   otherwise, its own client id (``<id>.<pid>``) so it never consumes its parent's results.
 
@@ -17,6 +24,7 @@ registered stage specs (``kiln.streams.stage``). Each stage ships a typed facade
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -26,17 +34,36 @@ import uuid
 import zlib
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from prometheus_client import Counter
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicCollection,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+from prometheus_client import Counter, Gauge
 from pydantic import BaseModel
 
 from kiln.schemas.envelope import ReplyTo, RequestEnvelope, ResultEnvelope
 from kiln.streams import codec
 from kiln.streams.blobstore import BlobStore
-from kiln.streams.errors import ClientError, ConfigError, RequestExpired, RequestFailed
+from kiln.streams.errors import (
+    ClientError,
+    ConfigError,
+    RequestExpired,
+    RequestFailed,
+    RequestRefused,
+    ResultLost,
+)
 from kiln.streams.executor import producer_config
 from kiln.streams.offsets import PartitionOffsets, commit_position, coordinates, decode_done, poll_batch
 from kiln.streams.settings import KilnSettings, get_settings
@@ -48,6 +75,12 @@ COMMIT_FAILURES = Counter("kiln_client_commit_failures_total", "Commits of the c
 UNCLAIMED_SURFACED = Counter("kiln_client_unclaimed_surfaced_total",
                              "Results for requests this process did not submit, handed to on_unclaimed (or logged) "
                              "and committed past because unclaimed() did not take them in time.")
+RESULTS_RESETS = Counter("kiln_client_results_resets_total", "Times the results topic went backwards under the client "
+                         "(re-created, truncated) and was read again from its start.")
+CLOCK_SKEW = Gauge("kiln_client_clock_skew_seconds", "This client's clock minus the broker's, as last measured from a "
+                   "broker timestamp (positive: the client is ahead; includes the delivery's latency).")
+RESULTS_CHECK_S = 2.0
+"""How often the client asks whether its results topic is still the one it reads (its topic id)."""
 
 
 class _ProcessState:
@@ -74,9 +107,16 @@ class _ProcessState:
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
         self.seq = 0
+        self.admin: AdminClient | None = None
+        self.topic_id: str | None = None  # of the results topic, as last seen (None: not yet known)
+        self.next_topic_check = 0.0
+        self.topic_check: concurrent.futures.Future[Any] | None = None  # a topic-id question under way
+        self.clock_skew_s: float | None = None
+        self.skew_warned_at = -1e9
 
 
 _T = TypeVar("_T")
+_OUT_OF_RANGE = {KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
 _SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
              KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
              KafkaError._TIMED_OUT, KafkaError._UNKNOWN_PARTITION}
@@ -154,6 +194,10 @@ class KilnClient:
         on_unclaimed: Callable[[ResultEnvelope], None] | None = None,
         ack_mode: bool = False,
         dedup_lookback_s: float = 600.0,
+        result_timeout_s: float | None = 3600.0,
+        clock: Callable[[], float] = time.time,
+        clock_skew_warn_s: float = 30.0,
+        on_results_reset: Callable[[str], None] | None = None,
     ) -> None:
         """``unclaimed_limit`` / ``unclaimed_max_age_s``: results this process did not submit wait for
         ``unclaimed()`` until there are more than the limit or the oldest is older than the age; then they are
@@ -162,7 +206,12 @@ class KilnClient:
         is committed past) only when the application calls ``ack(request_id)``; a process that dies before that
         gets it again, in its next life, from ``unclaimed()``. ``dedup_lookback_s``: on start, the results this
         client id received in that many seconds before its committed position are read back (headers only), so a
-        replayed job's second result arriving after a restart is dropped as a duplicate, not delivered again."""
+        replayed job's second result arriving after a restart is dropped as a duplicate, not delivered again.
+        ``result_timeout_s``: a request without its result this long after ``submit()`` fails with ``ResultLost``
+        (None: wait for ever; ``submit(result_timeout_s=...)`` overrides it per request). ``clock``: this client's
+        wall clock (seconds since the epoch) for ``created_at``; its disagreement with the broker's timestamps
+        beyond ``clock_skew_warn_s`` is logged as a warning. ``on_results_reset``: called (with why) when the
+        results topic went backwards and is read again from its start."""
         self.settings = settings or get_settings()
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.results_topic = self.settings.topic(results_topic)
@@ -181,6 +230,10 @@ class KilnClient:
         self._on_unclaimed = on_unclaimed
         self.ack_mode = ack_mode
         self.dedup_lookback_s = dedup_lookback_s
+        self.result_timeout_s = result_timeout_s
+        self._clock = clock
+        self.clock_skew_warn_s = clock_skew_warn_s
+        self._on_results_reset = on_results_reset
 
     def spec(self, kind: str) -> StageSpec | None:
         """The registered spec of stage ``kind`` (entry point group ``kiln.stages``, read once per client)."""
@@ -224,9 +277,13 @@ class KilnClient:
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "fetch.wait.max.ms": 10,
+            # A position past the end (the topic re-created or truncated) is an error the client handles (reads the
+            # partition again from its start), never a silent jump to the end.
+            "auto.offset.reset": "error",
             "on_commit": lambda err, parts: self._on_commit(state, err, parts),
         }))
         state.consumer = consumer
+        state.admin = AdminClient(self.settings.kafka())
 
         def position() -> TopicPartition:
             md = consumer.list_topics(self.results_topic, timeout=15).topics.get(self.results_topic)
@@ -248,6 +305,8 @@ class KilnClient:
             return committed
 
         start = await asyncio.to_thread(_retrying, position)
+        state.topic_id = await asyncio.to_thread(self._results_topic_id, state)
+        state.next_topic_check = time.monotonic() + RESULTS_CHECK_S
         state.offsets = PartitionOffsets(start.offset, decode_done(start.offset, start.metadata))
         received = await asyncio.to_thread(_received_before, consumer, start, state.offsets.done_ahead(),
                                            self.client_id, self.dedup_lookback_s)
@@ -292,10 +351,15 @@ class KilnClient:
         request_id: str | None = None,
         partition: int | None = None,
         lane: str | None = None,
+        result_timeout_s: float | None = None,
     ) -> asyncio.Future[ResultEnvelope]:
         """Send one request; the returned future resolves with its ``ResultEnvelope``. ``partition`` pins the
         request to one partition (e.g. the one whose worker holds an exec session); ``lane`` names its job class
-        for workers' slot budgets (``KILN_LANES``)."""
+        for workers' slot budgets (``KILN_LANES``); ``result_timeout_s`` overrides the client's bound.
+
+        ``deadline_s`` is the request's time budget: a worker answers 'expired' instead of starting it once that
+        long has passed since the broker took the request (measured on the broker's and the worker's clocks, so
+        this client's may be off). A request the producer refuses raises ``RequestRefused``; it holds no slot."""
         state = await self._ready()
         spec = self.spec(kind)
         request_topic = topic or (spec.request_topic if spec else None)
@@ -303,7 +367,7 @@ class KilnClient:
             raise ConfigError(f"no stage {kind!r} is installed (entry point group kiln.stages): pass topic=")
         body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload)
         envelope = RequestEnvelope(
-            kind=kind, client_id=state.client_id, payload=body,
+            kind=kind, client_id=state.client_id, payload=body, created_at=datetime.fromtimestamp(self._clock(), UTC),
             reply_to=ReplyTo(topic=self.results_topic, key=state.client_id, partition=state.partition), lane=lane,
             **({"request_id": request_id} if request_id else {}),
         )
@@ -311,17 +375,26 @@ class KilnClient:
             envelope = envelope.model_copy(update={"deadline": envelope.created_at + timedelta(seconds=deadline_s)})
         if envelope.request_id in state.pending or envelope.request_id in state.delivered:
             raise ClientError(f"request id {envelope.request_id} already used")
+        state.seq += 1
+        msg_key = key if key is not None else f"{state.client_id}/{state.seq % self.key_spread}"
+        value = codec.encode(envelope, self.blob_store, self.settings.claim_check_bytes)
         await state.slots.acquire()
         fut: asyncio.Future[ResultEnvelope] = state.loop.create_future()
         state.pending[envelope.request_id] = fut
         fut.add_done_callback(lambda _f: state.slots.release())
-        state.seq += 1
-        msg_key = key if key is not None else f"{state.client_id}/{state.seq % self.key_spread}"
-        value = codec.encode(envelope, self.blob_store, self.settings.claim_check_bytes)
-        await self._produce(state, self.settings.topic(request_topic), value, msg_key, envelope.request_id, partition,
-                            [(codec.LANE_HEADER, lane.encode())] if lane else None)
+        try:
+            await self._produce(state, self.settings.topic(request_topic), value, msg_key, envelope.request_id,
+                                partition, [(codec.LANE_HEADER, lane.encode())] if lane else None)
+        except BaseException:
+            # Not sent: nothing will resolve the future, so it must not keep its slot or count as pending.
+            state.pending.pop(envelope.request_id, None)
+            fut.cancel()
+            raise
         if deadline_s is not None:
             state.loop.call_later(deadline_s + 1.0, self._expire, state, envelope.request_id)
+        bound = self.result_timeout_s if result_timeout_s is None else result_timeout_s
+        if bound is not None:
+            state.loop.call_later(bound, self._give_up, state, envelope.request_id, bound)
         return fut
 
     async def call(self, kind: str, payload: BaseModel | dict[str, Any], **kwargs: Any) -> Any:
@@ -401,10 +474,14 @@ class KilnClient:
         assert state.producer is not None and state.queue_producer is not None
         producer = state.queue_producer if topic in self._queue_topics else state.producer
 
-        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
                 state.loop.call_soon_threadsafe(
                     self._fail, state, request_id, ClientError(f"request delivery to {topic} failed: {err}"))
+                return
+            kind, broker_ms = msg.timestamp()
+            if kind == TIMESTAMP_LOG_APPEND_TIME and broker_ms > 0:
+                self._note_clock(state, broker_ms, either_way=True)
 
         while True:
             try:
@@ -415,6 +492,33 @@ class KilnClient:
                 return
             except BufferError:  # local queue full: the I/O thread drains it
                 await asyncio.sleep(0.005)
+            except (KafkaException, ValueError, RuntimeError, TypeError) as e:
+                # Refused locally (too large, an invalid topic or partition): this record can never be sent.
+                reason = e.args[0].str() if isinstance(e, KafkaException) and e.args and isinstance(
+                    e.args[0], KafkaError) else f"{type(e).__name__}: {e}"
+                raise RequestRefused(f"request {request_id} to {topic[:100]!r} refused: {reason}") from None
+
+    def _note_clock(self, state: _ProcessState, broker_ms: int, either_way: bool) -> None:
+        """Compare this client's clock with a broker timestamp just seen: a delivery report's (the broker stamped
+        it a moment ago: ``either_way``) or a result's (stamped some time before it is read: only a broker ahead of
+        this client tells anything). Beyond ``clock_skew_warn_s``: a warning, at most once a minute."""
+        skew = self._clock() - broker_ms / 1000
+        if not either_way and skew > -self.clock_skew_warn_s:
+            return
+        state.clock_skew_s = skew
+        CLOCK_SKEW.set(skew)
+        now = time.monotonic()
+        if abs(skew) > self.clock_skew_warn_s and now - state.skew_warned_at > 60:
+            state.skew_warned_at = now
+            log.warning("client %s: its clock is %+.1f s off the broker's (deadlines are measured by the broker and "
+                        "the workers, so they still hold; timestamps this client writes are off by as much)",
+                        state.client_id, skew)
+
+    @property
+    def clock_skew_s(self) -> float | None:
+        """This client's clock minus the broker's, as last measured (None: not measured yet: the broker stamps
+        records with its own time only on topics with ``message.timestamp.type=LogAppendTime``)."""
+        return self._state.clock_skew_s if self._state is not None else None
 
     @staticmethod
     def _fail(state: _ProcessState, request_id: str, error: Exception) -> None:
@@ -433,17 +537,75 @@ class KilnClient:
                     state.queue_producer.poll(0)
                 self._send_commit(state, asynchronous=True)
                 msgs = poll_batch(state.consumer, 0.02)
+                out_of_range = [m for m in msgs if (err := m.error()) is not None and err.code() in _OUT_OF_RANGE]
                 if msgs:
                     try:
                         state.loop.call_soon_threadsafe(self._on_results, state, msgs)
                     except RuntimeError:  # the owning loop closed without closing the client (e.g. a forked test)
                         break
+                if out_of_range:
+                    self._reread_results(state, f"position out of range ({out_of_range[0].error()})")
+                else:
+                    self._check_topic_id(state)
             state.producer.flush(10)
             state.queue_producer.flush(10)
             self._send_commit(state, asynchronous=False)
         finally:
             with contextlib.suppress(Exception):
                 state.consumer.close()
+
+    def _results_topic_id(self, state: _ProcessState) -> str | None:
+        """The results topic's id (it changes when the topic is re-created); None while it cannot be told (the
+        topic is deleted, the broker away)."""
+        if state.admin is None:
+            return None
+        try:
+            future = state.admin.describe_topics(TopicCollection([self.results_topic]), request_timeout=5)
+            return str(future[self.results_topic].result(10).topic_id)
+        except Exception:
+            return None
+
+    def _check_topic_id(self, state: _ProcessState) -> None:
+        """(I/O thread, every ``RESULTS_CHECK_S``, never waiting.) Ask for the results topic's id; when a new id
+        answers, the topic was re-created under this client: its partition is read again from the start."""
+        if state.topic_check is None:
+            if state.admin is None or time.monotonic() < state.next_topic_check:
+                return
+            state.next_topic_check = time.monotonic() + RESULTS_CHECK_S
+            state.topic_check = state.admin.describe_topics(TopicCollection([self.results_topic]),
+                                                            request_timeout=5)[self.results_topic]
+            return
+        if not state.topic_check.done():
+            return
+        check, state.topic_check = state.topic_check, None
+        try:
+            topic_id = str(check.result().topic_id)
+        except Exception:
+            return  # deleted right now, or the broker away: asked again later
+        if state.topic_id is not None and topic_id != state.topic_id:
+            self._reread_results(state, f"was re-created (topic id {state.topic_id} -> {topic_id})")
+        state.topic_id = topic_id
+
+    def _reread_results(self, state: _ProcessState, why: str) -> None:
+        """(I/O thread.) The results topic went backwards under this client: read its partition again from the start
+        (what was delivered already is dropped by request id) and tell the loop to start a fresh offset map."""
+        assert state.consumer is not None
+        state.consumer.assign([TopicPartition(self.results_topic, state.partition, OFFSET_BEGINNING)])
+        with contextlib.suppress(RuntimeError):
+            state.loop.call_soon_threadsafe(self._on_reread, state, why)
+
+    def _on_reread(self, state: _ProcessState, why: str) -> None:
+        RESULTS_RESETS.inc()
+        log.error("results topic %s %s: results sent to the old one and not received are lost (their futures fail "
+                  "with ResultLost after result_timeout_s); reading partition %d again from its start",
+                  self.results_topic, why, state.partition)
+        state.offsets = PartitionOffsets(0)  # offsets below the log's start are gaps it skips
+        state.commit_to = state.wanted = TopicPartition(self.results_topic, state.partition, 0)
+        # Offsets held for later commits point into the old topic: nothing to commit past any more.
+        state.unacked = dict.fromkeys(state.unacked, -1)
+        state.unclaimed = deque((envelope, -1, arrived) for envelope, _offset, arrived in state.unclaimed)
+        if self._on_results_reset is not None:
+            self._on_results_reset(why)
 
     @staticmethod
     def _send_commit(state: _ProcessState, asynchronous: bool) -> None:
@@ -484,6 +646,9 @@ class KilnClient:
         for msg in msgs:
             if msg.error() is not None:
                 continue
+            kind, broker_ms = msg.timestamp()
+            if kind == TIMESTAMP_LOG_APPEND_TIME and broker_ms > 0:
+                self._note_clock(state, broker_ms, either_way=False)
             offset = coordinates(msg)[2]
             if not state.offsets.receive(offset):
                 continue
@@ -506,6 +671,11 @@ class KilnClient:
         self._queue_commit(state)  # once per batch: the commit position encodes the whole offset map
         self._sweep_unclaimed(state)
 
+    def _give_up(self, state: _ProcessState, request_id: str, after_s: float) -> None:
+        if request_id in state.pending:
+            self._mark_delivered(state, request_id)
+            self._fail(state, request_id, ResultLost(request_id, after_s))
+
     def _expire(self, state: _ProcessState, request_id: str) -> None:
         if request_id in state.pending:
             self._mark_delivered(state, request_id)
@@ -519,6 +689,8 @@ class KilnClient:
 
     def _finish(self, state: _ProcessState, offset: int, commit: bool = True) -> None:
         assert state.offsets is not None
+        if offset < 0:
+            return  # a result read from a results topic since re-created: nothing to commit past
         state.offsets.finish(offset)
         if commit:
             self._queue_commit(state)

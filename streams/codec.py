@@ -13,6 +13,9 @@ from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import MalformedRequest
 
 _ZSTD_LEVEL = 3
+CLAIM_CHECK_MAX_BYTES = 64 << 20
+"""The most a claim check may decompress to: a small blob that expands without bound (a zstd bomb) is refused
+before it is held in memory."""
 
 
 def _check_in(data: dict[str, Any], store: BlobStore) -> ClaimCheck:
@@ -21,11 +24,32 @@ def _check_in(data: dict[str, Any], store: BlobStore) -> ClaimCheck:
     return ClaimCheck(digest=ref.digest, size=ref.size)
 
 
+def bounded_decompress(packed: bytes, limit: int, what: str) -> bytes:
+    """``packed`` (one or more zstd frames) decompressed, or ``MalformedRequest`` when it is not zstd or would
+    decompress to more than ``limit`` bytes; never more than ``limit + 1`` bytes are held."""
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(packed, read_across_frames=True) as reader:
+            parts: list[bytes] = []
+            held = 0
+            while held <= limit and (part := reader.read(limit + 1 - held)):
+                parts.append(part)
+                held += len(part)
+    except zstandard.ZstdError as e:
+        raise MalformedRequest(f"{what} does not decompress: {e}") from None
+    raw = b"".join(parts)
+    if len(raw) > limit:
+        raise MalformedRequest(f"{what} decompresses to more than {limit} bytes")
+    return raw
+
+
 def _check_out(check: ClaimCheck, store: BlobStore | None) -> dict[str, Any]:
     if store is None:
         raise MalformedRequest("message carries a claim check but no blob store is configured")
-    raw = zstandard.ZstdDecompressor().decompress(store.get(check.digest))
-    data = json.loads(raw)
+    raw = bounded_decompress(store.get(check.digest), CLAIM_CHECK_MAX_BYTES, f"claim check {check.digest}")
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        raise MalformedRequest(f"claim-checked payload is not JSON: {e}") from None
     if not isinstance(data, dict):
         raise MalformedRequest("claim-checked payload is not an object")
     return data
@@ -70,10 +94,13 @@ def decode_result(raw: bytes) -> ResultEnvelope:
 
 
 def request_payload(envelope: RequestEnvelope, model: type[BaseModel], store: BlobStore | None) -> BaseModel:
-    """The envelope's payload validated against the stage's request model (fetching a claim check)."""
+    """The envelope's payload validated against the stage's request model (fetching a claim check), strictly as the
+    envelope is: pydantic's strict JSON mode, so no coercion (``true`` is no number, ``"1"`` no integer); what JSON
+    cannot carry natively is read from its JSON form (a datetime or enum from its string, a tuple from an array, an
+    integer as a float)."""
     data = _check_out(envelope.claim_check, store) if envelope.claim_check else (envelope.payload or {})
     try:
-        return model.model_validate(data)
+        return model.model_validate_json(json.dumps(data), strict=True)
     except ValidationError as e:
         raise MalformedRequest(f"invalid {envelope.kind} payload: {_short(e)}") from None
 

@@ -3,6 +3,10 @@
 KilnError
 ├── ConfigError            settings or topology are wrong; fix the deployment, retrying will not help
 ├── InfraError             a real component (broker, S3, Docker, registry) is missing or misbehaving
+│   └── BrokerUnavailable  the broker did not answer (metadata timeout, transport failure, delivery timed out):
+│                          a worker retries with backoff
+├── DeliveryRefused        a record can never be delivered (an address librdkafka rejects, too large, a topic or
+│                          partition that does not exist): the job is dead-lettered with the reason
 ├── BlobError              the blob store failed
 │   ├── BlobNotFound       no blob with that digest
 │   ├── BlobCorrupt        stored bytes do not hash to their digest
@@ -15,7 +19,9 @@ KilnError
 │                             its time): answered as a typed error result, never dead-lettered
 └── ClientError            the trainer client was misused or a request failed
     ├── RequestExpired     the deadline passed before a result arrived
-    └── RequestFailed      the job ended in the DLQ; carries its reason
+    ├── RequestFailed      the job ended in the DLQ; carries its reason
+    ├── RequestRefused     the request could not be sent (the producer refused it); nothing was submitted
+    └── ResultLost         no result arrived within the client's bound (``result_timeout_s``)
 """
 
 from __future__ import annotations
@@ -31,6 +37,14 @@ class ConfigError(KilnError):
 
 class InfraError(KilnError):
     """A real component is unreachable or misbehaving."""
+
+
+class BrokerUnavailable(InfraError):
+    """The broker did not answer in time; retrying later may succeed."""
+
+
+class DeliveryRefused(KilnError):
+    """A record was refused for good: retrying the same record cannot succeed."""
 
 
 class BlobError(KilnError):
@@ -81,6 +95,20 @@ class RequestFailed(ClientError):
         super().__init__(f"request {request_id} failed: {reason}")
         self.request_id = request_id
         self.reason = reason
+
+
+class RequestRefused(ClientError):
+    """The producer refused the request (e.g. a key or value too large, an invalid topic): it was not sent."""
+
+
+class ResultLost(ClientError):
+    """No result arrived within the client's bound: it cannot arrive any more (e.g. its results topic was deleted
+    with it) or is too late to wait for."""
+
+    def __init__(self, request_id: str, after_s: float) -> None:
+        super().__init__(f"no result for request {request_id} within {after_s:g} s")
+        self.request_id = request_id
+        self.after_s = after_s
 
 
 class BlobUnavailable(BlobError, TransientJobError):

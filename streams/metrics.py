@@ -46,6 +46,9 @@ class WorkerMetrics:
                                 [*labels, "reason"], registry=self.registry)
         self.dead_letters = Counter("kiln_dlq_total", "Messages sent to the dead-letter topic, by reason.",
                                     [*labels, "reason"], registry=self.registry)
+        self.delivery_retries = Counter("kiln_delivery_retries_total", "Replies, events and dead letters not "
+                                        "delivered because the broker was unavailable, retried with backoff.",
+                                        [*labels, "what"], registry=self.registry)
         self.commit_failures = Counter("kiln_commit_failures_total", "Offset commits the broker refused, by error.",
                                        [*labels, "reason"], registry=self.registry)
         self.consumer_errors = Counter("kiln_consumer_errors_total", "Consumer-thread operations that raised.",
@@ -76,6 +79,9 @@ class WorkerMetrics:
         now = time.monotonic()
         with self._lock:
             self._recent.append(now)
+
+    def delivery_retried(self, what: str) -> None:
+        self.delivery_retries.labels(**self._labels, what=what).inc()
 
     def dead_lettered(self, reason: str) -> None:
         self.dead_letters.labels(**self._labels, reason=reason).inc()

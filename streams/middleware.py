@@ -53,10 +53,12 @@ def error_info(exc: BaseException, retryable: bool) -> ErrorInfo:
 
 
 class DeadlineMiddleware:
-    """A job whose deadline passed before it started is answered 'expired' and never run."""
+    """A job whose deadline passed before it started is answered 'expired' and never run (the deadline measured as
+    a duration from the broker's timestamp where the context has one: ``JobContext.expires_at``)."""
 
     async def __call__(self, job: Job, call_next: Next) -> Outcome:
-        if job.ctx.envelope.expired():
+        ends = job.ctx.expires_at
+        if time.time() >= ends if ends is not None else job.ctx.envelope.expired():
             return Outcome("expired", error=ErrorInfo(type="RequestExpired", message="deadline passed before start"),
                            attempts=0)
         return await call_next(job)

@@ -36,6 +36,9 @@ STATS_TOPIC = "kiln.stats"
 # Kept forever: replaying it from offset 0 rebuilds a derived store; dead letters are evidence until looked at.
 FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 WEEK = {"retention.ms": str(7 * 24 * 3600 * 1000)}
+BROKER_TIME = {"message.timestamp.type": "LogAppendTime"}
+"""Request and results topics stamp each record with the broker's clock: a worker measures a request's time budget
+from it and a client compares its own clock with it, so no decision compares two producers' clocks."""
 # Latest value per key; a tombstone is dropped a day later (the stats app writes them for silent workers).
 COMPACTED = {"cleanup.policy": "compact", "delete.retention.ms": str(24 * 3600 * 1000), "segment.ms": str(3600 * 1000)}
 
@@ -72,7 +75,8 @@ class StageSpec:
 
     def topics(self) -> list[TopicSpec]:
         """The request topic, its dead-letter twin and the events topic, with partitions and retention."""
-        specs = [TopicSpec(self.request_topic, self.partitions, FOREVER if self.retention == "forever" else WEEK),
+        specs = [TopicSpec(self.request_topic, self.partitions,
+                           {**(FOREVER if self.retention == "forever" else WEEK), **BROKER_TIME}),
                  TopicSpec(f"{self.request_topic}.dlq", 1, FOREVER)]
         if self.events_topic:
             specs.append(TopicSpec(self.events_topic, self.events_partitions, WEEK))
@@ -94,6 +98,10 @@ class JobContext:
     """The request record's key (e.g. where follow-up requests should be routed)."""
     cancel: CancelToken = field(default_factory=CancelToken)
     """This attempt's cancellation: blocking work runs through ``cancel.run`` (see ``streams/cancel.py``)."""
+    expires_at: float | None = None
+    """When the request's time budget runs out, on this worker's clock (``time.time()``): its deadline minus its
+    ``created_at`` (both the client's clock) measured from the broker's timestamp of the record (a topic with
+    ``message.timestamp.type=LogAppendTime``). None: the envelope's absolute deadline decides."""
 
 
 Handler = Callable[[Any, JobContext], Awaitable[BaseModel]]
@@ -154,8 +162,9 @@ def spec_for_topic(topic: str) -> StageSpec | None:
 
 def topology(specs: dict[str, StageSpec] | None = None) -> list[TopicSpec]:
     """Every topic kiln needs: the runtime's results, heartbeat and stats topics plus each registered stage's topics."""
-    topics = [TopicSpec(RESULTS_TOPIC, RESULTS_PARTITIONS, WEEK), TopicSpec(WORKERS_TOPIC, 1, COMPACTED),
-              TopicSpec(STATS_TOPIC, 1, COMPACTED), TopicSpec(REDRIVES_TOPIC, 1, COMPACTED)]
+    topics = [TopicSpec(RESULTS_TOPIC, RESULTS_PARTITIONS, {**WEEK, **BROKER_TIME}),
+              TopicSpec(WORKERS_TOPIC, 1, COMPACTED), TopicSpec(STATS_TOPIC, 1, COMPACTED),
+              TopicSpec(REDRIVES_TOPIC, 1, COMPACTED)]
     for spec in (specs if specs is not None else stage_specs()).values():
         topics.extend(spec.topics())
     return topics
