@@ -6,15 +6,18 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 
 from kiln.schemas.builtin import SleepRequest
 from kiln.schemas.envelope import ResultEnvelope
 from kiln.streams import admin
 from kiln.streams.clusters import ClusterClient
+from kiln.streams.codec import decode_result
 from kiln.streams.errors import ConfigError
 from kiln.streams.processes import WorkerProcess
 from kiln.streams.settings import Cluster, KilnSettings
@@ -59,7 +62,21 @@ async def _second_life(settings: KilnSettings, clusters: list[Cluster], client_i
 
         fresh = await asyncio.gather(*futures)
         await asyncio.wait_for(collect(), 120)
-        await asyncio.sleep(3)  # anything delivered twice would show up here
+        # A marker result behind everything on A's results partition for this client: a result delivered twice
+        # would come out of unclaimed() before it (one partition keeps its order), so the count is exact.
+        marker = ResultEnvelope(request_id=f"marker-{client_id}", kind="sleep", client_id=client_id, status="ok")
+        producer = Producer(settings.kafka())
+        producer.produce(settings.topic("kiln.results"), marker.model_dump_json().encode(), key=client_id,
+                         partition=zlib.crc32(client_id.encode()) % 2)  # the client's results partition
+        assert producer.flush(30) == 0
+
+        async def until_marker() -> None:
+            async for envelope in client.unclaimed():
+                if envelope.request_id == marker.request_id:
+                    return
+                late.append(envelope)
+
+        await asyncio.wait_for(until_marker(), 60)
         client.drain("b")
         await asyncio.wait_for(client.drained("b"), 5)
         with pytest.raises(ConfigError, match="every cluster is draining"):
@@ -89,7 +106,12 @@ def test_a_config_change_moves_traffic_and_delivers_everything_once(kafka: KilnS
                                                owed=len(old)))
         assert all(r.status == "ok" for r in fresh + late)
         assert sorted(r.request_id for r in late) == sorted(old)  # every in-flight result of A, once
-        assert len({r.request_id for r in fresh}) == 12
+        assert [r.result["tag"] for r in fresh if r.result] == [f"new{i}" for i in range(12)]  # each its own job
+        # On the topics too, one result per request: A's for the first life only, B's for the second only.
+        on_a = [decode_result(m.value()).request_id for m in read_all(settings, settings.topic("kiln.results"))]
+        on_b = [decode_result(m.value()).request_id for m in read_all(b_settings, b_settings.topic("kiln.results"))]
+        assert sorted(on_a) == sorted([*old, f"marker-{client_id}"])
+        assert sorted(on_b) == sorted(r.request_id for r in fresh) and len(set(on_b)) == 12
         assert len(read_all(settings, settings.topic("sleep.requests"))) == 12  # A got only the first life's
         assert len(read_all(b_settings, b_settings.topic("sleep.requests"))) == 12
     finally:
