@@ -70,17 +70,19 @@ async def test_remote_runtime_on_a_built_image(gateway: Gateway, project_image: 
     await runtime.close()
 
 
-async def test_what_swerex_clients_hit(gateway: Gateway, project_image: str) -> None:
+async def test_what_swerex_clients_hit(gateway: Gateway) -> None:
+    """On the toolchain image (any kiln image serves; no repository needed): what SWE-ReX's client and SWE-agent
+    rely on beyond the happy path."""
     url = gateway(KILN_GATEWAY_API_KEY="secret")
-    runtime = RemoteRuntime(host=f"{url}/swerex/agent-3/{project_image}", port=None, auth_token="secret")
+    runtime = RemoteRuntime(host=f"{url}/swerex/agent-3/kiln/toolchain:latest", port=None, auth_token="secret")
     await runtime.wait_until_alive(timeout=120)
 
     # 300 KB of output: above the claim-check threshold (KILN_CLAIM_CHECK_BYTES, 256 KiB), it comes back whole.
-    big = await runtime.execute(Command(command=["python", "-c", "print('x' * 300_000)"]))
+    big = await runtime.execute(Command(command=["python3", "-c", "print('x' * 300_000)"]))
     assert big.exit_code == 0 and big.stdout == "x" * 300_000 + "\n"
 
     await runtime.create_session(CreateBashSessionRequest())
-    await runtime.run_in_session(BashAction(command="cd tests && export MARK=kept"))
+    await runtime.run_in_session(BashAction(command="mkdir -p tests && cd tests && export MARK=kept"))
     # Checked with bash -n before it runs, as SWE-ReX's server does: nothing of it ran.
     with pytest.raises(BashIncorrectSyntaxError) as syntax:
         await runtime.run_in_session(BashAction(command="touch /work/ran; if then fi"))
