@@ -28,7 +28,7 @@ REQUESTS = Counter("kiln_gateway_requests_total", "Gateway requests, by route an
 def given_key(request: Request) -> str:
     """The API key a request carries: ``X-API-Key`` (SWE-ReX, kimina), ``Authorization: Bearer`` (kimina), or
     ``Authorization: Basic`` — what ``requests`` and ``aiohttp`` send for credentials in the URL
-    (``http://kiln:KEY@GATEWAY:8500``), the one way SandboxFusion's client, which sets no headers, can carry a key.
+    (``http://kiln:KEY@GATEWAY:8500``): how SandboxFusion's client, which sets no headers, carries a key.
     In Basic credentials the key is the password, or the user name when there is no password."""
     if key := request.headers.get("x-api-key"):
         return key
