@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from kiln.schemas.reports import TestReport
 
 ExecOp = Literal["open", "write_files", "read_files", "delete_files", "apply_patch", "run", "run_tests", "lint",
-                 "snapshot", "fork", "close"]
+                 "snapshot", "fork", "close", "run_once"]
 
 
 class SessionLimits(BaseModel):
@@ -53,6 +53,19 @@ def file_content(path: str, content: str | bytes, mode: int = 0o644) -> FileCont
     return FileContent(path=path, content_b64=base64.b64encode(content).decode(), mode=mode)
 
 
+class RunStep(BaseModel):
+    """One command of a ``run_once`` call; the steps run in order, each after the previous one succeeded (exit 0)
+    unless it is ``always``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")
+    command: str = Field(min_length=1, max_length=100_000)
+    timeout_s: float = Field(60.0, gt=0, le=24 * 3600)
+    stdin: str | None = Field(None, max_length=16 << 20, description="fed on the step's standard input")
+    always: bool = Field(False, description="runs even when an earlier step failed (e.g. a collector)")
+
+
 class ExecRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -76,9 +89,25 @@ class ExecRequest(BaseModel):
     command: str | None = Field(None, max_length=100_000)
     timeout_s: float = Field(60.0, gt=0, le=24 * 3600)
     max_output_bytes: int = Field(64 * 1024, ge=0, le=16 << 20)
+    steps: list[RunStep] = Field(default_factory=list, max_length=16,
+                                 description="run_once: the commands, in order (or just ``command``)")
+    env: dict[str, str] = Field(default_factory=dict, max_length=256, description="run_once: added environment")
+    cwd: str = Field("", max_length=4096, description="run_once: where the steps run, relative to /work")
+    tests: bool = Field(False, description="run_once: after the steps, the image's test command (as run_tests), "
+                                           "its reports parsed into the result's ``tests``")
 
     @model_validator(mode="after")
     def _operands(self) -> ExecRequest:
+        if self.op == "run_once":
+            if not self.image:
+                raise ValueError("run_once needs an image")
+            if self.command and self.steps:
+                raise ValueError("run_once takes a command or steps, not both")
+            if not (self.command or self.steps or self.tests):
+                raise ValueError("run_once needs a command, steps or tests")
+            if len({s.name for s in self.steps}) != len(self.steps):
+                raise ValueError("run_once step names must differ")
+            return self
         if self.token is not None:
             raise ValueError("session tokens are withdrawn: sign requests with the session key (auth)")
         if self.op == "open" and not (self.image or self.snapshot):
@@ -108,6 +137,14 @@ class CommandOutput(BaseModel):
     duration_s: float = 0.0
 
 
+class StepOutput(CommandOutput):
+    """A ``run_once`` step, measured by the runner's supervisor (never by the code it ran)."""
+
+    name: str
+    cpu_s: float = 0.0
+    signal: int | None = Field(None, description="the signal that ended the step's process, if one did")
+
+
 class LintFinding(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -134,3 +171,4 @@ class ExecResult(BaseModel):
     findings: list[LintFinding] = Field(default_factory=list)
     snapshot: str | None = None
     snapshot_bytes: int | None = None
+    steps: list[StepOutput] = Field(default_factory=list, description="run_once: the steps that ran, in order")

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.schemas.envelope import ResultEnvelope, new_request_id
-from kiln.schemas.exec import CommandOutput, ExecOp, ExecRequest, ExecResult, SessionLimits, file_content
+from kiln.schemas.exec import CommandOutput, ExecOp, ExecRequest, ExecResult, RunStep, SessionLimits, file_content
 from kiln.streams.client import KilnClient
 from kiln.workers.exec.auth import ClientKeyPair, prove
 
@@ -139,6 +140,28 @@ class ExecClient:
         result = await self._exec(session, "fork")
         self._spill.opened(session.repository)
         return self._session(result, session.image, session.repository)
+
+    async def run_once(self, image: str, command: str | None = None, *,
+                       files: Mapping[str, str | bytes] | None = None,
+                       steps: list[RunStep] | None = None, stdin: str | None = None,
+                       limits: SessionLimits | None = None, timeout_s: float = 60.0,
+                       max_output_bytes: int = 64 * 1024, fetch: list[str] | None = None,
+                       env: dict[str, str] | None = None, cwd: str = "") -> ExecResult:
+        """``command`` (or ``steps``) on ``image`` with ``files`` in /work, in a sandbox of its own that nothing of
+        it outlives: no session to open or close, a warm runner per call. ``fetch`` names files (relative to
+        ``cwd``; a trailing ``/`` takes a directory's files) to return. Each step's result is measured outside the
+        code it ran (``result.steps``; ``result.output`` is the last step's)."""
+        if steps is None:
+            steps = [RunStep(name="run", command=command or "", timeout_s=timeout_s, stdin=stdin)]
+        elif command is not None or stdin is not None:
+            raise ValueError("run_once takes a command (and stdin) or steps, not both")
+        request = ExecRequest(op="run_once", image=image, steps=steps, limits=limits or SessionLimits(),
+                              files=[file_content(p, c) for p, c in (files or {}).items()], paths=fetch or [],
+                              env=env or {}, cwd=cwd, max_output_bytes=max_output_bytes,
+                              timeout_s=max(s.timeout_s for s in steps))
+        # Any worker can serve it: a fresh key spreads calls over every partition.
+        result: ExecResult = await self.kiln.call("exec", request, key=new_request_id())
+        return result
 
     async def close_session(self, session: ExecSession) -> None:
         await self._exec(session, "close")

@@ -13,6 +13,7 @@ it cannot see are removed only past the longest a session may live. Configuratio
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import fcntl
 import json
@@ -30,7 +31,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kiln.schemas.exec import ExecRequest, ExecResult, SessionLimits
+from kiln.schemas.exec import (
+    CommandOutput,
+    ExecRequest,
+    ExecResult,
+    RunStep,
+    SessionLimits,
+    StepOutput,
+    file_content,
+)
+from kiln.schemas.reports import TestReport
 from kiln.streams.blobstore import open_blob_store
 from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
@@ -39,7 +49,17 @@ from kiln.workers.common.containers import docker_client
 from kiln.workers.common.image_cache import ImageCache
 from kiln.workers.common.registry import Registry
 from kiln.workers.exec import spec
-from kiln.workers.exec.sessions import ROLE, LimitExceeded, Session, SessionError, SessionManager, safe_path
+from kiln.workers.exec.runners import RunnerPool, supervisor_binary
+from kiln.workers.exec.sessions import (
+    REPLAY_BYTES,
+    ROLE,
+    LabelSeal,
+    LimitExceeded,
+    Session,
+    SessionError,
+    SessionManager,
+    safe_path,
+)
 
 
 class ExecSettings(BaseSettings):
@@ -65,6 +85,14 @@ class ExecSettings(BaseSettings):
     pulled_images_max: int = Field(8, ge=1, description="Images pulled by this worker kept on its engine (LRU).")
     max_session_age_s: float = Field(24 * 3600.0, gt=0, description="Containers of workers this one cannot see "
                                                                     "are reaped past this age.")
+    replay_cache_bytes: int = Field(REPLAY_BYTES, ge=0, description="Results kept per session to answer replayed "
+                                                                    "request ids (bytes; beyond, the oldest are "
+                                                                    "forgotten and their replays refused).")
+    replay_cache_total_bytes: int = Field(16 * REPLAY_BYTES, ge=0, description="The same, for all sessions of "
+                                                                               "the worker together.")
+    supervisor: Path | None = Field(None, description="The runner supervisor's built binary (an image that ships "
+                                                      "it); unset: built with Go from the source once per version.")
+    supervisor_cache: Path = Field(Path.home() / ".cache" / "kiln", description="Where the built supervisor is kept.")
 
     def check(self, request: ExecRequest) -> None:
         """Refuse (visibly) a request asking for more than this deployment allows."""
@@ -73,7 +101,8 @@ class ExecSettings(BaseSettings):
                  ("disk_mb", request.limits.disk_mb, self.max_disk_mb),
                  ("idle_timeout_s", request.limits.idle_timeout_s, self.max_idle_timeout_s),
                  ("timeout_s", request.timeout_s, self.max_timeout_s),
-                 ("max_output_bytes", request.max_output_bytes, self.max_output_bytes)]
+                 ("max_output_bytes", request.max_output_bytes, self.max_output_bytes),
+                 *((f"steps[{s.name}].timeout_s", s.timeout_s, self.max_timeout_s) for s in request.steps)]
         over = [f"{name}={value:g} (cap {cap:g})" for name, value, cap in asked if value > cap]
         if over:
             raise LimitExceeded(f"limits above this deployment's caps: {', '.join(over)}")
@@ -91,10 +120,14 @@ KILLS = Counter("kiln_exec_killed_processes_total", "Processes killed by host pi
                 registry=registry)
 HANDOVERS = Counter("kiln_exec_handovers_total", "Sessions handed to the next owner of their partition, and taken "
                     "over from a former one.", ["direction"], registry=registry)
+RUNNERS_DISCARDED = Counter("kiln_exec_runners_discarded_total", "Runners discarded because something of a call "
+                            "survived its cleanup (replaced in the background).", registry=registry)
 REAPED = Counter("kiln_exec_reaped_containers_total", "Session containers removed by the reaper, by why.",
                  ["reason"], registry=registry)
 
 WarmEntry = tuple[Any, list[str], int, int]
+MAX_FETCH_BYTES = 16 << 20  # files a run_once call fetches back, in all
+REPORTS = "/tmp/kiln-reports"  # where an image's test command leaves its reports (workers/builder/rules.py)
 
 
 class ExecService:
@@ -107,19 +140,27 @@ class ExecService:
         self._opening: set[str] = set()  # containers taken from the warm pool, not yet adopted
         self._tasks: list[asyncio.Task[None]] = []
         self.worker_id = ""
+        self.runners: RunnerPool | None = None
 
     async def setup(self, slots: int) -> None:
-        del slots
         client = await asyncio.to_thread(docker_client)
         # One id per process: the lock file proves this process is alive to the reapers of other workers.
         self.worker_id = f"exec-{int(time.time() * 1000):x}-{id(self) & 0xFFFF:x}"
         await asyncio.to_thread(self._hold_liveness_lock)
         labels = {"kiln.lock": str(self._lock_path()), "kiln.lockns": _namespace()}
+        seal = await asyncio.to_thread(LabelSeal.load, self.settings.lock_dir)
         self.manager = SessionManager(client, self.worker_id, open_blob_store(get_settings()),
-                                      self.settings.image_prefixes, labels)
+                                      self.settings.image_prefixes, labels, seal=seal,
+                                      replay_bytes=self.settings.replay_cache_bytes,
+                                      replay_total_bytes=self.settings.replay_cache_total_bytes)
         registry_ = (Registry(self.settings.registry, self.settings.registry_user, self.settings.registry_password)
                      if self.settings.registry else None)
         self.images = ImageCache(client, registry_, self.settings.pulled_images_max)
+        cache, prebuilt = self.settings.supervisor_cache, self.settings.supervisor
+        # As many idle runners per image as calls can run at once here: a batch finds them warm.
+        self.runners = RunnerPool(client, self.manager.sealed_labels, lambda: supervisor_binary(cache, prebuilt),
+                                  self.manager._image_work, per_key=max(1, slots),
+                                  keys=max(1, self.settings.warm_images))
         await asyncio.to_thread(self.reap)
         self._tasks = [asyncio.create_task(self._housekeeping())]
 
@@ -154,6 +195,8 @@ class ExecService:
             for entries in self.warm.values():
                 for container, volumes, _, _ in entries:
                     await asyncio.to_thread(self.manager.remove, container, volumes)
+        if self.runners is not None:
+            await asyncio.to_thread(self.runners.close)
         if self._lock_file is not None:
             path = Path(self._lock_file.name)
             self._lock_file.close()
@@ -168,27 +211,32 @@ class ExecService:
                 log.exception("exec housekeeping failed; retrying next round")
 
     def reap(self) -> None:
-        """Remove session containers of dead workers, our own strays, and idle sessions."""
+        """Remove session containers of dead workers, our own strays, and idle sessions. Only labels a seal of this
+        host covers are read: an image's own labels imitating kiln's (Docker merges them into its containers')
+        make a container the reaper never touches."""
         assert self.manager is not None
         manager = self.manager
         idle = manager.expire_idle()
         if idle:
             REAPED.labels("idle").inc(idle)
         ours = {s.container.id for s in manager.sessions.values()} | self._opening | {
-            e[0].id for entries in self.warm.values() for e in entries}
+            e[0].id for entries in self.warm.values() for e in entries} | (
+            self.runners.container_ids() if self.runners is not None else set())
         try:
             containers = manager.client.containers.list(all=True, filters={"label": f"kiln.role={ROLE}"})
         except (APIError, DockerException):
             return
         namespace = _namespace()
         for container in containers:
-            labels = container.labels
+            labels = manager.seal.recorded(container.name, container.labels)
+            if labels is None:  # not created by kiln on this host (or by one before seals): not ours to judge
+                continue
             age = time.time() - _created(container)
             if labels.get("kiln.worker", "") == self.worker_id:
                 if container.id not in ours and age > 60:
                     self._reap(container, "stray")
             elif labels.get("kiln.lockns") == namespace and labels.get("kiln.lock"):
-                if not _owner_alive(Path(labels["kiln.lock"])):
+                if not _owner_alive(Path(labels["kiln.lock"]), self.settings.lock_dir):
                     self._reap(container, "worker_gone")
             elif age > self.settings.max_session_age_s:  # a worker this one cannot see: only the age tells
                 self._reap(container, "expired")
@@ -197,7 +245,10 @@ class ExecService:
     def _reap(self, container: Any, reason: str) -> None:
         assert self.manager is not None
         name = container.name
-        self.manager.remove(container, [f"{name}-work", f"{name}-tmp"])
+        mounted = [str(m.get("Name", "")) for m in container.attrs.get("Mounts") or [] if m.get("Type") == "volume"]
+        # The session's own volumes (work, tmp, those on paths its image declares): named after it, kiln-made.
+        volumes = {f"{name}-work", f"{name}-tmp", *(v for v in mounted if v.startswith(f"{name}-"))}
+        self.manager.remove(container, sorted(volumes))
         REAPED.labels(reason).inc()
 
     # --- warm pool -------------------------------------------------------------------------------------------
@@ -278,6 +329,8 @@ class ExecService:
         manager = self.manager
         self.settings.check(request)
         request_id = ctx.envelope.request_id
+        if request.op == "run_once":
+            return await self._run_once(request, ctx)
         if request.op == "open":
             if request.snapshot is not None:
                 await ctx.cancel.run(manager.check_snapshot, request_id, request)
@@ -296,6 +349,59 @@ class ExecService:
         with session.lock:
             session.remember(request_id, result)
         return result
+
+    async def _run_once(self, request: ExecRequest, ctx: JobContext) -> ExecResult:
+        """A stateless call on a warm runner: nothing of it outlives it, so a replay just runs it again."""
+        assert self.manager is not None and self.images is not None and self.runners is not None
+        image, runners = request.image or "", self.runners
+        self.manager.check_image(image)
+        await ctx.cancel.run(self.images.ensure, image)
+        steps = request.steps or ([RunStep(name="run", command=request.command, timeout_s=request.timeout_s)]
+                                  if request.command else [])
+        labels, env, fetch = {}, dict(request.env), list(request.paths)
+        if request.tests:
+            labels = await ctx.cancel.run(_image_labels, self.manager, image)
+            if not labels.get("kiln.test"):
+                raise SessionError(f"image {image} records no test command")
+            steps = [*steps, RunStep(name="tests", command=f"rm -rf {REPORTS}; {labels['kiln.test']}",
+                                     timeout_s=request.timeout_s)]
+            env = {**json.loads(labels.get("kiln.env") or "{}"), **env}
+            fetch.append(f"{REPORTS}/")
+        call = {"files": [{"path": safe_path(f.path), "mode": f.mode,
+                           "data": f.content_b64 if f.text is None else base64.b64encode(f.text.encode()).decode()}
+                          for f in request.files],
+                "steps": [{"name": s.name, "command": s.command, "timeout_ms": int(s.timeout_s * 1000),
+                           "always": s.always,
+                           "stdin": None if s.stdin is None else base64.b64encode(s.stdin.encode()).decode()}
+                          for s in steps],
+                "env": env, "cwd": safe_path(request.cwd) if request.cwd else "",
+                "cap": request.max_output_bytes, "fetch": fetch, "fetch_cap": MAX_FETCH_BYTES}
+        runner = await ctx.cancel.run(runners.take, image, request.limits)
+        ctx.cancel.on_cancel(lambda: runners.discard(runner))
+        try:
+            answer = await ctx.cancel.run(runner.call, call, sum(s.timeout_s for s in steps) + 60.0)
+        except BaseException:
+            await asyncio.to_thread(runners.give, runner, False)
+            raise
+        clean = bool(answer.get("clean"))
+        if not clean:
+            RUNNERS_DISCARDED.inc()
+            log.warning("runner %s discarded: %s", runner.container.name, answer.get("residue") or answer.get("error"))
+        await asyncio.to_thread(runners.give, runner, clean)
+        if answer.get("error"):
+            raise SessionError(f"run_once: {answer['error']}")
+        outputs = [_step_output(s) for s in answer.get("steps", [])]
+        if any(o.timed_out for o in outputs):
+            TIMEOUTS.inc()
+        fetched = {path: base64.b64decode(data) for path, data in (answer.get("files") or {}).items()}
+        tests = None
+        if request.tests and outputs and outputs[-1].name == "tests":
+            found = {p.removeprefix(f"{REPORTS}/"): d for p, d in fetched.items() if p.startswith(f"{REPORTS}/")}
+            tests = checked_report(reports.parse_results(labels.get("kiln.system", "custom"), outputs[-1].exit_code,
+                                                         found, labels.get("kiln.module", "")), outputs[-1])
+        files = [file_content(p, d) for p, d in fetched.items() if not p.startswith(f"{REPORTS}/")]
+        return ExecResult(op="run_once", session_id="", partition=ctx.partition, image=image, steps=outputs,
+                          output=outputs[-1] if outputs else None, files=files, tests=tests)
 
     async def _execute(self, request: ExecRequest, ctx: JobContext, session: Session) -> ExecResult:
         assert self.manager is not None
@@ -337,11 +443,11 @@ class ExecService:
                 raise SessionError(f"image {session.image} records no test command: pass one")
             # The run ends with every session process gone (swept from outside), so the reports read below were
             # written by this run and nothing can rewrite them.
-            output = await self._run(session, f"rm -rf /tmp/kiln-reports; {command}", request, ctx,
+            output = await self._run(session, f"rm -rf {REPORTS}; {command}", request, ctx,
                                      env=json.loads(labels.get("kiln.env") or "{}"))
-            files = await ctx.cancel.run(manager.collect, session, "/tmp/kiln-reports")
-            tests = reports.parse_results(labels.get("kiln.system", "custom"), output.exit_code, files,
-                                          labels.get("kiln.module", ""))
+            files = await ctx.cancel.run(manager.collect, session, REPORTS)
+            tests = checked_report(reports.parse_results(labels.get("kiln.system", "custom"), output.exit_code,
+                                                         files, labels.get("kiln.module", "")), output)
             return result.model_copy(update={"output": output, "tests": tests})
         command = request.command or labels.get("kiln.lint")
         if not command:
@@ -361,6 +467,36 @@ class ExecService:
         if output.timed_out:
             TIMEOUTS.inc()
         return output
+
+
+def checked_report(report: TestReport | None, output: CommandOutput) -> TestReport | None:
+    """A report is the runner's word; the exit status is measured outside the sandbox. A report that shows no
+    failure from a run that failed (or timed out) gains an error, so it can never score as a clean pass."""
+    if report is None or (output.exit_code == 0 and not output.timed_out) or report.failed + report.errors:
+        return report
+    return report.model_copy(update={"errors": 1})
+
+
+def _image_labels(manager: SessionManager, image: str) -> dict[str, str]:
+    try:
+        return dict(manager.client.images.get(image).labels or {})
+    except (APIError, DockerException):
+        return {}
+
+
+def _step_output(step: dict[str, Any]) -> StepOutput:
+    """The supervisor's measure of a step: a step ended by a signal exits 128 + signal, as a shell reports it."""
+    signal_ = int(step.get("signal") or 0) or None
+    code = step.get("exit_code")
+    if code is None and signal_ is not None:
+        code = 128 + signal_
+    return StepOutput(name=str(step["name"]), exit_code=code, signal=signal_, timed_out=bool(step.get("timed_out")),
+                      stdout=base64.b64decode(step.get("stdout") or "").decode(errors="replace"),
+                      stderr=base64.b64decode(step.get("stderr") or "").decode(errors="replace"),
+                      stdout_truncated=bool(step.get("stdout_truncated")),
+                      stderr_truncated=bool(step.get("stderr_truncated")),
+                      duration_s=round(int(step.get("wall_us") or 0) / 1e6, 4),
+                      cpu_s=round(int(step.get("cpu_us") or 0) / 1e6, 4))
 
 
 def _quote(path: str) -> str:
@@ -388,9 +524,12 @@ def _namespace() -> str:
     return f"{boot}/{os.readlink('/proc/self/ns/mnt')}"
 
 
-def _owner_alive(lock_path: Path) -> bool:
+def _owner_alive(lock_path: Path, lock_dir: Path) -> bool:
     """A worker is alive while it holds the exclusive lock on its lock file. The file is opened read-only, never
-    created: a missing file means its worker is gone."""
+    created: a missing file means its worker is gone. Only a ``*.lock`` file directly in ``lock_dir`` is judged
+    (and removed when stale); any other path counts as alive, so no label can make a reaper remove a file."""
+    if lock_path.parent != lock_dir.resolve() or lock_path.suffix != ".lock" or lock_path.name.startswith("."):
+        return True
     try:
         fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:

@@ -1,29 +1,25 @@
-"""SandboxFusion's ``/run_code`` over kiln's exec stage: each request runs in a fresh exec session on the toolchain
-image (the warm pool makes opening one cheap), closed after the answer. Request and response fields are
-SandboxFusion's; ``memory_limit_MB`` becomes the session's memory limit."""
+"""SandboxFusion's ``/run_code`` over kiln's exec stage: each request is one ``run_once`` call on the toolchain
+image (a warm runner; its compile and run steps measured by the runner's supervisor). Request and response fields
+are SandboxFusion's; ``memory_limit_MB`` becomes the call's memory limit."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 from enum import StrEnum
 from pathlib import PurePosixPath
-from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kiln.schemas.exec import SessionLimits
+from kiln.schemas.exec import RunStep, SessionLimits, StepOutput
 from kiln.streams.errors import KilnError
 from kiln.workers.exec.client import ExecClient
-from kiln.workers.gateway.languages import LANGUAGES, Language, driver, write_file
+from kiln.workers.gateway.languages import LANGUAGES, Language
 from kiln.workers.gateway.settings import GatewaySettings
 
 log = logging.getLogger("kiln.gateway")
 router = APIRouter(tags=["SandboxFusion"])
-_INLINE = 90_000  # characters of command that carry the files inline; beyond, files are written first
-_closing: set[asyncio.Task[None]] = set()
 
 
 class RunStatus(StrEnum):
@@ -100,83 +96,48 @@ def refuse_beyond_limits(request: RunCodeRequest, settings: GatewaySettings) -> 
                                  f"{settings.max_memory_mb} (KILN_GATEWAY_MAX_MEMORY_MB)")
 
 
-def driver_command(request: RunCodeRequest, settings: GatewaySettings, *, inline: bool = True) -> str:
-    """The one command that runs ``request`` in a session; ``inline=False`` leaves the files to write_files."""
-    files = request_files(request) if inline else {}
-    return driver(LANGUAGES[request.language], writes="".join(write_file(p, c) for p, c in files.items()),
-                  stdin=request.stdin, compile_timeout=request.compile_timeout, run_timeout=request.run_timeout,
-                  fetch_files=[_relative(p) for p in request.fetch_files], cap=settings.max_output_bytes)
-
-
-def request_files(request: RunCodeRequest) -> dict[str, str]:
-    """Every file of the run directory, base64: the request's and the source."""
-    files = {_relative(p): c or "" for p, c in request.files.items()}
-    files[LANGUAGES[request.language].source] = base64.b64encode(request.code.encode()).decode()
+def request_files(request: RunCodeRequest) -> dict[str, bytes]:
+    """Every file of the run directory: the request's and the source."""
+    files = {_relative(p): base64.b64decode(c or "") for p, c in request.files.items()}
+    files[LANGUAGES[request.language].source] = request.code.encode()
     return files
 
 
-def _step(fields: list[str], limit: float) -> CommandRunResult:
-    code, elapsed = int(fields[0]), int(fields[1]) / 1e6
-    timed_out = code == 137 and elapsed >= limit * 0.95  # timeout -s KILL
-    return CommandRunResult(status="TimeLimitExceeded" if timed_out else "Finished", execution_time=round(elapsed, 4),
-                            return_code=None if timed_out else code,
-                            stdout=base64.b64decode(fields[2]).decode(errors="replace"),
-                            stderr=base64.b64decode(fields[3]).decode(errors="replace"))
+def run_steps(request: RunCodeRequest) -> list[RunStep]:
+    """Compile (for a compiled language) with the compile timeout, then run with stdin and the run timeout."""
+    language: Language = LANGUAGES[request.language]
+    steps = [RunStep(name="run", command=language.run, timeout_s=request.run_timeout, stdin=request.stdin)]
+    if language.compile is not None:
+        steps.insert(0, RunStep(name="compile", command=language.compile, timeout_s=request.compile_timeout))
+    return steps
 
 
-def read_driver_output(request: RunCodeRequest, stdout: str) -> RunCodeResponse:
-    steps: dict[str, CommandRunResult] = {}
-    files: dict[str, str] = {}
-    for line in stdout.splitlines():
-        fields = line.split(" ")
-        if fields[0] == "STEP" and len(fields) == 6 and fields[1] in ("compile", "run"):
-            limit = request.compile_timeout if fields[1] == "compile" else request.run_timeout
-            steps[fields[1]] = _step(fields[2:], limit)
-        elif fields[0] == "FILE" and len(fields) == 3:
-            files[base64.b64decode(fields[1]).decode(errors="replace")] = fields[2]
-    compiled, ran = steps.get("compile"), steps.get("run")
-    ok = ran is not None and ran.return_code == 0 and (compiled is None or compiled.return_code == 0)
-    return RunCodeResponse(status=RunStatus.success if ok else RunStatus.failed, compile_result=compiled,
-                           run_result=ran, files=files)
+def _command_result(step: StepOutput) -> CommandRunResult:
+    return CommandRunResult(status="TimeLimitExceeded" if step.timed_out else "Finished",
+                            execution_time=step.duration_s, cpu_time=step.cpu_s,
+                            return_code=None if step.timed_out else step.exit_code, stdout=step.stdout,
+                            stderr=step.stderr)
 
 
 async def run_code(exec_client: ExecClient, settings: GatewaySettings, request: RunCodeRequest) -> RunCodeResponse:
+    """One ``run_once`` call: each step's exit status, time and output are measured by the runner's supervisor,
+    outside the reach of the code it judges (README, "Threat model")."""
     refuse_beyond_limits(request, settings)
-    language: Language = LANGUAGES[request.language]
-    command = driver_command(request, settings)
-    # The exec stage's default limits unless the request sets memory: only those are served from the warm pool.
-    limits = SessionLimits()
-    if request.memory_limit_MB > 0:
-        limits = SessionLimits(memory_mb=max(request.memory_limit_MB, 32))
+    limits = SessionLimits(memory_mb=max(request.memory_limit_MB, 32)) if request.memory_limit_MB > 0 else None
     try:
-        session = await exec_client.open_session(settings.toolchain_image, limits=limits)
-    except KilnError as e:
-        return RunCodeResponse(status=RunStatus.sandbox_error, message=f"opening a session: {e}")
-    try:
-        if len(command) > _INLINE:
-            await exec_client.write_files(session, {f"run/{p}": base64.b64decode(c)
-                                                    for p, c in request_files(request).items()})
-            command = driver_command(request, settings, inline=False)
-        budget = (request.compile_timeout if language.compile else 0) + request.run_timeout + 30
-        output = await exec_client.run(session, command, timeout_s=budget, max_output_bytes=settings.exec_output_bytes)
+        result = await exec_client.run_once(settings.toolchain_image, files={f"run/{p}": c for p, c in
+                                                                           request_files(request).items()},
+                                            steps=run_steps(request), limits=limits, cwd="run",
+                                            max_output_bytes=settings.max_output_bytes,
+                                            fetch=[_relative(p) for p in request.fetch_files])
     except KilnError as e:
         return RunCodeResponse(status=RunStatus.sandbox_error, message=str(e))
-    finally:
-        closing = asyncio.get_running_loop().create_task(_close(exec_client, session))
-        _closing.add(closing)  # a task nothing references may be collected before it ran
-        closing.add_done_callback(_closing.discard)
-    answer = read_driver_output(request, output.stdout)
-    if answer.run_result is None and answer.compile_result is None:
-        return RunCodeResponse(status=RunStatus.sandbox_error, message=f"the driver answered no result (exit "
-                                                                       f"{output.exit_code}): {output.stderr[-500:]}")
-    return answer
-
-
-async def _close(exec_client: ExecClient, session: Any) -> None:
-    try:
-        await exec_client.close_session(session)
-    except KilnError as e:  # the worker reaps idle sessions anyway
-        log.warning("closing session %s: %s", session.session_id, e)
+    steps = {s.name: _command_result(s) for s in result.steps}
+    compiled, ran = steps.get("compile"), steps.get("run")
+    ok = ran is not None and ran.return_code == 0 and (compiled is None or compiled.return_code == 0)
+    files = {f.path: f.content_b64 or base64.b64encode((f.text or "").encode()).decode() for f in result.files}
+    return RunCodeResponse(status=RunStatus.success if ok else RunStatus.failed, compile_result=compiled,
+                           run_result=ran, files=files)
 
 
 @router.post("/run_code", response_model=RunCodeResponse)

@@ -58,8 +58,6 @@ class RunConfig(BaseModel):
     exec_workers: int = 1
     exec_slots: int = 4
     exec_image: str | None = Field(None, description="verify in exec sessions on this image; None: in process")
-    exec_session_commands: int = Field(1000, description="verifier commands per exec session (the checker only "
-                                                         "reads the completions, so sessions are long-lived)")
     d_model: int = 64
     n_layers: int = 2
     seed: int = 0
@@ -147,7 +145,6 @@ class LearningRun:
     def _rollout_worker(self) -> WorkerProcess:
         worker = WorkerProcess("rollout", self.settings, "rollout.requests", slots=self.config.rollout_slots,
                                env=self._env(KILN_ROLLOUT_ENDPOINTS=json.dumps([self.server.url]),
-                                             KILN_ROLLOUT_EXEC_SESSION_GROUPS=str(self.config.exec_session_commands),
                                              KILN_METRICS_PORT=str(free_port())))
         self._workers.append(worker)
         return worker

@@ -37,8 +37,7 @@ class RolloutSettings(BaseSettings):
     endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8400"],
                                  description="Inference servers (JSON list), used round-robin.")
     timeout_s: float = Field(600.0, gt=0, description="Per completion request.")
-    exec_sessions: int = Field(4, ge=1, description="Exec sessions per image a worker keeps for verifying.")
-    exec_session_groups: int = Field(16, ge=1, description="Commands an exec session runs before it is replaced.")
+    exec_calls: int = Field(8, ge=1, description="Exec run_once calls a worker's verifiers keep in flight.")
     exec_batch_groups: int = Field(32, ge=1, description="Groups one exec command may verify together.")
     exec_batch_window_s: float = Field(0.02, ge=0, description="How long a group waits for others to share its "
                                                                 "command.")
@@ -61,8 +60,7 @@ async def setup(slots: int) -> None:
     _endpoints[:] = [KilnEndpoint(url, timeout_s=settings.timeout_s) for url in settings.endpoints]
     # Its own client id: results of its exec/Lean requests come back to this process only.
     kiln = KilnClient(get_settings(), f"rollout.{socket.gethostname()}.{os.getpid()}")
-    _verifiers[:] = [Verifiers(VerifierContext(kiln, exec_session_groups=settings.exec_session_groups,
-                                               exec_sessions=min(settings.exec_sessions, slots),
+    _verifiers[:] = [Verifiers(VerifierContext(kiln, exec_calls=settings.exec_calls,
                                                exec_batch_groups=settings.exec_batch_groups,
                                                exec_batch_window_s=settings.exec_batch_window_s))]
 

@@ -1,18 +1,17 @@
 """Verifiers: a reward for every sample of a prompt group, computed by kiln's own stages through their client facades.
 
 - ``exact_match``: in process, the number a completion starts with equals the task's answer.
-- ``exec``: one exec command checks a whole group inside a sandboxed session — it unpacks the groups and the
-  task's checker files into a fresh directory, runs the checker once (see ``ExecCheck``) and removes the directory.
-  Groups verified at the same time with the same checker share that command and that checker process (up to
-  ``exec_batch_groups``, gathered for ``exec_batch_window_s``): a round trip to a session, and a checker's start,
-  cost far more than checking a small group. Sessions are pooled per image and recycled after ``exec_session_groups``
-  commands. Groups sharing a session could tamper with each other; a checker that runs sample code sets
-  ``isolate`` and gets a fresh session for its group alone.
+- ``exec``: one exec ``run_once`` call checks a whole group — the groups and the task's checker files land in
+  ``/work/.kiln-check`` of a warm runner, the checker runs once (see ``ExecCheck``), nothing of it outlives the call.
+  Groups verified at the same time with the same checker share that call and that checker process (up to
+  ``exec_batch_groups``, gathered for ``exec_batch_window_s``; at most ``exec_calls`` calls in flight): a round trip,
+  and a checker's start, cost far more than checking a small group. Groups in one call could tamper with each
+  other; a checker that runs sample code sets ``isolate`` and gets a call for its group alone.
 - ``lean``: the statement is elaborated once (``theorem … := by sorry``), every completion is tried as a tactic script
   on that proof state, concurrently; a sample that mentions ``sorry``/``admit`` scores 0 without running.
 
-- ``swe``: a repository task (``SWECheck``): each completion's patch and the task's test patch applied to a copy of
-  the repository's built tree, its tests as the reward — one command for the group, in a session of its own.
+- ``swe``: a repository task (``SWECheck``): each completion's patch and the task's test patch applied to the
+  repository's built tree, its test command's exit status as the reward — one ``run_once`` call per completion.
 
 A user plugs in their own through the ``kiln.verifiers`` entry point group: ``name = "module:factory"``, the factory
 takes a ``VerifierContext`` and returns a ``Verifier``. ``RolloutTask.check`` carries what the verifier needs; each
@@ -22,12 +21,8 @@ validates it with its own model, and a task it cannot read fails as a routine er
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
 import json
 import re
-import shlex
-import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -35,11 +30,11 @@ from typing import Annotated, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from kiln.schemas.exec import SessionLimits
+from kiln.schemas.exec import RunStep
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed, RoutineJobError, TransientJobError
-from kiln.workers.exec.client import ExecClient, ExecSession
+from kiln.workers.exec.client import ExecClient
 from kiln.workers.lean.client import LeanClient
 from kiln.workers.rollout.tasks import exact_match
 
@@ -61,8 +56,7 @@ class VerifierContext:
     """What a verifier may use: the worker's client of the other stages."""
 
     kiln: KilnClient
-    exec_session_groups: int = 16
-    exec_sessions: int = 4
+    exec_calls: int = 4
     exec_batch_groups: int = 32
     exec_batch_window_s: float = 0.02
 
@@ -99,66 +93,31 @@ class ExecCheck(BaseModel):
     files: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")], str] = Field(
         default_factory=dict, description="checker files by plain name")
     timeout_s: float = Field(60.0, gt=0, le=600)
-    isolate: bool = Field(False, description="a fresh session for this group alone: for checkers that run sample "
-                                             "code, which could tamper with other groups sharing a session")
+    isolate: bool = Field(False, description="a call for this group alone: for checkers that run sample code, "
+                                             "which could tamper with other groups checked in the same call")
 
 
-_INLINE_LIMIT = 64_000  # the exec stage takes commands up to 100 kB
+_CHECK_DIR = ".kiln-check"  # where a checker's files and groups land, beside the image's /work
 
 
 class ExecVerifier:
     def __init__(self, context: VerifierContext) -> None:
         self.exec = ExecClient(context.kiln)
-        self.recycle_after, self.most = context.exec_session_groups, context.exec_sessions
-        self._idle: dict[str, list[tuple[ExecSession, int]]] = {}
-        self._open: dict[str, int] = {}
-        self._freed = asyncio.Condition()
+        self._calls = asyncio.Semaphore(context.exec_calls)
         self.batch_groups, self.batch_window_s = context.exec_batch_groups, context.exec_batch_window_s
         self._batches: dict[tuple[str, str, float, str], list[_Pending]] = {}
         self._running: set[asyncio.Future[None]] = set()
 
-    async def _take(self, pool: str, image: str) -> tuple[ExecSession, int]:
-        async with self._freed:
-            while not self._idle.get(pool) and self._open.get(pool, 0) >= self.most:
-                await self._freed.wait()
-            if self._idle.get(pool):
-                return self._idle[pool].pop()
-            self._open[pool] = self._open.get(pool, 0) + 1
-        try:
-            return await self.exec.open_session(image, limits=SessionLimits()), 0
-        except BaseException:
-            await self._drop(pool, None)
-            raise
-
-    async def _give(self, pool: str, session: ExecSession, used: int) -> None:
-        if used >= self.recycle_after:
-            await self._drop(pool, session)
-            return
-        async with self._freed:
-            self._idle.setdefault(pool, []).append((session, used))
-            self._freed.notify()
-
-    async def _drop(self, pool: str, session: ExecSession | None) -> None:
-        async with self._freed:
-            self._open[pool] -= 1
-            self._freed.notify()
-        if session is not None:
-            # A session that is gone already (its worker died) is reaped by the exec stage.
-            with contextlib.suppress(RequestFailed):
-                await self.exec.close_session(session)
-
     async def close(self) -> None:
-        idle, self._idle = self._idle, {}
-        for pool, sessions in idle.items():
-            for session, _used in sessions:
-                await self._drop(pool, session)
+        pass
 
     async def verify(self, task: RolloutTask, completions: list[str], request_id: str) -> list[Verdict]:
         check = checked(ExecCheck, task)
         group = {"task_id": task.task_id, "prompt": task.prompt, "answer": task.answer, "completions": completions}
         pending = _Pending(group, asyncio.get_running_loop().create_future())
         if check.isolate:
-            await self._run([pending], check)
+            async with self._calls:
+                await self._run([pending], check)
             return await pending.done
         key = (check.image, check.command, check.timeout_s, json.dumps(check.files, sort_keys=True))
         batch = self._batches.setdefault(key, [])
@@ -173,49 +132,30 @@ class ExecVerifier:
         running.add_done_callback(self._running.discard)
 
     async def _dispatch(self, key: tuple[str, str, float, str], check: ExecCheck) -> None:
-        """Sends the groups gathered for ``key`` once a session is free: while every session is busy, groups keep
+        """Sends the groups gathered for ``key`` once a call may start: while every call is busy, groups keep
         joining the waiting batch (so batches grow with load instead of queueing as many small commands)."""
         await asyncio.sleep(self.batch_window_s)
-        try:
-            session = await self._take(check.image, check.image)
-        except Exception as e:
-            for p in self._batches.pop(key, []):
-                p.done.set_exception(e)
-            return
-        waiting = self._batches.pop(key, [])
-        batch, rest = waiting[:self.batch_groups], waiting[self.batch_groups:]
-        for p in rest:  # beyond one command's share: they start the next batch
-            self._batches.setdefault(key, []).append(p)
-        if rest:
-            self._spawn(self._dispatch(key, check))
-        await self._run(batch, check, session)
+        async with self._calls:
+            waiting = self._batches.pop(key, [])
+            batch, rest = waiting[:self.batch_groups], waiting[self.batch_groups:]
+            for p in rest:  # beyond one command's share: they start the next batch
+                self._batches.setdefault(key, []).append(p)
+            if rest:
+                self._spawn(self._dispatch(key, check))
+            await self._run(batch, check)
 
-    async def _run(self, batch: list[_Pending], check: ExecCheck,
-                   taken: tuple[ExecSession, int] | None = None) -> None:
-        """One command, one checker process for the whole batch, in a fresh directory removed afterwards."""
-        directory = shlex.quote(f".kiln-rollout/{uuid.uuid4().hex}")
-        files = {**check.files, "groups.jsonl": "".join(json.dumps(p.group) + "\n" for p in batch)}
-        # Files travel inside the command (base64) unless too large for a command line: one round trip.
-        unpack = " && ".join(f"printf %s {base64.b64encode(text.encode()).decode()} | base64 -d > {shlex.quote(name)}"
-                             for name, text in files.items())
-        inline = len(unpack) < _INLINE_LIMIT
-        command = (f"mkdir -p {directory} && cd {directory} && {unpack if inline else 'true'} && "
-                   f"{{ {check.command} ; }}; status=$?; cd /work && rm -rf {directory}; exit $status")
-        # Isolated groups get sessions of their own pool, never given back for another group.
-        pool = f"{check.image} (isolated)" if check.isolate else check.image
+    async def _run(self, batch: list[_Pending], check: ExecCheck) -> None:
+        """One ``run_once`` call, one checker process for the whole batch, in a sandbox nothing of it outlives."""
+        files = {f"{_CHECK_DIR}/{name}": text for name, text in
+                 {**check.files, "groups.jsonl": "".join(json.dumps(p.group) + "\n" for p in batch)}.items()}
         try:
-            session, used = taken or await self._take(pool, check.image)
             try:
-                if not inline:
-                    await self.exec.write_files(session, {f"{directory}/{name}": text for name, text in files.items()})
-                output = await self.exec.run(session, command, timeout_s=check.timeout_s, max_output_bytes=4 << 20)
+                result = await self.exec.run_once(check.image, check.command, files=files, cwd=_CHECK_DIR,
+                                                  timeout_s=check.timeout_s, max_output_bytes=4 << 20)
             except RequestFailed as e:
-                await self._drop(pool, session)
-                raise TransientJobError(f"exec session {session.session_id} failed: {e.reason}") from None
-            except BaseException:
-                await self._drop(pool, session)
-                raise
-            await self._give(pool, session, self.recycle_after if check.isolate else used + 1)
+                raise TransientJobError(f"exec run_once failed: {e.reason}") from None
+            output = result.output
+            assert output is not None
             if output.exit_code != 0:
                 raise RoutineJobError(f"checker exited {output.exit_code} (timed out: {output.timed_out}) on "
                                       f"{len(batch)} groups: {output.stderr[-2000:]}")
@@ -306,52 +246,62 @@ class SWECheck(BaseModel):
     timeout_s: float = Field(300.0, gt=0, le=600)
 
 
-# Runs in the group's own session (isolated: candidate patches run arbitrary code in the tests).
-SWE_CHECKER = """\
-import json, re, shutil, subprocess
-test_patch, command = open("test.patch").read(), open("test_command").read()
-def attempt(i, completion):
-    found = re.search(r"<patch>\\n?(.*?)</patch>", completion, re.DOTALL)
-    if found is None:
-        return {"reward": 0.0, "stage": "no patch"}
-    tree = f"/tmp/kiln-swe-{i}"
-    shutil.rmtree(tree, ignore_errors=True)
-    shutil.copytree("/work", tree, symlinks=True, ignore=shutil.ignore_patterns(".kiln-rollout"))
-    try:
-        for stage, diff in (("patch", found.group(1)), ("test patch", test_patch)):
-            if not diff.strip():
-                continue
-            with open(tree + ".diff", "w") as f:
-                f.write(diff)
-            done = subprocess.run(["git", "apply", "--whitespace=nowarn", tree + ".diff"], cwd=tree,
-                                  capture_output=True, text=True)
-            if done.returncode:
-                return {"reward": 0.0, "stage": f"{stage} does not apply", "log": done.stderr[-500:]}
-        run = subprocess.run(command, shell=True, cwd=tree, capture_output=True, text=True)
-        return {"reward": 1.0 if run.returncode == 0 else 0.0, "stage": "tests", "exit": run.returncode,
-                "log": (run.stdout + run.stderr)[-500:]}
-    finally:
-        shutil.rmtree(tree, ignore_errors=True)
-for line in open("groups.jsonl"):
-    group = json.loads(line)
-    print(json.dumps({"verdicts": [attempt(i, c) for i, c in enumerate(group["completions"])]}))
-"""
+# Files a completion's patch may not touch: the task's tests and what configures or extends the test runner. The
+# task's test patch is applied after the completion's, so the tests that decide are the task's.
+PROTECTED = re.compile(r"(^|/)(conftest\.py|sitecustomize\.py|usercustomize\.py|pytest\.ini|tox\.ini|setup\.cfg|"
+                       r"pyproject\.toml|noxfile\.py|[^/]*\.pth|test_[^/]*\.py|[^/]*_test\.py)$|"
+                       r"(^|/)(tests?|testing)/|^\.kiln-task/")
+_DIFF_PATHS = re.compile(r"^(?:diff --git a/(\S+) b/(\S+)|--- a/(\S+)|\+\+\+ b/(\S+)|"
+                         r"(?:rename|copy) (?:from|to) (\S+))$", re.MULTILINE)
+
+
+def patched_paths(diff: str) -> set[str]:
+    """Every path a unified or git diff names (old and new names, renames and copies)."""
+    return {path for match in _DIFF_PATHS.finditer(diff) for path in match.groups() if path}
 
 
 class SWEVerifier:
+    """Each completion in a ``run_once`` call of its own: its patch, the task's test patch, the task's test command;
+    the reward is the test command's exit status, measured by the runner's supervisor (never reported by code in
+    the sandbox). A patch that touches the task's tests or the test runner's configuration scores 0 unrun."""
+
     def __init__(self, context: VerifierContext) -> None:
-        self.exec = ExecVerifier(context)
+        self.exec = ExecClient(context.kiln)
+        self._calls = asyncio.Semaphore(context.exec_calls)
 
     async def verify(self, task: RolloutTask, completions: list[str], request_id: str) -> list[Verdict]:
+        del request_id
         check = checked(SWECheck, task)
-        files = {"swe_check.py": SWE_CHECKER, "test.patch": check.test_patch, "test_command": check.test_command}
-        as_exec = ExecCheck(image=check.image, command="python3 -I swe_check.py", files=files,
-                            timeout_s=check.timeout_s, isolate=True)
-        return await self.exec.verify(task.model_copy(update={"check": as_exec.model_dump()}), completions,
-                                      request_id)
+        return list(await asyncio.gather(*(self._attempt(check, c) for c in completions)))
+
+    async def _attempt(self, check: SWECheck, completion: str) -> Verdict:
+        found = re.search(r"<patch>\n?(.*?)</patch>", completion, re.DOTALL)
+        if found is None:
+            return Verdict(0.0, {"stage": "no patch"})
+        forbidden = sorted(p for p in patched_paths(found.group(1))
+                           if PROTECTED.search(p) or p in patched_paths(check.test_patch))
+        if forbidden:
+            return Verdict(0.0, {"stage": "patch touches the tests or their configuration", "paths": forbidden[:10]})
+        steps = [RunStep(name="patch", command="git apply --whitespace=nowarn .kiln-task/completion.diff")]
+        if check.test_patch.strip():
+            steps.append(RunStep(name="test-patch", command="git apply --whitespace=nowarn .kiln-task/test.diff"))
+        steps.append(RunStep(name="tests", command=f"rm -rf .kiln-task; {check.test_command}",
+                             timeout_s=check.timeout_s))
+        try:
+            async with self._calls:
+                result = await self.exec.run_once(check.image, steps=steps, files={
+                    ".kiln-task/completion.diff": found.group(1), ".kiln-task/test.diff": check.test_patch})
+        except RequestFailed as e:
+            raise TransientJobError(f"exec run_once failed: {e.reason}") from None
+        last = result.steps[-1]
+        log = (last.stdout + last.stderr)[-500:]
+        if last.name != "tests":
+            return Verdict(0.0, {"stage": f"{last.name} does not apply", "log": log})
+        return Verdict(1.0 if last.exit_code == 0 and not last.timed_out else 0.0,
+                       {"stage": "tests", "exit": last.exit_code, "log": log})
 
     async def close(self) -> None:
-        await self.exec.close()
+        pass
 
 
 BUILT_IN: dict[str, Callable[[VerifierContext], Verifier]] = {

@@ -40,7 +40,7 @@ async def test_exec_and_lean_verifiers(stage_topics: Callable[..., KilnSettings]
         ex.wait_assigned()
         lean.wait_assigned()
         async with KilnClient(settings, f"verifier-{unique}") as kiln:
-            verifiers = Verifiers(VerifierContext(kiln, exec_session_groups=2, exec_sessions=1))
+            verifiers = Verifiers(VerifierContext(kiln, exec_calls=1))
             task = Addition(exec_image=project_image).task(3, 4)
             completions = ["7", "8", " 7\n", "77", "x7"]
             for i in range(3):

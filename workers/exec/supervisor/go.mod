@@ -1,0 +1,3 @@
+module kiln/exec/supervisor
+
+go 1.22
