@@ -146,19 +146,20 @@ class ExecClient:
                        steps: list[RunStep] | None = None, stdin: str | None = None,
                        limits: SessionLimits | None = None, timeout_s: float = 60.0,
                        max_output_bytes: int = 64 * 1024, fetch: list[str] | None = None,
-                       env: dict[str, str] | None = None, cwd: str = "") -> ExecResult:
+                       env: dict[str, str] | None = None, cwd: str = "", tests: bool = False) -> ExecResult:
         """``command`` (or ``steps``) on ``image`` with ``files`` in /work, in a sandbox of its own that nothing of
         it outlives: no session to open or close, a warm runner per call. ``fetch`` names files (relative to
         ``cwd``; a trailing ``/`` takes a directory's files) to return. Each step's result is measured outside the
-        code it ran (``result.steps``; ``result.output`` is the last step's)."""
+        code it ran (``result.steps``; ``result.output`` is the last step's). ``tests``: then the image's test
+        command, its reports parsed into ``result.tests`` (checked against its exit status)."""
         if steps is None:
-            steps = [RunStep(name="run", command=command or "", timeout_s=timeout_s, stdin=stdin)]
+            steps = [RunStep(name="run", command=command, timeout_s=timeout_s, stdin=stdin)] if command else []
         elif command is not None or stdin is not None:
             raise ValueError("run_once takes a command (and stdin) or steps, not both")
         request = ExecRequest(op="run_once", image=image, steps=steps, limits=limits or SessionLimits(),
                               files=[file_content(p, c) for p, c in (files or {}).items()], paths=fetch or [],
-                              env=env or {}, cwd=cwd, max_output_bytes=max_output_bytes,
-                              timeout_s=max(s.timeout_s for s in steps))
+                              env=env or {}, cwd=cwd, max_output_bytes=max_output_bytes, tests=tests,
+                              timeout_s=max([timeout_s, *(s.timeout_s for s in steps)]))
         # Any worker can serve it: a fresh key spreads calls over every partition.
         result: ExecResult = await self.kiln.call("exec", request, key=new_request_id())
         return result

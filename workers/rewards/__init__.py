@@ -14,16 +14,16 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from kiln.schemas.exec import SessionLimits
+from kiln.schemas.exec import RunStep, SessionLimits
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import KilnError
 from kiln.streams.settings import KilnSettings, get_settings
+from kiln.workers.common.patches import APPLY_EXCLUDES, patch_text, protected_paths
 from kiln.workers.exec.client import ExecClient
 from kiln.workers.lean.client import LeanClient
 
 T = TypeVar("T")
 log = logging.getLogger("kiln.rewards")
-_PATCH = re.compile(r"<patch>\n?(.*?)</patch>|```(?:diff|patch)\n(.*?)```", re.DOTALL)
 
 
 def completion_text(completion: Any) -> str:
@@ -55,9 +55,11 @@ class _Background:
 
 class TestsPassRatio:
     """Reward = the share of the repository's tests that pass with the completion's patch applied (``<patch>…
-    </patch>``, a ```diff fence, or the whole text), each completion in its own exec session on ``image`` (a
+    </patch>``, a ```diff fence, or the whole text), each completion in one exec ``run_once`` call on ``image`` (a
     builder-built image of the revision; a dataset column ``image`` overrides it per row). A patch that does not
-    apply, or a run without tests, scores 0."""
+    apply, touches the tests or their configuration (``kiln.workers.common.patches``), or a run without tests,
+    scores 0; a report that shows no failure from a run whose exit status (measured outside the sandbox) failed
+    counts an error."""
 
     __name__ = "kiln_tests_pass_ratio"  # TRL logs rewards under their functions' names
     __test__ = False  # not a pytest class, despite the name
@@ -76,20 +78,68 @@ class TestsPassRatio:
         return self._background.run(_gather(jobs))
 
     async def _score(self, text: str, image: str) -> float:
-        found = _PATCH.search(text)
-        patch = next(g for g in found.groups() if g is not None) if found else text
-        session = await self._exec.open_session(image, limits=self.limits)
-        try:
-            if (await self._exec.apply_patch(session, patch)).exit_code != 0:
-                return 0.0
-            report = (await self._exec.run_tests(session, timeout_s=self.timeout_s)).tests
-        finally:
-            await self._exec.close_session(session)
+        patch = patch_text(text, whole=True) or ""
+        if protected_paths(patch):
+            return 0.0
+        apply = RunStep(name="patch", command=f"git apply --whitespace=nowarn {APPLY_EXCLUDES} .kiln-task/patch.diff")
+        result = await self._exec.run_once(image, steps=[apply], files={".kiln-task/patch.diff": patch}, tests=True,
+                                           limits=self.limits, timeout_s=self.timeout_s)
+        report = result.tests
         total = report.passed + report.failed + report.errors if report else 0
         return report.passed / total if report and total else 0.0
 
     def close(self) -> None:
         self._background.close()
+
+
+class OutputMatches:
+    """Reward = 1 when the completion's program, run on the row's ``stdin``, prints the row's ``expected_output``
+    (trailing whitespace of each line ignored) — the check code-RL datasets use (verl's and SandboxFusion's
+    stdin/stdout cases). The program is the completion's fenced code block (```python …```) or its whole text,
+    run with ``language``'s command in one exec ``run_once`` call on ``image`` (kiln's toolchain image by default);
+    its exit status and output are measured outside the sandbox."""
+
+    __name__ = "kiln_output_matches"
+
+    def __init__(self, language: str = "python", *, image: str = "kiln/toolchain:latest",
+                 settings: KilnSettings | None = None, timeout_s: float = 10.0,
+                 limits: SessionLimits | None = None) -> None:
+        if language not in RUNNERS:
+            raise ValueError(f"language {language!r}: one of {', '.join(sorted(RUNNERS))}")
+        self.language, self.image, self.timeout_s, self.limits = language, image, timeout_s, limits
+        self._background = _Background(settings)
+        self._exec = ExecClient(self._background.kiln)
+
+    def __call__(self, completions: list[Any], **columns: Any) -> list[float]:
+        stdins = columns.get("stdin") or [""] * len(completions)
+        expected = columns.get("expected_output")
+        if expected is None:
+            raise ValueError("OutputMatches needs an 'expected_output' column")
+        jobs = [self._score(completion_text(c), str(i), str(e)) for c, i, e in zip(completions, stdins, expected,
+                                                                                    strict=True)]
+        return self._background.run(_gather(jobs))
+
+    async def _score(self, text: str, stdin: str, expected: str) -> float:
+        found = _CODE.search(text)
+        source, command = RUNNERS[self.language]
+        result = await self._exec.run_once(self.image, command, files={source: found.group(1) if found else text},
+                                           stdin=stdin, timeout_s=self.timeout_s, limits=self.limits)
+        output = result.output
+        if output is None or output.exit_code != 0 or output.timed_out:
+            return 0.0
+        return 1.0 if _lines(output.stdout) == _lines(expected) else 0.0
+
+    def close(self) -> None:
+        self._background.close()
+
+
+RUNNERS = {"python": ("main.py", "python3 main.py"), "bash": ("main.sh", "bash main.sh"),
+           "nodejs": ("main.js", "node main.js")}
+_CODE = re.compile(r"```[A-Za-z0-9_+-]*\n(.*?)```", re.DOTALL)
+
+
+def _lines(text: str) -> list[str]:
+    return [line.rstrip() for line in text.rstrip().splitlines()]
 
 
 class LeanProofAccepted:

@@ -34,6 +34,7 @@ from kiln.schemas.exec import RunStep
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed, RoutineJobError, TransientJobError
+from kiln.workers.common.patches import APPLY_EXCLUDES, patch_text, protected_paths
 from kiln.workers.exec.client import ExecClient
 from kiln.workers.lean.client import LeanClient
 from kiln.workers.rollout.tasks import exact_match
@@ -246,20 +247,6 @@ class SWECheck(BaseModel):
     timeout_s: float = Field(300.0, gt=0, le=600)
 
 
-# Files a completion's patch may not touch: the task's tests and what configures or extends the test runner. The
-# task's test patch is applied after the completion's, so the tests that decide are the task's.
-PROTECTED = re.compile(r"(^|/)(conftest\.py|sitecustomize\.py|usercustomize\.py|pytest\.ini|tox\.ini|setup\.cfg|"
-                       r"pyproject\.toml|noxfile\.py|[^/]*\.pth|test_[^/]*\.py|[^/]*_test\.py)$|"
-                       r"(^|/)(tests?|testing)/|^\.kiln-task/")
-_DIFF_PATHS = re.compile(r"^(?:diff --git a/(\S+) b/(\S+)|--- a/(\S+)|\+\+\+ b/(\S+)|"
-                         r"(?:rename|copy) (?:from|to) (\S+))$", re.MULTILINE)
-
-
-def patched_paths(diff: str) -> set[str]:
-    """Every path a unified or git diff names (old and new names, renames and copies)."""
-    return {path for match in _DIFF_PATHS.finditer(diff) for path in match.groups() if path}
-
-
 class SWEVerifier:
     """Each completion in a ``run_once`` call of its own: its patch, the task's test patch, the task's test command;
     the reward is the test command's exit status, measured by the runner's supervisor (never reported by code in
@@ -275,14 +262,14 @@ class SWEVerifier:
         return list(await asyncio.gather(*(self._attempt(check, c) for c in completions)))
 
     async def _attempt(self, check: SWECheck, completion: str) -> Verdict:
-        found = re.search(r"<patch>\n?(.*?)</patch>", completion, re.DOTALL)
-        if found is None:
+        patch = patch_text(completion, whole=False)
+        if patch is None:
             return Verdict(0.0, {"stage": "no patch"})
-        forbidden = sorted(p for p in patched_paths(found.group(1))
-                           if PROTECTED.search(p) or p in patched_paths(check.test_patch))
+        forbidden = protected_paths(patch, check.test_patch)
         if forbidden:
             return Verdict(0.0, {"stage": "patch touches the tests or their configuration", "paths": forbidden[:10]})
-        steps = [RunStep(name="patch", command="git apply --whitespace=nowarn .kiln-task/completion.diff")]
+        steps = [RunStep(name="patch", command=f"git apply --whitespace=nowarn {APPLY_EXCLUDES} "
+                                               ".kiln-task/completion.diff")]
         if check.test_patch.strip():
             steps.append(RunStep(name="test-patch", command="git apply --whitespace=nowarn .kiln-task/test.diff"))
         steps.append(RunStep(name="tests", command=f"rm -rf .kiln-task; {check.test_command}",
@@ -290,7 +277,7 @@ class SWEVerifier:
         try:
             async with self._calls:
                 result = await self.exec.run_once(check.image, steps=steps, files={
-                    ".kiln-task/completion.diff": found.group(1), ".kiln-task/test.diff": check.test_patch})
+                    ".kiln-task/completion.diff": patch, ".kiln-task/test.diff": check.test_patch})
         except RequestFailed as e:
             raise TransientJobError(f"exec run_once failed: {e.reason}") from None
         last = result.steps[-1]

@@ -1,4 +1,5 @@
-"""``TestsPassRatio``: a batch of completions scored by the repository's tests in exec sessions, all at once."""
+"""``TestsPassRatio``: a batch of completions scored by the repository's tests in exec ``run_once`` calls, all at
+once — and the patches a policy would use to write its own verdict, scored 0."""
 
 from __future__ import annotations
 
@@ -33,6 +34,20 @@ ADD_TEST = """--- /dev/null
 """
 
 
+# A plugin that turns every failure into a pass, in each place pytest would load one from, under every prefix.
+FORGE = "import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n" \
+        "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
+
+
+INI = "[pytest]\naddopts = -p calc.forge"
+
+
+def _new_file(path: str, text: str, prefix: tuple[str, str] = ("a", "b")) -> str:
+    lines = text.splitlines()
+    body = "".join(f"+{line}\n" for line in lines)
+    return f"--- /dev/null\n+++ {prefix[1]}/{path}\n@@ -0,0 +1,{len(lines)} @@\n{body}"
+
+
 def test_a_batch_is_scored_by_the_repository_tests(stage_topics: Callable[..., KilnSettings], project_image: str,
                                                    tmp_path: Path) -> None:
     settings = stage_topics(("exec.requests", 2))
@@ -40,10 +55,16 @@ def test_a_batch_is_scored_by_the_repository_tests(stage_topics: Callable[..., K
         worker.wait_assigned()
         reward = TestsPassRatio(project_image, settings=settings, timeout_s=120)
         try:
-            scores = reward([f"I broke it.\n<patch>\n{BREAK_MUL}</patch>",
-                             [{"role": "assistant", "content": f"```diff\n{ADD_TEST}```"}],
-                             "not a patch at all"], prompt=["p1", "p2", "p3"])
+            honest = [f"I broke it.\n<patch>\n{BREAK_MUL}</patch>", "not a patch at all",
+                      f"<patch>\n{_new_file('calc/extra.py', 'X = 1')}</patch>"]
+            # Each would decide its own reward if applied: it breaks mul and ships a verdict-writing plugin or test.
+            forged = [[{"role": "assistant", "content": f"```diff\n{ADD_TEST}```"}],
+                      f"<patch>\n{BREAK_MUL}{_new_file('conftest.py', FORGE)}</patch>",
+                      f"<patch>\n{BREAK_MUL}{_new_file('calc/conftest.py', FORGE, ('x', 'y'))}</patch>",
+                      f"<patch>\n{BREAK_MUL}{_new_file('pytest.ini', INI)}</patch>",
+                      f"<patch>\n{_new_file('sitecustomize.py', 'import os')}</patch>"]
+            scores = reward(honest + forged, prompt=[f"p{i}" for i in range(len(honest) + len(forged))])
         finally:
             reward.close()
-    # mul broken: 1 of 2 tests pass; a new passing test: 3 of 3; nothing applies: 0.
-    assert scores == [0.5, 1.0, 0.0]
+    # mul broken: 1 of 2 tests pass; nothing applies: 0; an unrelated new module: 2 of 2; every forgery: 0.
+    assert scores == [0.5, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
