@@ -95,7 +95,7 @@ class Worker:
     ) -> None:
         self.stage = stage
         self.settings = settings
-        self.slots = slots or settings.job_slots()
+        self.slots = slots or settings.job_slots(stage.slots_per_cpu)
         self.topic = settings.topic(topic or stage.spec.request_topic)
         self.dlq_topic = f"{self.topic}.dlq"
         self.group_id = group_id or f"kiln.{stage.name}"

@@ -78,9 +78,10 @@ class KilnSettings(BaseSettings):
             raise ValueError("a lane's slot budget is at least 1")
         return lanes
 
-    def job_slots(self) -> int:
-        """Slots of a worker not told otherwise: ``slots``, else the CPUs available times ``cpu_fraction``."""
-        return self.slots or max(1, int(len(os.sched_getaffinity(0)) * self.cpu_fraction))
+    def job_slots(self, per_cpu: float = 1.0) -> int:
+        """Slots of a worker not told otherwise: ``slots``, else the CPUs available times ``cpu_fraction`` times
+        what the stage runs per CPU (``Stage.slots_per_cpu``)."""
+        return self.slots or max(1, int(len(os.sched_getaffinity(0)) * self.cpu_fraction * per_cpu))
 
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}{name}"

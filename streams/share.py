@@ -141,7 +141,7 @@ class ShareWorker:
                  worker_id: str | None = None) -> None:
         self.stage = stage
         self.settings = settings
-        self.slots = slots or settings.job_slots()
+        self.slots = slots or settings.job_slots(stage.slots_per_cpu)
         self.topic = settings.topic(topic or stage.spec.request_topic)
         self.group_id = group_id or f"kiln.{stage.name}.queue"
         self.grace_s = settings.grace_s if grace_s is None else grace_s

@@ -129,6 +129,9 @@ class Stage:
     been given up, before they are released: e.g. to hand state kept per partition over to the next owner."""
     gauges: Callable[[], dict[str, float]] | None = None
     """Levels this worker reports in every heartbeat (e.g. sessions open); the stats stream sums them per stage."""
+    slots_per_cpu: float = 1.0
+    """Jobs per CPU when the worker is not told its slots: a stage whose jobs mostly wait on something else (a
+    sandbox that has CPUs of its own, a remote server) runs several per CPU."""
 
     @property
     def name(self) -> str:

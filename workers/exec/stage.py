@@ -546,6 +546,8 @@ def _owner_alive(lock_path: Path, lock_dir: Path) -> bool:
 
 
 service = ExecService()
-stage = Stage(spec.exec_, service.handle, max_attempts=1, registry=registry, setup=service.setup,
+# A call's CPU is its sandbox's, not the worker's: the worker only waits on it, so it keeps several per CPU in flight
+# (a batch of short calls then finds the next runner ready while one is prepared and another answers).
+stage = Stage(spec.exec_, service.handle, max_attempts=1, registry=registry, setup=service.setup, slots_per_cpu=4,
               teardown=service.teardown, on_revoke=service.on_revoke,
               gauges=lambda: {"sessions_open": float(len(service.manager.sessions) if service.manager else 0)})
