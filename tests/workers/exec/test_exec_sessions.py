@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +70,13 @@ async def test_sessions_run_concurrently_and_forks_carry_tmpfs_state(project_ima
     async with KilnClient(exec_settings, "agent") as kiln:
         client = ExecClient(kiln)
         a, b = await asyncio.gather(client.open_session(project_image), client.open_session(project_image))
-        started = time.monotonic()
-        outs = await asyncio.gather(client.run(a, "sleep 2; echo a"), client.run(b, "sleep 2; echo b"))
-        assert [o.stdout for o in outs] == ["a\n", "b\n"]
-        assert time.monotonic() - started < 3.8  # not one after the other
+        # Each command notes when it started and ended (the containers share the host's clock): concurrent runs
+        # overlap, one after the other would not.
+        span = 'date +%s.%N; sleep 2; echo {}; date +%s.%N'
+        outs = await asyncio.gather(client.run(a, span.format("a")), client.run(b, span.format("b")))
+        (a_start, a_said, a_end), (b_start, b_said, b_end) = (o.stdout.split() for o in outs)
+        assert (a_said, b_said) == ("a", "b")
+        assert float(a_start) < float(b_end) and float(b_start) < float(a_end)  # not one after the other
         await client.run(a, "echo work > /work/state.txt; echo scratch > /tmp/scratch.txt")
         fork = await client.fork(a)
         seen = await client.run(fork, "cat /work/state.txt /tmp/scratch.txt")
@@ -93,10 +97,22 @@ async def test_sessions_run_concurrently_and_forks_carry_tmpfs_state(project_ima
             await client.close_session(s)
 
 
+@pytest.fixture
+def secret_worker(exec_settings: KilnSettings, tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """An exec worker holding a host secret twice: in its environment and in a file of its own state directory;
+    yields the file and the secret."""
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    secret = locks / "host-secret.txt"
+    secret.write_text(f"do-not-read-{uuid.uuid4().hex}")
+    with exec_worker(exec_settings, locks, KILN_TEST_HOST_SECRET=secret.read_text()) as w:
+        w.wait_assigned()
+        yield secret, secret.read_text()
+
+
 async def test_isolation_against_adversarial_commands(project_image: str, exec_settings: KilnSettings,
-                                                      worker: WorkerProcess, tmp_path: Path) -> None:
-    secret = tmp_path / "host-secret.txt"
-    secret.write_text("do not read")
+                                                      secret_worker: tuple[Path, str]) -> None:
+    secret, secret_text = secret_worker
     limits = SessionLimits(memory_mb=256, pids=128, disk_mb=64, cpus=1)
     async with KilnClient(exec_settings, "agent") as kiln:
         client = ExecClient(kiln)
@@ -113,16 +129,19 @@ async def test_isolation_against_adversarial_commands(project_image: str, exec_s
         disk = await client.run(s, "dd if=/dev/zero of=/work/fill bs=1M count=200 2>&1; rm -f /work/fill",
                                 timeout_s=30)
         assert "No space left on device" in disk.stdout
-        started = time.monotonic()
-        slow = await client.run(s, "sleep 30", timeout_s=2)
-        assert slow.timed_out and time.monotonic() - started < 10
+        slow = await client.run(s, "sleep 30; echo finished", timeout_s=2)
+        assert slow.timed_out and "finished" not in slow.stdout
+        assert (await client.run(s, "ps -eo args | grep -c '[s]leep 30$' || true")).stdout.strip() == "0"
         stubborn = await client.run(s, "trap '' TERM; setsid bash -c \"trap '' TERM; sleep 300\" & sleep 300",
                                     timeout_s=2)
         assert stubborn.timed_out
         left = await client.run(s, "ps -eo args | grep -c '[s]leep 300' || true")
         assert left.stdout.strip() == "0"  # the escaped, SIGTERM-ignoring child was killed too
-        privileged = await client.run(s, f"id -u; cat {secret} 2>&1; touch /usr/x 2>&1; ls /root 2>&1 | head -1")
-        assert privileged.stdout.startswith("1000\n") and "do not read" not in privileged.stdout
+        privileged = await client.run(s, f"id -u; cat {secret} 2>&1; env; cat /proc/1/environ 2>&1; "
+                                         "touch /usr/x 2>&1; ls /root 2>&1 | head -1; cat /proc/self/mountinfo")
+        # The worker holds the secret (its environment, its state directory): nothing of it reaches the session.
+        assert privileged.stdout.startswith("1000\n") and secret_text not in privileged.stdout
+        assert str(secret.parent) not in privileged.stdout.replace(f"cat: {secret}", "")
         assert "Read-only file system" in privileged.stdout
         assert (await client.run(s, "echo still alive")).stdout == "still alive\n"
         forged = ExecSession(s.session_id, b"a guessed session key of 32 byte", s.partition, s.image)
