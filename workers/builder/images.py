@@ -68,8 +68,9 @@ def _run(script: str) -> str:
 
 
 def build(client: Any, context: Path, dockerfile: str, tag: str, timeout_s: float,
-          labels: dict[str, str] | None = None, nocache: bool = False) -> str:
-    """``docker build`` in the build sandbox; returns the image id. Raises StepFailed with the build log."""
+          labels: dict[str, str] | None = None, nocache: bool = False, inherited: dict[str, str] | None = None) -> str:
+    """``docker build`` in the build sandbox; returns the image id. Raises StepFailed with the build log.
+    ``inherited``: the labels of a kiln-built image the recipe starts from (checked when that image was built)."""
     sandbox = BuildSandbox()
     sandbox.verify(client)
     (context / "Dockerfile.kiln").write_text(dockerfile)
@@ -102,7 +103,7 @@ def build(client: Any, context: Path, dockerfile: str, tag: str, timeout_s: floa
     finally:
         api.close()
     image = client.images.get(tag)
-    check_image(client, image, labels or {})
+    check_image(client, image, {**(inherited or {}), **(labels or {})})
     return str(image.id)
 
 
@@ -155,7 +156,8 @@ def project_image(client: Any, plan: Plan, checkout: Path, base_tag: str, tag: s
         shutil.copytree(checkout, ctx / "src", symlinks=True)
         dockerfile = (f"FROM {base_tag}\n{_env_lines(plan.env)}WORKDIR /work\nCOPY --chown=1000:1000 src/ /work/\n"
                       f"USER {UNPRIVILEGED}\n{_run(plan.build_script)}")
-        return build(client, ctx, dockerfile, tag, timeout_s, labels, nocache=fresh)
+        return build(client, ctx, dockerfile, tag, timeout_s, labels, nocache=fresh,
+                     inherited=dict(client.images.get(base_tag).labels or {}))
 
 
 def dockerfile_image(client: Any, plan: Plan, checkout: Path, bases: BaseImages, tag: str, labels: dict[str, str],

@@ -5,7 +5,7 @@ that run repository code (builder, exec).
 What such code prints or leaves behind is read as a stream and never past a cap (``Limits.output_bytes``: the tail
 of the output is kept; ``Limits.collect_bytes``: a larger collected directory is not read at all), so the
 worker's memory is bounded by configuration, not by the code under test; the engine itself keeps no more than a
-few times ``output_bytes`` of a container's log on disk (json-file ``max-size``)."""
+few times ``output_bytes`` of a container's log on disk (json-file ``max-size``, ``max-file``)."""
 
 from __future__ import annotations
 
@@ -60,9 +60,10 @@ class OutputTail:
 
 
 def log_config(output_bytes: int) -> LogConfig:
-    """The engine's log of a container, bounded on disk: one json-file of a few times what kiln reads back."""
-    return LogConfig(type=LogConfig.types.JSON, config={"max-size": f"{max(64, (4 * output_bytes) >> 10)}k",
-                                                         "max-file": "1"})
+    """The engine's log of a container, bounded on disk: two json-files (the current one and the one before it,
+    so the tail survives a rotation) of twice what kiln reads back."""
+    return LogConfig(type=LogConfig.types.JSON, config={"max-size": f"{max(64, (2 * output_bytes) >> 10)}k",
+                                                         "max-file": "2"})
 
 
 def read_capped(chunks: Any, cap: int) -> bytes | None:
