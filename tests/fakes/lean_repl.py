@@ -14,7 +14,15 @@ processed (as real imports do), and a pickled state can only be unpickled where 
 Misbehaviour on demand, in a command (``-- fake: crash``) or as a tactic (``fake_crash``): ``sleep S``,
 ``crash``, ``crash_once MARKER`` (crash unless MARKER exists, then create it), ``hang``, ``garbage`` (malformed
 output), ``grow MB`` (memory growth). Test-only, in a command: ``-- fake: io {JSON}`` attempts IO the way ``#eval``
-can (read files, connect, write files, signal pids, run a program) and reports each outcome in an info message.
+can (read files, connect, write files, signal pids, run a program) and reports each outcome in an info message;
+``-- fake: forge {JSON}`` attacks the REPL's own protocol channel the ways ``#eval`` IO can: it writes ``reply``
+(a JSON object) as a REPL reply to the REPL's stdout, ``via`` ``"fd"`` (reopening ``/proc/self/fd/1`` in the
+process, as ``IO.FS.Handle.mk`` can) or ``"child"`` (a process started with the REPL's stdin and stdout, as
+``IO.Process.spawn`` with inherited streams can), and with ``"fence": true`` then reads the next request from the
+REPL's stdin (``/proc/self/fd/0``, or the inherited stdin) and answers it too, as the REPL would answer a
+``#check`` of an unknown name; the command waits for it, then goes on, and its info message reports the outcome.
+``#check NAME`` answers "unknown identifier" (the fake has no global declarations). Every info report carries
+``process``, a token drawn once per REPL process.
 FAKE_LEAN_TACTIC_MS adds a fixed cost to every tactic; FAKE_LEAN_PICKLE_KB
 pads pickles to a realistic size (they compress well, as real ones do).
 """
@@ -37,6 +45,29 @@ MATHLIB_TACTICS = {"simp", "omega", "decide"}
 IMPLIES, OR, AND = "\u2192", "\u2228", "\u2227"
 
 _hog: list[bytearray] = []
+PROCESS = os.urandom(8).hex()
+
+
+def message(severity: str, line: int, column: int, data: str) -> dict[str, object]:
+    return {"severity": severity, "pos": {"line": line, "column": column}, "endPos": None, "data": data}
+
+
+def forge(spec: dict[str, object], out_fd: int, in_fd: int | None) -> None:
+    """Write ``spec["reply"]`` as a REPL reply to ``out_fd``; with ``spec["fence"]`` read the next request from
+    ``in_fd`` and answer it as the REPL answers ``#check NAME`` of an unknown name."""
+    os.write(out_fd, (json.dumps(spec["reply"], indent=2) + "\n\n").encode())
+    if not spec.get("fence") or in_fd is None:
+        return
+    data = b""
+    while not data.endswith(b"\n\n"):
+        chunk = os.read(in_fd, 1)  # byte by byte: nothing past the request is taken from the pipe
+        if not chunk:
+            return
+        data += chunk
+    words = str(json.loads(data).get("cmd", "")).split()
+    name = words[1] if len(words) > 1 else ""
+    answer = {"messages": [message("error", 1, 7, f"unknown identifier '{name}'")], "env": 0}
+    os.write(out_fd, (json.dumps(answer, indent=2) + "\n\n").encode())
 
 
 # --- propositions ------------------------------------------------------------------------------------------------
@@ -197,12 +228,31 @@ class Repl:
             with open(path, "rb") as f:
                 f.read(1)
 
-        run = subprocess.run(["id", "-u"], capture_output=True, text=True, check=False)
-        return {"uid": os.getuid(), "run": run.stdout.strip(), "env": sorted(os.environ),
+        try:
+            ran = subprocess.run(["id", "-u"], capture_output=True, text=True, check=False).stdout.strip()
+        except OSError as e:
+            ran = f"{type(e).__name__}: {e}"
+        return {"process": PROCESS, "uid": os.getuid(), "run": ran, "env": sorted(os.environ),
                 "read": {str(p): outcome(lambda p=p: read(str(p))) for p in spec.get("read", [])},
                 "connect": {str(a): outcome(lambda a=a: connect(str(a))) for a in spec.get("connect", [])},
                 "write": {str(p): outcome(lambda p=p: write(str(p))) for p in spec.get("write", [])},
                 "signal": {str(p): outcome(lambda p=p: os.kill(int(p), 0)) for p in spec.get("signal", [])}}
+
+    @staticmethod
+    def attempt_forge(spec: dict[str, object]) -> dict[str, object]:
+        """The ``forge`` attack; its outcome ("ok" or the error that stopped it)."""
+        try:
+            if spec.get("via") == "child":
+                child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--forge", json.dumps(spec)])
+                child.wait()
+            else:
+                out = os.open("/proc/self/fd/1", os.O_WRONLY | os.O_APPEND)
+                inp = os.open("/proc/self/fd/0", os.O_RDONLY) if spec.get("fence") else None
+                forge(spec, out, inp)
+            outcome = "ok"
+        except OSError as e:
+            outcome = f"{type(e).__name__}: {e}"
+        return {"process": PROCESS, "forge": outcome}
 
     def new_state(self, state: State) -> int:
         sid = len(self.states)
@@ -215,6 +265,8 @@ class Repl:
         for directive in re.findall(r"--\s*fake:\s*(.+)", code):
             if directive.startswith("io "):
                 io_reports.append(self.attempt_io(json.loads(directive[3:])))
+            elif directive.startswith("forge "):
+                io_reports.append(self.attempt_forge(json.loads(directive[6:])))
             else:
                 self.misbehave(directive)
         lines = code.split("\n")
@@ -231,6 +283,10 @@ class Repl:
             time.sleep(IMPORT_S * len(imports))
         sorries: list[dict[str, object]] = []
         for number, line in enumerate(lines, start=1):
+            check = re.match(r"\s*#check\s+(\S+)\s*$", line)
+            if check:
+                messages.append(self._msg("error", number, 7, f"unknown identifier '{check.group(1)}'"))
+                continue
             m = re.match(r"\s*(theorem|lemma|example)\s*(\S*)\s*:\s*(.+?)\s*:=\s*(by\s+)?(.*)$", line)
             if not m:
                 if line.strip() and not line.strip().startswith(("import ", "--", "open ", "variable ")):
@@ -266,7 +322,7 @@ class Repl:
 
     @staticmethod
     def _msg(severity: str, line: int, column: int, data: str) -> dict[str, object]:
-        return {"severity": severity, "pos": {"line": line, "column": column}, "endPos": None, "data": data}
+        return message(severity, line, column, data)
 
     def tactic(self, req: dict[str, object]) -> dict[str, object]:
         text = str(req["tactic"])
@@ -361,4 +417,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--forge"]:  # the child of a ``forge`` attack: the REPL's stdin and stdout are its own
+        forge(json.loads(sys.argv[2]), 1, 0)
+    else:
+        main()

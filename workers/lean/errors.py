@@ -3,6 +3,8 @@
 ReplError
 ├── ReplCrashed         (transient) the process exited mid-request; a retry gets a fresh process
 ├── ReplProtocolError   (transient) it wrote something that is not a reply; it is killed and replaced
+│   └── ReplOutOfStep   (transient) a reply out of step with the fence after it (written by the code being checked,
+│                       or a reply gone missing); it was not used, the process is killed and replaced
 ├── ReplTimeout         (routine: an error result) the request ran past its time limit; the process tree was killed
 └── ReplMemoryExceeded  (routine: an error result) the process grew past the memory bound; it was killed
 """
@@ -21,6 +23,10 @@ class ReplCrashed(ReplError, TransientJobError):
 
 
 class ReplProtocolError(ReplError, TransientJobError):
+    pass
+
+
+class ReplOutOfStep(ReplProtocolError):
     pass
 
 

@@ -5,6 +5,16 @@ process group on a timeout, on a reply that is not JSON, or when the tree's RSS 
 watchdog: an address-space rlimit breaks Lean's runtime, which reserves large virtual regions), and the pool
 replaces it. A process is started with its header (the ``import`` lines) run once; every later command runs in
 that environment, so imports are paid once per process.
+
+The protocol channel (the REPL's stdin and stdout) is shared with the code being checked: ``#eval`` runs inside the
+REPL process. So no reply is taken on its own: after each one the wrapper sends a fence, ``#check`` of a name made
+of a fresh random nonce, and accepts the reply only when the very next one is the fence's ("unknown identifier"
+naming that nonce). A reply written by the checked code (a forged verdict) is followed by the REPL's own, which
+then stands where the fence's should: the process is killed (``ReplOutOfStep``) before the forged reply is used,
+and no later request of that process can read a reply meant for another. The nonce exists only after the reply
+arrived, so code that ran before it cannot have learnt it; code still running in the process could read it from
+stdin, which is why the sandbox (``sandbox.py``) leaves no way to create a process and no ``/proc`` to reopen the
+pipes by. Native code loaded into the process is beyond what this can tell (README, threat model).
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import contextlib
 import ctypes
 import json
 import os
+import secrets
 import signal
 import time
 from collections.abc import Sequence
@@ -21,7 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.workers.lean.errors import ReplCrashed, ReplError, ReplMemoryExceeded, ReplProtocolError, ReplTimeout
+from kiln.workers.lean.errors import (
+    ReplCrashed,
+    ReplError,
+    ReplMemoryExceeded,
+    ReplOutOfStep,
+    ReplProtocolError,
+    ReplTimeout,
+)
 
 Header = tuple[str, ...]
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -33,6 +51,7 @@ class ReplLimits:
     header_timeout_s: float = 600.0
     recycle_after: int = 1000
     poll_s: float = 0.05
+    fence_timeout_s: float = 60.0  # a ``#check`` of an unknown name: milliseconds in any environment
 
 
 def _die_with_parent() -> None:
@@ -57,8 +76,14 @@ def tree_rss(pid: int) -> int:
 
 class ReplProcess:
     def __init__(self, command: Sequence[str], header: Header, workdir: Path, limits: ReplLimits,
-                 cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+                 cwd: Path | None = None, env: dict[str, str] | None = None, *, pass_fds: Sequence[int] = (),
+                 fence: bool = True) -> None:
+        """``pass_fds`` are handed to the command (the sandbox's seccomp program) and closed here once it started;
+        ``fence`` off only for tests that show what the fence stops."""
         self.command = list(command)
+        self.pass_fds = tuple(pass_fds)
+        self.fence = fence
+        self.fence_env: int | None = None  # the environment fences run in (the header's, else an empty command's)
         self.header = header
         self.workdir = workdir
         self.limits = limits
@@ -79,28 +104,65 @@ class ReplProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.returncode is None and self.exit_reason is None
 
+    def _close_pass_fds(self) -> None:
+        for fd in self.pass_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.pass_fds = ()
+
     async def start(self) -> None:
         await asyncio.to_thread(self.workdir.mkdir, parents=True, exist_ok=True)
-        self._proc = await asyncio.create_subprocess_exec(
-            *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL, cwd=self.cwd, env=self.env, start_new_session=True,
-            preexec_fn=_die_with_parent,
-            limit=64 << 20,  # one reply line can be large (goals of a big proof state)
-        )
-        if self.header:
-            reply = await self.send({"cmd": "\n".join(self.header)}, self.limits.header_timeout_s)
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL, cwd=self.cwd, env=self.env, start_new_session=True,
+                preexec_fn=_die_with_parent, pass_fds=self.pass_fds,
+                limit=64 << 20,  # one reply line can be large (goals of a big proof state)
+            )
+        finally:
+            self._close_pass_fds()
+        if self.header or self.fence:
+            # The header's environment; without a header, an empty command's (fences then cost no import).
+            reply = await self._exchange({"cmd": "\n".join(self.header)}, self.limits.header_timeout_s)
             if "env" not in reply:
                 await self.kill("header failed")
                 raise ReplCrashed(f"loading the header {list(self.header)} failed: {reply.get('message')}")
-            self.header_env = int(reply["env"])
+            if self.header:
+                self.header_env = int(reply["env"])
+            self.fence_env = int(reply["env"])
+            if self.fence:
+                await self._fenced()
             self.requests = 0
 
     async def send(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """One request, one reply; raises a ReplError (and kills the process) on anything but a reply."""
+        """One request, one reply; raises a ReplError (and kills the process) on anything but a reply, or on a
+        reply out of step with the fence."""
+        self.requests += 1
+        reply = await self._exchange(request, timeout_s)
+        if self.fence:
+            await self._fenced()
+        return reply
+
+    async def _fenced(self) -> None:
+        """Sends a fence; returns when the next reply is the fence's, kills the process otherwise."""
+        name = f"kiln_fence_{secrets.token_hex(16)}"
+        fence: dict[str, Any] = {"cmd": f"#check {name}"}
+        if self.fence_env is not None:
+            fence["env"] = self.fence_env
+        reply = await self._exchange(fence, self.limits.fence_timeout_s)
+        expected = f"unknown identifier '{name}'"
+        messages = reply.get("messages")
+        if not (isinstance(messages, list) and
+                any(isinstance(m, dict) and expected in str(m.get("data", "")) for m in messages)):
+            await self.kill("protocol")
+            raise ReplOutOfStep("the REPL's replies are out of step with the fence (a reply written by the code "
+                                "being checked, or one gone missing); the reply was not used and the process was "
+                                "killed")
+
+    async def _exchange(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         proc = self._proc
         if proc is None or proc.stdin is None or proc.stdout is None or not self.alive:
             raise ReplCrashed("the REPL process is not running")
-        self.requests += 1
         self.last_used = time.monotonic()
         try:
             proc.stdin.write(json.dumps(request).encode() + b"\n\n")
@@ -179,6 +241,7 @@ class ReplProcess:
         return self._proc.returncode
 
     async def close(self) -> None:
+        self._close_pass_fds()
         if self._proc is not None and self._proc.stdin is not None:
             with contextlib.suppress(Exception):
                 self._proc.stdin.close()

@@ -5,7 +5,8 @@ Configuration (``KILN_LEAN_*``): ``REPL`` (the command: a ``repl`` binary, or an
 ``MEMORY_MB``, ``RECYCLE_AFTER``, ``IDLE_TTL_S``, ``PREWARM`` (headers to load at start, JSON list of lists),
 ``INLINE_STATE_KB`` (larger states travel as claim checks), ``EXPORT_EVERY`` (tactics between exports of a proof state;
 1 exports every state), ``SANDBOX`` (on: every REPL in bubblewrap, see
-``sandbox.py``), ``SANDBOX_READONLY``/``SANDBOX_WRITABLE`` (extra binds), ``PASS_ENV`` (extra variables for the REPL).
+``sandbox.py``), ``SANDBOX_READONLY``/``SANDBOX_WRITABLE`` (extra binds), ``PASS_ENV`` (extra variables for the REPL),
+``SANDBOX_SPAWN`` / ``SANDBOX_PROC`` (off: no process can be created inside the sandbox, no ``/proc`` there).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import itertools
 import os
 import shlex
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -55,6 +57,12 @@ class LeanSettings(BaseSettings):
                                                                            "default).")
     pass_env: list[str] = Field(default_factory=list, description="Worker variables passed into the REPL besides "
                                                                   "Lean's own (LEAN_PATH, ...).")
+    sandbox_spawn: bool = Field(False, description="Let the sandboxed REPL create processes. Off: a seccomp rule "
+                                                   "refuses fork/clone, so `#eval` cannot start a program that "
+                                                   "writes to the REPL's pipes (the REPL must then be its binary, "
+                                                   "not `lake env repl`).")
+    sandbox_proc: bool = Field(False, description="Mount /proc in the sandbox. Off: the REPL's pipes cannot be "
+                                                  "reopened by path (/proc/self/fd/1, /dev/stdout).")
 
 
 registry = CollectorRegistry()
@@ -91,12 +99,17 @@ class _LeanService:
                     *([settings.project] if settings.project else []),
                     *(Path(p) for p in repl_env.get("LEAN_PATH", "").split(":") if p and Path(p).exists())]
 
+        program = None if settings.sandbox_spawn else sandbox.spawn_filter()
+
         def make(header: Header) -> ReplProcess:
             scratch = root / f"p{next(counter)}"
             scratch.mkdir(parents=True, exist_ok=True)
+            fds = (sandbox.filter_pipe(program),) if program is not None else ()
             argv = sandbox.bwrap_command(command, scratch=scratch, readonly=readonly,
-                                         writable=settings.sandbox_writable, env=repl_env, cwd=settings.project)
-            return ReplProcess(argv, header, scratch, limits, env={"PATH": env.get("PATH", "/usr/bin:/bin")})
+                                         writable=settings.sandbox_writable, env=repl_env, cwd=settings.project,
+                                         seccomp_fd=fds[0] if fds else None, proc=settings.sandbox_proc)
+            return ReplProcess(argv, header, scratch, limits, env={"PATH": env.get("PATH", "/usr/bin:/bin")},
+                               pass_fds=fds)
 
         return make
 
@@ -111,8 +124,14 @@ class _LeanService:
                 text=True, timeout=600)
             if lean_path.returncode == 0:
                 env["LEAN_PATH"] = lean_path.stdout.strip()
+        if settings.sandbox and not settings.sandbox_spawn and "LEAN_SYSROOT" not in env and shutil.which("lean"):
+            # Lean.findSysroot runs `lean --print-prefix` unless LEAN_SYSROOT is set; inside, it could not.
+            prefix = await asyncio.to_thread(subprocess.run, ["lean", "--print-prefix"], cwd=settings.project,
+                                             capture_output=True, text=True, timeout=120)
+            if prefix.returncode == 0 and prefix.stdout.strip():
+                env["LEAN_SYSROOT"] = prefix.stdout.strip()
         if settings.sandbox:
-            await asyncio.to_thread(sandbox.check_available)
+            await asyncio.to_thread(sandbox.check_available, not settings.sandbox_spawn)
         self._workdir = tempfile.TemporaryDirectory(prefix="kiln-lean-")
         self.pool = ReplPool(self._factory(settings, env, Path(self._workdir.name)), size=slots,
                              idle_ttl_s=settings.idle_ttl_s, on_retire=lambda reason: RETIRED.labels(reason).inc())
