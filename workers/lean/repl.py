@@ -84,6 +84,7 @@ class ReplProcess:
         self.pass_fds = tuple(pass_fds)
         self.fence = fence
         self.fence_env: int | None = None  # the environment fences run in (the header's, else an empty command's)
+        self.fence_s = 0.0  # how long the last request's fence took (part of what ``send`` took)
         self.header = header
         self.workdir = workdir
         self.limits = limits
@@ -138,9 +139,14 @@ class ReplProcess:
         """One request, one reply; raises a ReplError (and kills the process) on anything but a reply, or on a
         reply out of step with the fence."""
         self.requests += 1
+        self.fence_s = 0.0
         reply = await self._exchange(request, timeout_s)
         if self.fence:
-            await self._fenced()
+            started = time.perf_counter()
+            try:
+                await self._fenced()
+            finally:
+                self.fence_s = time.perf_counter() - started
         return reply
 
     async def _fenced(self) -> None:

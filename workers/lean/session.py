@@ -81,7 +81,8 @@ def _messages(reply: dict[str, Any]) -> list[LeanMessage]:
 
 
 ReplTimer = Callable[[str, float], None]
-"""Called with (operation, seconds) for every REPL round trip: code, tactic, export, import, replay."""
+"""Called with (operation, seconds) for every REPL round trip: code, tactic, export, import, replay, and the fence
+that follows each (``repl.py``)."""
 
 
 class LeanSession:
@@ -106,7 +107,9 @@ class LeanSession:
         try:
             return await proc.send(command, timeout_s)
         finally:
-            self.on_repl(op, time.perf_counter() - started)
+            self.on_repl(op, time.perf_counter() - started - proc.fence_s)
+            if proc.fence_s:
+                self.on_repl("fence", proc.fence_s)
 
     async def _export(self, proc: ReplProcess, number: int, affinity: str, goals: list[str],
                       timeout_s: float) -> ProofStateRef:

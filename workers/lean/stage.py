@@ -76,7 +76,8 @@ PINNED = Counter("kiln_lean_state_pin_total", "Tactic requests by whether their 
 RATIO = Histogram("kiln_lean_state_compression_ratio", "Compressed / raw size of exported proof states.",
                   registry=registry, buckets=(0.01, 0.02, 0.05, 0.08, 0.12, 0.2, 0.35, 0.5, 0.75, 1.0))
 REPL_SECONDS = Counter("kiln_lean_repl_seconds_total", "Time in REPL round trips, by operation: code and tactic "
-                      "(the requested work), export, import, replay (moving states).", ["op"], registry=registry)
+                      "(the requested work), export, import, replay (moving states), fence (the check after "
+                      "every reply that it was the REPL's own).", ["op"], registry=registry)
 OUTCOMES = Counter("kiln_lean_requests_total", "Requests by operation and Lean outcome.", ["op", "ok"],
                    registry=registry)
 

@@ -107,15 +107,18 @@ async def test_without_the_sandbox_the_same_attacks_forge_the_verdict(
     assert forged.ok and not forged.messages  # `1 = 2 := rfl` accepted
 
 
-async def _session_run(tmp_path: Path, fence: bool, codes: list[str]) -> list[LeanResult | Exception]:
-    """``codes`` run in order on one fake REPL process, unsandboxed, with or without the fence."""
+async def _session_run(tmp_path: Path, fence: bool, codes: list[str],
+                       ops: list[str] | None = None) -> list[LeanResult | Exception]:
+    """``codes`` run in order on one fake REPL process, unsandboxed, with or without the fence; the REPL
+    operations timed go to ``ops``."""
+    ops = ops if ops is not None else []
     counter = iter(range(1000))
 
     def factory(header: Header) -> ReplProcess:
         return ReplProcess(shlex.split(FAKE_COMMAND), header, tmp_path / f"p{next(counter)}", ReplLimits(),
                            fence=fence)
 
-    session = LeanSession(ReplPool(factory, size=1), StateCodec(None))
+    session = LeanSession(ReplPool(factory, size=1), StateCodec(None), on_repl=lambda op, _s: ops.append(op))
     results: list[LeanResult | Exception] = []
     try:
         for text in codes:
@@ -132,10 +135,12 @@ async def test_a_lone_forged_reply_is_caught_by_the_fence_and_nothing_shifts(tmp
     """The fence alone (no sandbox): a reply written into stdout is caught before it is used, and the next
     request gets its own reply. Without the fence the forged reply is the verdict and every later reply is one
     behind (the second request receives the attacker's command's real reply, an error for a good theorem)."""
-    fenced = await _session_run(tmp_path / "fenced", True, [attack("fd", False), GOOD, BAD])
+    ops: list[str] = []
+    fenced = await _session_run(tmp_path / "fenced", True, [attack("fd", False), GOOD, BAD], ops)
     assert isinstance(fenced[0], ReplOutOfStep)
     assert isinstance(fenced[1], LeanResult) and fenced[1].ok
     assert isinstance(fenced[2], LeanResult) and not fenced[2].ok
+    assert ops == ["code", "fence"] * 3  # each fence timed apart from the work asked for
 
     unfenced = await _session_run(tmp_path / "unfenced", False, [attack("fd", False), GOOD])
     assert isinstance(unfenced[0], LeanResult) and unfenced[0].ok  # forged
