@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import Callable
 
 import httpx
 from confluent_kafka import Consumer, TopicPartition
@@ -16,31 +18,48 @@ from kiln.workers.builtin import echo
 from tests.streams.harness import running_worker
 
 
-def _committed(settings: KilnSettings, group: str, topic: str) -> int:
+def _committed(settings: KilnSettings, group: str, topic: str, partition: int = 0) -> int:
     consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group})
     try:
-        return consumer.committed([TopicPartition(topic, 0)], timeout=10)[0].offset
+        return consumer.committed([TopicPartition(topic, partition)], timeout=10)[0].offset
     finally:
         consumer.close()
 
 
+async def _until(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.1)
+
+
 async def test_a_commit_for_a_partition_no_longer_owned_is_never_sent(kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
                                                                       unique: str) -> None:
-    request_topic, results = topics(partitions=1)
+    request_topic, results = topics(partitions=2)
+    group = f"g-{request_topic}"
     async with running_worker(echo.stage, kafka, request_topic, slots=2) as worker, \
             KilnClient(kafka, f"c-{unique}", results_topic=results) as client:
-        for i in range(3):
-            await client.call("echo", EchoRequest(data=i), topic=request_topic)
-        await asyncio.sleep(0.5)
-        assert _committed(kafka, f"g-{request_topic}", request_topic) == 3
-        # A commit queued earlier (here: an older position) that runs after the partition was revoked, as an async
-        # commit queued before a revoke would: it must be dropped, not move the group's offset backwards.
-        done = threading.Event()
-        worker._commands.put(lambda c: worker._owned.discard((request_topic, 0)))  # as the revoke callback does
-        worker._commands.put(lambda c: worker._commit_owned(c, [TopicPartition(request_topic, 0, 1)], False))
-        worker._commands.put(lambda c: done.set())
-        assert await asyncio.to_thread(done.wait, 10)
-    assert _committed(kafka, f"g-{request_topic}", request_topic) == 3
+        futures = [await client.submit("echo", EchoRequest(data=i), topic=request_topic, partition=i % 2)
+                   for i in range(6)]
+        await asyncio.gather(*futures)
+        await _until(lambda: [_committed(kafka, group, request_topic, p) for p in (0, 1)] == [3, 3],
+                     "the first worker did not commit its jobs")
+        assert {p for _, p in worker._owned} == {0, 1}
+        # A second member joins: the group takes one partition from the first worker through its real revoke
+        # callback (cooperative rebalance), and gives it to the second.
+        async with running_worker(echo.stage, kafka, request_topic, slots=2) as second:
+            await _until(lambda: len(worker._owned) == 1 and len(second._owned) == 1,
+                         "the rebalance did not split the partitions")
+            ((_, lost),) = second._owned
+            assert (request_topic, lost) not in worker._owned
+            # A commit queued in the first worker before the revoke (here: an older position) that runs after it,
+            # as an async commit queued before a revoke would: it must be dropped, not move the offset backwards.
+            done = threading.Event()
+            worker._commands.put(lambda c: worker._commit_owned(c, [TopicPartition(request_topic, lost, 1)], False))
+            worker._commands.put(lambda c: done.set())
+            assert await asyncio.to_thread(done.wait, 10)
+            assert _committed(kafka, group, request_topic, lost) == 3  # before the second worker commits again
+    assert [_committed(kafka, group, request_topic, p) for p in (0, 1)] == [3, 3]
 
 
 async def test_failed_commits_are_counted_and_the_worker_lives(kafka: KilnSettings, topics, unique: str) -> None:  # type: ignore[no-untyped-def]
