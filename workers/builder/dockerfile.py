@@ -6,7 +6,8 @@ dockerd's parser does (parser directives, line continuations, comments inside th
 only what a build sandbox may do:
 
 - ``FROM`` is a local stand-in for a hub image, ``scratch``, or an earlier stage of the same Dockerfile;
-- ``COPY --from`` names an earlier stage (by name or index), never an image;
+- ``COPY --from`` names an earlier stage (by name or index), never an image; ``RUN`` takes no flags (BuildKit's
+  ``--mount=from=``, ``--network``);
 - ``ADD`` of a URL (or of anything a build argument could turn into one) is refused; a local ``ADD`` becomes a
   ``COPY`` (no archive is unpacked, so no root-owned or setuid file comes out of a tarball);
 - every ``COPY`` gives its files to uid 1000, every stage starts as uid 1000, and every ``USER`` is uid 1000: no
@@ -169,6 +170,10 @@ def confine(text: str, local_image: Callable[[str], str]) -> Confined:
             if keyword not in dropped:
                 dropped.add(keyword)
                 out.decisions.append((f"dockerfile {keyword.lower()}", "dropped", DROPPED[keyword]))
+        elif keyword == "RUN" and _flags(args)[0]:
+            # BuildKit's RUN flags (--mount=from=<image>, --network=host, --security=insecure) would reach images
+            # and networks outside the sandbox; the classic builder kiln asks for refuses them too.
+            raise PlanError(f"Dockerfile RUN --{next(iter(_flags(args)[0]))}: RUN takes no flags here")
         elif keyword in PASSED:
             emit(f"{keyword} {args}".rstrip())
         else:

@@ -80,7 +80,10 @@ def build(client: Any, context: Path, dockerfile: str, tag: str, timeout_s: floa
     log = OutputTail(sandbox.log_bytes)
     try:
         # The engine's /build endpoint directly: the SDK's build() has no parameter for the parent cgroup.
+        # version 1: the classic builder, whose instructions ``dockerfile.confine`` reasons about (BuildKit would
+        # also honour a ``# syntax`` frontend image and RUN mounts of other images).
         params = {"t": tag, "dockerfile": "Dockerfile.kiln", "rm": True, "forcerm": True, "nocache": nocache,
+                  "version": "1",
                   "labels": json.dumps(labels or {}), **sandbox.build_params()}
         with docker.utils.tar(str(context), gzip=False) as archive:
             response = api._post(api._url("/build"), data=archive, params=params, stream=True,

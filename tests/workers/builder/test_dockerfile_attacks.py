@@ -98,6 +98,7 @@ REMOTE_ADD = {
     "continued-line": "FROM debian:bookworm\nADD ht\\\n# a comment in the continuation\ntp://127.0.0.1:{port}/c /s\n",
     "escape-directive": "# escape=`\nFROM debian:bookworm\nADD ht`\ntp://127.0.0.1:{port}/escape /stolen\n",
     "env-variable": "FROM debian:bookworm\nENV H=127.0.0.1:{port}\nADD http://${{H}}/env /stolen\n",
+    "run-network-host": "FROM debian:bookworm\nRUN --network=host curl -s http://127.0.0.1:{port}/run > /stolen\n",
 }
 
 
@@ -108,7 +109,8 @@ async def test_remote_add_never_reaches_the_host_network(docker_engine: Any, hos
     event = await _build(docker_engine, tmp_path, f"attack/add-{variant}",
                          {"Dockerfile": REMOTE_ADD[variant].format(port=port)})
     assert event.status == "failed" and event.failure == "no_rule_matched", event
-    assert "Dockerfile ADD" in (event.detail or "") and "host's network" in (event.detail or ""), event.detail
+    detail = event.detail or ""
+    assert ("Dockerfile ADD" in detail and "host's network" in detail) or "RUN takes no flags" in detail, detail
     assert hits == [], f"dockerd fetched {hits} from this machine"
 
 
@@ -119,6 +121,7 @@ COPY_FROM = {
     # A stage named like an image, copied from inside itself: dockerd would look the name up as an image.
     "stage-named-like-an-image": "FROM debian:bookworm AS victim\nCOPY --from=victim /secret /stolen\n",
     "later-stage": "FROM debian:bookworm AS a\nCOPY --from=b /secret /stolen\nFROM debian:bookworm AS b\n",
+    "run-mount-from-image": "FROM debian:bookworm\nRUN --mount=type=bind,from={victim},target=/v cat /v/secret\n",
 }
 
 
@@ -129,7 +132,7 @@ async def test_no_instruction_reads_another_repositorys_image(docker_engine: Any
                          {"Dockerfile": COPY_FROM[variant].format(victim=victim_image)})
     assert event.status == "failed" and event.failure == "no_rule_matched", event
     assert event.image is None
-    assert "only an earlier stage" in str(event.detail) or "no local image" in str(event.detail), event.detail
+    assert any(why in str(event.detail) for why in ("only an earlier stage", "no local image", "RUN takes no flags"))
     assert SECRET.decode() not in str(event.detail)
 
 
