@@ -35,6 +35,7 @@ from kiln.schemas.exec import (
     CommandOutput,
     ExecRequest,
     ExecResult,
+    FileContent,
     RunStep,
     SessionLimits,
     StepOutput,
@@ -399,7 +400,7 @@ class ExecService:
             found = {p.removeprefix(f"{REPORTS}/"): d for p, d in fetched.items() if p.startswith(f"{REPORTS}/")}
             tests = checked_report(reports.parse_results(labels.get("kiln.system", "custom"), outputs[-1].exit_code,
                                                          found, labels.get("kiln.module", "")), outputs[-1])
-        files = [file_content(p, d) for p, d in fetched.items() if not p.startswith(f"{REPORTS}/")]
+        files = [_file(p, d) for p, d in fetched.items() if not p.startswith(f"{REPORTS}/")]
         return ExecResult(op="run_once", session_id="", partition=ctx.partition, image=image, steps=outputs,
                           output=outputs[-1] if outputs else None, files=files, tests=tests)
 
@@ -475,6 +476,14 @@ def checked_report(report: TestReport | None, output: CommandOutput) -> TestRepo
     if report is None or (output.exit_code == 0 and not output.timed_out) or report.failed + report.errors:
         return report
     return report.model_copy(update={"errors": 1})
+
+
+def _file(path: str, data: bytes) -> FileContent:
+    """Text when it decodes, else base64 (as ``read_files`` answers)."""
+    try:
+        return FileContent(path=path, text=data.decode())
+    except UnicodeDecodeError:
+        return file_content(path, data)
 
 
 def _image_labels(manager: SessionManager, image: str) -> dict[str, str]:

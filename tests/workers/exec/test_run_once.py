@@ -5,6 +5,7 @@ the supervisor that measures it, cross a boundary of the threat model, or get lo
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,15 +147,18 @@ async def test_files_in_and_out_and_the_images_work_restored(project_image: str,
                                                               one_slot_worker: WorkerProcess) -> None:
     async with KilnClient(exec_settings, "trainer") as kiln:
         client = ExecClient(kiln)
-        first = await client.run_once(project_image, "ls > listing; rm -rf ./*; mkdir -p out; echo 42 > out/a; "
-                                      "cat in/x > out/b", files={"in/x": b"\x00\x01binary"},
-                                      fetch=["out/", "listing", "missing"])
+        first = await client.run_once(project_image, "ls > /tmp/listing; cat in/x > /tmp/b; rm -rf ./*; mkdir out; "
+                                      "mv /tmp/listing /tmp/b out/; echo 42 > out/a", files={"in/x": b"\xff\xfebin"},
+                                      fetch=["out/", "missing"])
         second = await client.run_once(project_image, "ls")
     assert first.output is not None and first.output.exit_code == 0, first.output
     got = {f.path: f for f in first.files}
-    assert got["out/a"].text == "42\n" and got["out/b"].content_b64 is not None
-    # The image's /work is whole again for the next call, though the first one deleted it.
-    assert second.output is not None and second.output.stdout == got["listing"].text
+    assert sorted(got) == ["out/a", "out/b", "out/listing"]
+    assert got["out/a"].text == "42\n" and got["out/b"].content_b64 == base64.b64encode(b"\xff\xfebin").decode()
+    # The image's /work is whole again for the next call (without the first call's files), though it was deleted.
+    listing = (got["out/listing"].text or "").split()
+    assert "calc" in listing and second.output is not None
+    assert second.output.stdout.split() == [name for name in listing if name != "in"]
 
 
 async def test_a_call_replays_elsewhere_when_its_worker_dies(exec_settings: KilnSettings, tmp_path: Path,

@@ -48,7 +48,7 @@ async def test_exec_and_lean_verifiers(stage_topics: Callable[..., KilnSettings]
                 assert [v.reward for v in verdicts] == [exact_match(task, c) for c in completions] == [1, 0, 1, 0, 0]
                 assert [v.detail["said"] for v in verdicts] == ["7", "8", "7", "77", None]
 
-            # Too large for one command line: the group is written to the session first.
+            # Larger than a command line: the group travels as a file of the call.
             large = await verifiers.get("exec").verify(task, ["7" + " " * 9_999, "8" + " " * 9_999] * 4, "large")
             assert [v.reward for v in large] == [1, 0] * 4
 
@@ -82,11 +82,9 @@ async def test_exec_and_lean_verifiers(stage_topics: Callable[..., KilnSettings]
             await verifiers.close()
     ops = [ExecRequest.model_validate(request_payload(decode_request(m.value()), ExecRequest, None)).op
            for m in read_all(settings, settings.topic("exec.requests"))]
-    # Eight commands: four good groups and two failing ones one by one (the large group's files written first), six
-    # groups at once in one, an isolated group in one; sessions recycled after two commands, the isolated one after
-    # its own: five sessions, all closed.
-    assert ops.count("open") == 5 and ops.count("close") == 5 and ops.count("run") == 8, ops
-    assert ops.count("write_files") == 1, ops
+    # Eight one-shot calls: four good groups and two failing ones one by one, six groups at once in one, an
+    # isolated group in one — no session to open or close.
+    assert ops == ["run_once"] * 8, ops
 
 
 async def test_rollout_rewards_come_from_the_exec_stage(stage_topics: Callable[..., KilnSettings],
