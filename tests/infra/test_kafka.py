@@ -83,9 +83,18 @@ def test_share_group_consume(kafka: KilnSettings, unique: str) -> None:
     assert got == {f"m{i}".encode() for i in range(12)}
 
 
-    # Accepted records are gone from the queue: a new member of the same share group acquires none of them.
+    # Accepted records are gone from the queue: a new member of the same share group acquires none of them. It reads
+    # until it has a marker produced behind them on each partition (so it surely consumes both partitions, past
+    # where the accepted records are): what it acquired is the two markers, nothing else.
     again = ShareConsumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": group})
     again.subscribe([topic])
-    redelivered = [m for _ in range(4) for m in (again.poll(1.0) or []) if m.error() is None]
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    for partition in (0, 1):
+        producer.produce(topic, value=f"marker{partition}".encode(), partition=partition)
+    assert producer.flush(30) == 0
+    acquired: list[bytes] = []
+    deadline = time.monotonic() + 45
+    while not {b"marker0", b"marker1"} <= set(acquired) and time.monotonic() < deadline:
+        acquired += [m.value() for m in again.poll(1.0) or [] if m.error() is None]
     again.close()
-    assert redelivered == []
+    assert sorted(acquired) == [b"marker0", b"marker1"]
