@@ -140,6 +140,11 @@ class RunnerPool:
         self._lock = threading.Lock()
         self._closed = False
 
+    def ready(self) -> None:
+        """The supervisor at hand (built now if need be), so the first call does not wait for a build."""
+        if not self._binary:
+            self._binary = self._supervisor()
+
     def container_ids(self) -> set[str]:
         """Containers this pool owns (idle, busy or starting): never strays to the reaper."""
         with self._lock:
@@ -207,8 +212,7 @@ class RunnerPool:
     def start(self, key: RunnerKey, limits: SessionLimits) -> Runner:
         """A new runner: its container, the supervisor copied in and serving."""
         image = key[0]
-        if not self._binary:
-            self._binary = self._supervisor()
+        self.ready()
         name = f"kiln-r-{uuid.uuid4().hex[:16]}"
         half = max(4, limits.disk_mb // 2)
         tmpfs = {"/work": f"size={half}m,uid=1000,gid=1000,mode=0755,exec",

@@ -162,6 +162,7 @@ class ExecService:
         self.runners = RunnerPool(client, self.manager.sealed_labels, lambda: supervisor_binary(cache, prebuilt),
                                   self.manager._image_work, per_key=max(1, slots),
                                   keys=max(1, self.settings.warm_images))
+        await asyncio.to_thread(self.runners.ready)
         await asyncio.to_thread(self.reap)
         self._tasks = [asyncio.create_task(self._housekeeping())]
 
