@@ -81,13 +81,32 @@ def test_workers_drain_on_preemptible_nodes_and_never_touch_the_node() -> None:
     docs = _manifests(values)
     pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Deployment",
                                                                                                 "DaemonSet")}
+    engines = 0
     for name, pod in pods.items():
         assert all("hostPath" not in v for v in pod.get("volumes", [])), name
-        assert not pod.get("hostNetwork") and not pod.get("hostPID"), name
+        assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC"), name
+        for container in [*pod["containers"], *pod.get("initContainers", [])]:
+            where, security = f"{name}/{container['name']}", container.get("securityContext", {})
+            assert "hostPort" not in str(container.get("ports", [])), where
+            if security.get("privileged"):
+                # The one privileged container is the rootless engine sidecar (render.py's module docstring): its
+                # daemon runs as uid 1000, in a pod labelled as having an engine, only on the tainted sandbox pool.
+                engines += 1
+                labels = next(d for d in docs if d["metadata"]["name"] == name)["spec"]["template"]["metadata"]
+                assert container["name"] == "engine" and container["image"] == values.engine_image, where
+                assert security.get("runAsUser") == 1000, where
+                assert labels["labels"]["kiln.dev/engine"] == "true", where
+                assert pod.get("nodeSelector", {}).items() >= values.sandbox_label.items(), where
+                assert {(t["key"], t["value"], t["effect"]) for t in pod["tolerations"]} >= {
+                    (k, v, "NoSchedule") for k, v in values.sandbox_label.items()}, where
+            else:  # everything else: not root, no capabilities, no way to gain privileges
+                assert security == {"runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False,
+                                    "capabilities": {"drop": ["ALL"]}}, where
         if name.startswith("kiln-worker-"):
             assert pod["terminationGracePeriodSeconds"] > values.grace_s
             assert pod["tolerations"][0]["key"] == "cloud.google.com/gke-preemptible"
             assert pod["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert engines == sum(1 for sv in values.stages.values() if sv.container_engine) >= 2  # build and exec
     build = pods["kiln-worker-build"]
     assert [c["name"] for c in build["containers"]] == ["worker", "engine"] and build["shareProcessNamespace"]
     assert build["containers"][0]["resources"]["requests"]["cpu"] == "2"  # from its slots
