@@ -155,7 +155,7 @@ class ReplProcess:
         fence: dict[str, Any] = {"cmd": f"#check {name}"}
         if self.fence_env is not None:
             fence["env"] = self.fence_env
-        reply = await self._exchange(fence, self.limits.fence_timeout_s)
+        reply = await self._exchange(fence, self.limits.fence_timeout_s, watch=False)
         expected = f"unknown identifier '{name}'"
         messages = reply.get("messages")
         if not (isinstance(messages, list) and
@@ -165,7 +165,9 @@ class ReplProcess:
                                 "being checked, or one gone missing); the reply was not used and the process was "
                                 "killed")
 
-    async def _exchange(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    async def _exchange(self, request: dict[str, Any], timeout_s: float, watch: bool = True) -> dict[str, Any]:
+        """Writes ``request`` and reads one reply; ``watch`` off for fences (no memory watchdog: a ``#check`` of an
+        unknown name allocates nothing, and the next request's watchdog sees the process as it is)."""
         proc = self._proc
         if proc is None or proc.stdin is None or proc.stdout is None or not self.alive:
             raise ReplCrashed("the REPL process is not running")
@@ -175,6 +177,15 @@ class ReplProcess:
             await proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError):
             raise await self._crashed() from None
+        if not watch:
+            try:
+                return await asyncio.wait_for(self._read_reply(proc.stdout), timeout_s)
+            except TimeoutError:
+                await self.kill("timeout")
+                raise ReplTimeout(f"REPL request ran past {timeout_s:g}s; the process was killed") from None
+            except asyncio.CancelledError:
+                await self.kill("cancelled")
+                raise
         reply_task = asyncio.ensure_future(self._read_reply(proc.stdout))
         watchdog = asyncio.ensure_future(self._watch_memory(proc.pid))
         try:
