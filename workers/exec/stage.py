@@ -4,9 +4,10 @@ coverage, linters, snapshots and forks.
 Requests are keyed by session (ordered per session, sessions concurrent) and sent to the partition the session
 lives on; ``open`` is keyed by repository. A warm pool keeps ready containers for recently opened images. Every
 limit a request asks for is checked against this deployment's caps (``KILN_EXEC_MAX_*``). Every worker holds a
-lock file while alive and labels its containers with that file's path and its mount namespace; a reaper judges
-only containers whose lock it can see (same namespace) and never creates the lock it checks; containers of workers
-it cannot see are removed only past the longest a session may live. Configuration: ``KILN_EXEC_*``
+lock file while alive and labels its containers with that file's path and its mount namespace, sealed
+(``sessions.LabelSeal``: an image's own labels prove nothing); a reaper judges only sealed containers whose lock it
+can see (same namespace) and never creates the lock it checks; containers of workers it cannot see are removed
+only past the longest a session may live. Configuration: ``KILN_EXEC_*``
 (see ``ExecSettings``).
 """
 
