@@ -84,5 +84,6 @@ async def test_multi_turn_repository_task_rewarded_by_its_tests(stage_topics: Ca
     assert int(mask.sum()) == sum(s.tool_mask.count(0) for s in group.samples)
     ops = [ExecRequest.model_validate(request_payload(decode_request(m.value()), ExecRequest, None)).op
            for m in read_all(settings, settings.topic("exec.requests"))]
-    # Four samples' tool sessions (two commands each) and the group's isolated verification session, all closed.
-    assert ops.count("open") == 5 and ops.count("close") == 5 and ops.count("run") == 9, ops
+    # Four samples' tool sessions (two commands each), all closed, and a one-shot verification call per sample.
+    assert ops.count("open") == 4 and ops.count("close") == 4 and ops.count("run") == 8, ops
+    assert ops.count("run_once") == 4, ops
