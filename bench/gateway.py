@@ -1,13 +1,10 @@
 """SandboxFusion ``run_code`` through the gateway next to the exec stage used directly, in the same run.
 
 - ``gateway_run_code_p50_ms`` / ``_p99_ms`` / ``gateway_run_code_rps``: a trivial python ``run_code`` over HTTP
-  (``--clients`` concurrent clients, ``--requests`` each): gateway -> exec session open -> driver -> answer.
+  (``--clients`` concurrent clients, ``--requests`` each): gateway -> exec ``run_once`` (a warm runner) -> answer.
 - ``exec_direct_p50_ms`` / ``_p99_ms`` / ``exec_direct_rps``: the same work with ``ExecClient`` in this process —
-  open a session on the toolchain image, run ``python3 -c 'print(1)'``, close it without waiting.
-- ``exec_driver_p50_ms``: the direct path running the gateway's own driver command (what one run_code sends), so
-  the overhead splits into the driver's (in the sandbox) and the gateway's (HTTP, its process).
-- ``gateway_overhead_fraction``: (gateway p50 - direct p50) ÷ gateway p50 (aim ≤ 0.10);
-  ``gateway_http_overhead_fraction``: (gateway p50 - driver p50) ÷ gateway p50.
+  ``run_once`` of ``python3 -c 'print(1)'`` on the toolchain image.
+- ``gateway_overhead_fraction``: (gateway p50 - direct p50) ÷ gateway p50 (aim ≤ 0.10).
 Phases alternate (direct, gateway, direct, gateway) so drift hits both sides alike.
 Usage: python -m bench.gateway [--clients 4] [--requests 25]
 """
@@ -32,7 +29,6 @@ from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec
 from kiln.workers.exec.client import ExecClient
-from kiln.workers.gateway.sandbox_fusion import RunCodeRequest, driver_command
 from kiln.workers.gateway.settings import GatewaySettings
 from tests.workers.gateway.conftest import gateway_process
 
@@ -55,28 +51,16 @@ async def run(settings: KilnSettings, url: str, args: argparse.Namespace) -> dic
     image = GatewaySettings().toolchain_image
     async with KilnClient(settings, f"bench-{uuid.uuid4().hex[:6]}") as kiln, httpx.AsyncClient(timeout=120) as http:
         direct = ExecClient(kiln)
-        closing: set[asyncio.Task[None]] = set()
-
-        async def direct_run(command: str, expect: str) -> None:
-            session = await direct.open_session(image)
-            output = await direct.run(session, command)
-            assert expect in output.stdout, output
-            task = asyncio.create_task(direct.close_session(session))
-            closing.add(task)
-            task.add_done_callback(closing.discard)
 
         async def through_gateway() -> None:
             answer = (await http.post(f"{url}/run_code", json={"code": "print(1)", "language": "python"})).json()
             assert answer["status"] == "Success" and answer["run_result"]["stdout"] == "1\n", answer
 
-        def through_exec() -> Awaitable[None]:
-            return direct_run("python3 -c 'print(1)'", "1\n")
+        async def through_exec() -> None:
+            output = (await direct.run_once(image, "python3 -c 'print(1)'")).output
+            assert output is not None and output.exit_code == 0 and output.stdout == "1\n", output
 
-        def through_driver() -> Awaitable[None]:
-            request = RunCodeRequest(code="print(1)", language="python")
-            return direct_run(driver_command(request, GatewaySettings()), "STEP run 0 ")
-
-        paths = {"direct": through_exec, "driver": through_driver, "gateway": through_gateway}
+        paths: dict[str, Callable[[], Awaitable[None]]] = {"direct": through_exec, "gateway": through_gateway}
         for one in paths.values():
             await measure(1, 3, one)  # warm every path
         lat: dict[str, list[float]] = {name: [] for name in paths}
@@ -86,8 +70,7 @@ async def run(settings: KilnSettings, url: str, args: argparse.Namespace) -> dic
                 values, rate = await measure(args.clients, args.requests, one)
                 lat[name] += values
                 rps[name].append(rate)
-        await asyncio.gather(*closing)
-    gw, ex, dr = median(lat["gateway"]), median(lat["direct"]), median(lat["driver"])
+    gw, ex = median(lat["gateway"]), median(lat["direct"])
     return {
         "gateway_run_code_p50_ms": round(gw * 1000, 1),
         "gateway_run_code_p99_ms": round(percentile(lat["gateway"], 0.99) * 1000, 1),
@@ -95,9 +78,7 @@ async def run(settings: KilnSettings, url: str, args: argparse.Namespace) -> dic
         "exec_direct_p50_ms": round(ex * 1000, 1),
         "exec_direct_p99_ms": round(percentile(lat["direct"], 0.99) * 1000, 1),
         "exec_direct_rps": round(sum(rps["direct"]) / len(rps["direct"]), 2),
-        "exec_driver_p50_ms": round(dr * 1000, 1),
         "gateway_overhead_fraction": round((gw - ex) / gw, 3),
-        "gateway_http_overhead_fraction": round((gw - dr) / gw, 3),
     }
 
 

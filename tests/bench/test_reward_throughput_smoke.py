@@ -1,0 +1,27 @@
+"""A bounded smoke run of bench/reward_throughput.py (``--quick``: a few calls at concurrency 4): every path — bare
+chroot, docker exec, the gateway through the unmodified SandboxFusion client, ExecCheck, the TRL reward, the C++ and
+pytest cases — answers every call right and prints its METRIC lines. No timing is asserted."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.reward_throughput import parse, run
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
+
+
+async def test_every_reward_path_answers_right_and_reports() -> None:
+    metrics = await run(parse(["--quick"]))
+    for path in ("bare", "docker_exec", "gateway", "execcheck", "trl"):
+        for what in ("calls_per_s", "p50_s", "p99_s"):
+            assert metrics[f"reward_{path}_{what}_c4"] > 0, (path, what)
+        assert metrics[f"reward_{path}_errors_c4"] == 0, path
+    for path in ("gateway", "execcheck", "trl", "docker_exec"):
+        assert f"reward_{path}_vs_bare_c4" in metrics
+    for case, path in (("cpp", "gateway"), ("pytest", "runonce")):
+        for side in ("bare", path):
+            assert metrics[f"reward_{case}_{side}_calls_per_s_c4"] > 0, (case, side)
+            assert metrics[f"reward_{case}_{side}_errors_c4"] == 0, (case, side)
+        assert f"reward_{case}_{path}_vs_bare_c4" in metrics
+    assert metrics["reward_exec_worker_slots"] >= 1
