@@ -34,6 +34,7 @@ from docker.errors import APIError, DockerException
 
 from kiln.schemas.exec import SessionLimits
 from kiln.streams.errors import InfraError
+from kiln.workers.exec.sessions import image_volumes
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("supervisor")
@@ -220,9 +221,12 @@ class RunnerPool:
                  "/kiln": "size=32m,mode=0755,exec"}
         container = None
         try:
-            declared = self.client.images.get(image).attrs.get("Config", {}).get("Volumes") or {}
-            # An image's VOLUMEs become read-only, empty tmpfs: no anonymous volume on the host disk.
-            tmpfs.update({path: "size=64k,mode=0555,ro" for path in declared if path not in tmpfs})
+            # An image's VOLUMEs become tmpfs (no anonymous volume on the host disk): inside a work area writable
+            # within the same budget (the supervisor empties them like the rest), elsewhere read-only and empty.
+            for path in image_volumes(self.client, image):
+                inside = path.startswith(("/work/", "/tmp/"))
+                tmpfs.setdefault(path, f"size={max(1, half // 4)}m,uid=1000,gid=1000,mode=0755,exec" if inside
+                                 else "size=64k,mode=0555,ro")
             container = self.client.containers.run(
                 image, ["sleep", "infinity"], name=name, detach=True, network_mode="none", user="0:0",
                 read_only=True, tmpfs=tmpfs, working_dir="/work", mem_limit=limits.memory_mb << 20,

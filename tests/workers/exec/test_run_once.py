@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -206,3 +208,26 @@ def test_runners_of_a_dead_worker_are_reaped(exec_settings: KilnSettings, tmp_pa
 def _runners(docker: Any) -> list[Any]:
     return [c for c in docker.containers.list(filters={"label": "kiln.role=exec-session"})
             if c.name.startswith("kiln-r-")]
+
+
+async def test_image_volumes_are_bounded_and_emptied_between_calls(exec_settings: KilnSettings, docker_engine: Any,
+                                                                   one_slot_worker: WorkerProcess) -> None:
+    tag = f"kiln/test-runner-volumes:{uuid.uuid4().hex[:8]}"
+    docker_engine.images.build(fileobj=io.BytesIO(b"FROM kiln/base:latest\nRUN mkdir -p /data /work/cache && "
+                                                  b"chown 1000:1000 /data /work/cache\nVOLUME /data /work/cache\n"),
+                               tag=tag, rm=True)
+    volumes = {v.name for v in docker_engine.volumes.list()}
+    try:
+        async with KilnClient(exec_settings, "trainer") as kiln:
+            client = ExecClient(kiln)
+            fill = "dd if=/dev/zero of={} bs=1M count=100 2>&1 | grep -o -e 'No space left' -e 'Read-only file sys'"
+            first = await client.run_once(tag, f"{fill.format('/data/x')}; {fill.format('/work/cache/x')}; hostname",
+                                          limits=SessionLimits(disk_mb=64))
+            second = await client.run_once(tag, "ls -A /work/cache; hostname", limits=SessionLimits(disk_mb=64))
+    finally:
+        docker_engine.images.remove(tag, force=True)
+    assert first.output is not None and second.output is not None
+    assert first.output.stdout.splitlines()[:2] == ["Read-only file sys", "No space left"], first.output
+    # The same runner served the second call (emptied, not discarded), and the volume's file is gone.
+    assert second.output.stdout.split() == [first.output.stdout.split()[-1]]
+    assert {v.name for v in docker_engine.volumes.list()} <= volumes  # no anonymous volume was made

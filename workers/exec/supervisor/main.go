@@ -593,8 +593,8 @@ func wipe() error {
 		if err := emptyDir(dir); err != nil {
 			problems = append(problems, err.Error())
 		}
-		if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
-			problems = append(problems, fmt.Sprintf("%s keeps %d entries", dir, len(entries)))
+		if left := remaining(dir); left > 0 {
+			problems = append(problems, fmt.Sprintf("%s keeps %d entries", dir, left))
 		}
 	}
 	if err := removeIPC(); err != nil {
@@ -626,11 +626,41 @@ func emptyDir(dir string) error {
 				return err
 			}
 		}
+		if mountPoint(path) { // an image VOLUME's tmpfs inside a work area: emptied, kept
+			continue
+		}
 		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 	}
 	return nil
+}
+
+// mountPoint: whether path is a directory another filesystem is mounted on.
+func mountPoint(path string) bool {
+	var own, parent syscall.Stat_t
+	if syscall.Lstat(path, &own) != nil || syscall.Lstat(filepath.Dir(path), &parent) != nil {
+		return false
+	}
+	return own.Mode&syscall.S_IFMT == syscall.S_IFDIR && own.Dev != parent.Dev
+}
+
+// remaining counts what is left below dir, an empty mount point not counted.
+func remaining(dir string) int {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	left := 0
+	for _, e := range entries {
+		path := filepath.Join(dir, e.Name())
+		if mountPoint(path) {
+			left += remaining(path)
+		} else {
+			left++
+		}
+	}
+	return left
 }
 
 // removeIPC removes the System V shared memory, message queues and semaphores left in this IPC namespace.
