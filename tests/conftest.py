@@ -21,6 +21,21 @@ from kiln.streams.infra import COMPONENT_STEPS, run_script, run_steps
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec
 from kiln.workers.common.registry import Registry
+from tests import collection
+
+
+def pytest_report_collectionfinish() -> list[str]:
+    """Under "collected N items": the files a folder left out (tests/collection.py)."""
+    return collection.summary()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """In the summary too, next to the skips: a folder that was not collected is never silent."""
+    lines = collection.summary()
+    if lines:
+        terminalreporter.section("not collected")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def _ensure(component: str) -> None:

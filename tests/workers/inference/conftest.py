@@ -3,19 +3,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.collection import unless_importable
+
 if TYPE_CHECKING:
     from kiln.workers.inference.model import ModelConfig
     from kiln.workers.inference.process import ServerProcess
 
-if importlib.util.find_spec("torch") is None:  # KILN_RL=0: no rl environment
-    collect_ignore_glob = ["test_*.py"]
+# KILN_RL=0: no rl environment; the root conftest lists what was left out (tests/collection.py).
+collect_ignore_glob = unless_importable(__file__, "torch", "test_*.py", "needs the rl extra: torch")
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+from tests.collection import unless_importable
 
-if importlib.util.find_spec("trl") is None:
-    collect_ignore_glob = ["test_trl*.py"]
+# KILN_RL=0: no rl environment; the root conftest lists what was left out (tests/collection.py).
+collect_ignore_glob = unless_importable(__file__, "trl", "test_trl*.py", "needs the rl extra: trl")
