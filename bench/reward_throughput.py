@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.common import broker, console, percentile, report
@@ -134,6 +135,8 @@ class Phase:
     errors: int = 0
     seconds: float = 0.0
     first_errors: list[str] = field(default_factory=list)
+    worker_s: float = 0.0  # the exec worker's handling time of this path's run_once requests (its metrics)
+    worker_calls: float = 0.0
 
     def fail(self, why: str) -> None:
         self.errors += 1
@@ -171,7 +174,7 @@ def per_call(one: Call) -> PathRun:
 
 
 async def measure(runs: dict[str, PathRun], calls: int, concurrency: int, rounds: int, warm: int,
-                  progress: Progress, offset: int) -> dict[str, Phase]:
+                  progress: Progress, offset: int, metrics_port: int = 0) -> dict[str, Phase]:
     """Warm every path, then ``rounds`` rounds of every path in turn."""
     phases = {name: Phase() for name in runs}
     for name, run in runs.items():
@@ -182,13 +185,17 @@ async def measure(runs: dict[str, PathRun], calls: int, concurrency: int, rounds
     for r in range(rounds):
         for name, run in (runs.items() if r % 2 == 0 else reversed(runs.items())):
             task = progress.add_task(f"c{concurrency} {name} round {r + 1}/{rounds}", total=per_round)
+            before = worker_run_once(metrics_port)
             started = time.perf_counter()
             await run(offset + 100_000 * (r + 1), per_round, concurrency, phases[name],
                       functools.partial(progress.advance, task))
             phases[name].seconds += time.perf_counter() - started
+            after = worker_run_once(metrics_port)
+            phases[name].worker_s += after[0] - before[0]
+            phases[name].worker_calls += after[1] - before[1]
             progress.remove_task(task)
-            console.print(f"  c{concurrency} {name} round {r + 1}: {phases[name].rate:.1f} calls/s so far, "
-                          f"{phases[name].errors} errors")
+            console.print(f"  {time.strftime('%H:%M:%S')} c{concurrency} {name} round {r + 1}: "
+                          f"{phases[name].rate:.1f} calls/s so far, {phases[name].errors} errors, load {loadavg()}")
     return phases
 
 
@@ -200,10 +207,28 @@ def metrics_of(prefix: str, phases: dict[str, Phase], concurrency: int, baseline
         out[f"{prefix}{name}_p50_s_c{concurrency}"] = round(percentile(phase.latencies, 0.5), 3)
         out[f"{prefix}{name}_p99_s_c{concurrency}"] = round(percentile(phase.latencies, 0.99), 3)
         out[f"{prefix}{name}_errors_c{concurrency}"] = phase.errors
+        if phase.worker_calls:  # where a kiln call's time goes: the exec worker's handling of one run_once
+            out[f"{prefix}{name}_worker_s_per_run_once_c{concurrency}"] = round(phase.worker_s / phase.worker_calls, 3)
     base = phases[baseline].rate
     for name in ratios:
         out[f"{prefix}{name}_vs_bare_c{concurrency}"] = round(phases[name].rate / base, 3) if base else 0.0
     return out
+
+
+def worker_run_once(port: int) -> tuple[float, float]:
+    """The exec worker's own account of its ``run_once`` requests: (seconds, count) so far, from its metrics."""
+    if not port:
+        return 0.0, 0.0
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return 0.0, 0.0
+    found = {"sum": 0.0, "count": 0.0}
+    for line in text.splitlines():
+        for what in found:
+            if line.startswith(f"kiln_exec_command_seconds_{what}{{") and 'op="run_once"' in line:
+                found[what] = float(line.rsplit(" ", 1)[1])
+    return found["sum"], found["count"]
 
 
 # --- bare: the image's root filesystem, chrooted ----------------------------------------------------------------
@@ -427,9 +452,10 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         cleanup.callback(docker_exec.close)
         env = {k: v for k, v in os.environ.items() if k != "KILN_SLOTS"}
         os.environ.pop("KILN_SLOTS", None)  # the worker is not told its slots: kiln picks them
+        metrics_port = free_port()
         worker = WorkerProcess("exec", settings, "exec.requests", slots=0, env={
             **env, "KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_CACHE": str(settings.cache),
-            "KILN_EXEC_LOCK_DIR": str(tmp / "locks"), "KILN_METRICS_PORT": str(free_port())})
+            "KILN_EXEC_LOCK_DIR": str(tmp / "locks"), "KILN_METRICS_PORT": str(metrics_port)})
         cleanup.callback(worker.stop)
         worker.wait_assigned(120)
         url = cleanup.enter_context(gateway_process(settings, tmp / "gateway.log"))
@@ -449,7 +475,8 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                       console=console, transient=True) as progress:
             for i, c in enumerate(args.concurrency):
                 calls = max(args.calls, c * args.rounds) if not args.quick else args.calls
-                phases = await measure(runs, calls, c, args.rounds, args.warm, progress, 1_000_000 * (i + 1))
+                phases = await measure(runs, calls, c, args.rounds, args.warm, progress, 1_000_000 * (i + 1),
+                                       metrics_port)
                 metrics.update(metrics_of("reward_", phases, c, "bare", kiln_paths))
                 notes.update({f"first errors {name} c{c}": " | ".join(p.first_errors)
                               for name, p in phases.items() if p.first_errors})
@@ -461,7 +488,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             for j, (case, case_runs, kiln_path) in enumerate(cases):
                 calls = max(args.case_calls, c) if not args.quick else args.case_calls
                 phases = await measure(case_runs, calls, c, max(1, min(args.rounds, calls // c)), args.warm,
-                                       progress, 10_000_000 * (j + 1))
+                                       progress, 10_000_000 * (j + 1), metrics_port)
                 metrics.update(metrics_of(f"reward_{case}_", phases, c, "bare", [kiln_path]))
                 notes.update({f"first errors {case} {name}": " | ".join(p.first_errors)
                               for name, p in phases.items() if p.first_errors})
