@@ -9,8 +9,13 @@ how much of the slots' time goes to Lean work, and what reusing a loaded header 
   inside REPL round trips doing what was asked, not exports, imports or replays) ÷ (slots * the window).
 - ``lean_slot_utilization``: mean of the worker's ``kiln_busy_slots / kiln_slots`` sampled every 50 ms.
 - ``lean_header_reuse_speedup``: run_code throughput with a header costing --import-s to load, pool reuse on vs.
-  off (``KILN_LEAN_RECYCLE_AFTER=1``: a fresh process, hence a fresh import, per request).
+  off (``KILN_LEAN_RECYCLE_AFTER=1``: a fresh process, hence a fresh import, per request), both over the same
+  --code-requests requests. Most of it is the fake REPL's configured import sleep (a restatement of --import-s), so
+  two measured figures go with it: ``lean_recycle_speedup_no_import`` (the same pair of runs with a header that
+  costs nothing to load: what a fresh process per request costs by itself) and
+  ``lean_no_reuse_overhead_beyond_import_s`` (seconds per request per slot without reuse, minus --import-s).
 Usage: python -m bench.lean [--slots 4] [--seconds 20] [--inflight 64] [--tactic-ms 5] [--import-s 2]
+                            [--code-requests 16]
 """
 
 from __future__ import annotations
@@ -101,9 +106,10 @@ async def tactic_throughput(settings: KilnSettings, args: argparse.Namespace, ex
             "lean_states_exported_fraction": round(exported / max(1, done), 3)}
 
 
-async def code_throughput(settings: KilnSettings, args: argparse.Namespace, reuse: bool, requests: int) -> float:
+async def code_throughput(settings: KilnSettings, args: argparse.Namespace, reuse: bool, requests: int,
+                          import_s: float) -> float:
     env = {"KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_LEAN_REPL": FAKE_COMMAND,
-           "FAKE_LEAN_IMPORT_S": str(args.import_s), "KILN_METRICS_PORT": str(free_port()),
+           "FAKE_LEAN_IMPORT_S": str(import_s), "KILN_METRICS_PORT": str(free_port()),
            "KILN_LEAN_PASS_ENV": '["FAKE_LEAN_IMPORT_S"]'}
     if not reuse:
         env["KILN_LEAN_RECYCLE_AFTER"] = "1"
@@ -127,6 +133,7 @@ def main() -> None:
     parser.add_argument("--inflight", type=int, default=64)
     parser.add_argument("--tactic-ms", type=float, default=5)
     parser.add_argument("--import-s", type=float, default=2)
+    parser.add_argument("--code-requests", type=int, default=16, help="run_code requests of each header run")
     args = parser.parse_args()
     settings = broker().model_copy(update={"topic_prefix": f"bench-{uuid.uuid4().hex[:8]}."})
     admin.create_topics(settings, [TopicSpec("lean.requests", 8), TopicSpec("lean.requests.dlq", 1),
@@ -136,14 +143,19 @@ def main() -> None:
         metrics = asyncio.run(tactic_throughput(settings, args, export_every=16))
         metrics.update({f"{name}_eager": value for name, value in eager.items()})
         metrics["lean_tactics_per_s_vs_eager"] = round(metrics["lean_tactics_per_s"] / eager["lean_tactics_per_s"], 2)
-        with_reuse = asyncio.run(code_throughput(settings, args, True, 40))
-        without = asyncio.run(code_throughput(settings, args, False, 2 * args.slots))
+        n = args.code_requests  # the same requests in every run: one denominator
+        with_reuse = asyncio.run(code_throughput(settings, args, True, n, args.import_s))
+        without = asyncio.run(code_throughput(settings, args, False, n, args.import_s))
+        free_reuse = asyncio.run(code_throughput(settings, args, True, n, 0.0))
+        free_without = asyncio.run(code_throughput(settings, args, False, n, 0.0))
     finally:
         admin.delete_topics(settings, [settings.topic(t) for t in ("lean.requests", "lean.requests.dlq",
                                                                     "kiln.results")])
     metrics.update({"lean_code_per_s_header_reuse": round(with_reuse, 2),
                     "lean_code_per_s_no_reuse": round(without, 3),
-                    "lean_header_reuse_speedup": round(with_reuse / without, 1)})
+                    "lean_header_reuse_speedup": round(with_reuse / without, 1),
+                    "lean_recycle_speedup_no_import": round(free_reuse / free_without, 2),
+                    "lean_no_reuse_overhead_beyond_import_s": round(args.slots / without - args.import_s, 3)})
     report(f"Lean stage, fake REPL ({args.tactic_ms:g} ms tactics, {args.slots} slots, {args.import_s:g} s header)",
            metrics)
 
