@@ -398,11 +398,15 @@ class ExecService:
             TIMEOUTS.inc()
         fetched = {path: base64.b64decode(data) for path, data in (answer.get("files") or {}).items()}
         tests = None
-        if request.tests and outputs and outputs[-1].name == "tests":
-            found = {p.removeprefix(f"{REPORTS}/"): d for p, d in fetched.items() if p.startswith(f"{REPORTS}/")}
-            tests = checked_report(reports.parse_results(labels.get("kiln.system", "custom"), outputs[-1].exit_code,
-                                                         found, labels.get("kiln.module", "")), outputs[-1])
-        files = [_file(p, d) for p, d in fetched.items() if not p.startswith(f"{REPORTS}/")]
+        if request.tests:
+            found = {p.removeprefix(f"{REPORTS}/"): fetched.pop(p) for p in list(fetched)
+                     if p.startswith(f"{REPORTS}/")}
+            # A runner that writes reports but left none did not finish its suite (or was ended from inside).
+            if outputs and outputs[-1].name == "tests" and (found or REPORTS not in labels["kiln.test"]):
+                tests = checked_report(reports.parse_results(labels.get("kiln.system", "custom"),
+                                                             outputs[-1].exit_code, found,
+                                                             labels.get("kiln.module", "")), outputs[-1])
+        files = [_file(p, d) for p, d in fetched.items()]
         return ExecResult(op="run_once", session_id="", partition=ctx.partition, image=image, steps=outputs,
                           output=outputs[-1] if outputs else None, files=files, tests=tests)
 

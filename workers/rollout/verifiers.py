@@ -35,6 +35,7 @@ from kiln.schemas.rl import RolloutTask
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed, RoutineJobError, TransientJobError
 from kiln.workers.common.patches import APPLY_EXCLUDES, patch_text, protected_paths
+from kiln.workers.common.reports import ReportError, junit
 from kiln.workers.exec.client import ExecClient
 from kiln.workers.lean.client import LeanClient
 from kiln.workers.rollout.tasks import exact_match
@@ -248,9 +249,12 @@ class SWECheck(BaseModel):
 
 
 class SWEVerifier:
-    """Each completion in a ``run_once`` call of its own: its patch, the task's test patch, the task's test command;
-    the reward is the test command's exit status, measured by the runner's supervisor (never reported by code in
-    the sandbox). A patch that touches the task's tests or the test runner's configuration scores 0 unrun."""
+    """Each completion in a ``run_once`` call of its own: its patch, the task's test patch, the task's test command.
+    The test command's exit status is measured by the runner's supervisor, never reported from the sandbox; a pytest
+    command also writes a JUnit report, and the reward is 1 only when the run exits 0 *and* the report shows every
+    test the test patch adds passing with no failure — code that ends the test process early (``os._exit(0)`` on
+    import) leaves no such report. A patch that touches the tests or the test runner's configuration scores 0 unrun
+    (``kiln.workers.common.patches``)."""
 
     def __init__(self, context: VerifierContext) -> None:
         self.exec = ExecClient(context.kiln)
@@ -272,23 +276,47 @@ class SWEVerifier:
                                                ".kiln-task/completion.diff")]
         if check.test_patch.strip():
             steps.append(RunStep(name="test-patch", command="git apply --whitespace=nowarn .kiln-task/test.diff"))
-        steps.append(RunStep(name="tests", command=f"rm -rf .kiln-task; {check.test_command}",
-                             timeout_s=check.timeout_s))
+        pytest = "pytest" in check.test_command
+        command = f"{check.test_command} --junitxml={_JUNIT}" if pytest else check.test_command
+        steps.append(RunStep(name="tests", command=f"rm -rf .kiln-task; {command}", timeout_s=check.timeout_s))
         try:
             async with self._calls:
-                result = await self.exec.run_once(check.image, steps=steps, files={
+                result = await self.exec.run_once(check.image, steps=steps, fetch=[_JUNIT], files={
                     ".kiln-task/completion.diff": patch, ".kiln-task/test.diff": check.test_patch})
         except RequestFailed as e:
             raise TransientJobError(f"exec run_once failed: {e.reason}") from None
         last = result.steps[-1]
-        log = (last.stdout + last.stderr)[-500:]
+        detail: dict[str, Any] = {"stage": "tests", "exit": last.exit_code, "log": (last.stdout + last.stderr)[-500:]}
         if last.name != "tests":
-            return Verdict(0.0, {"stage": f"{last.name} does not apply", "log": log})
-        return Verdict(1.0 if last.exit_code == 0 and not last.timed_out else 0.0,
-                       {"stage": "tests", "exit": last.exit_code, "log": log})
+            return Verdict(0.0, {**detail, "stage": f"{last.name} does not apply"})
+        if last.exit_code != 0 or last.timed_out:
+            return Verdict(0.0, detail)
+        if not pytest:
+            return Verdict(1.0, detail)
+        report = next((f.text for f in result.files if f.path == _JUNIT and f.text), None)
+        try:
+            cases = junit(report, "pytest").cases if report else []
+        except ReportError:
+            cases = []
+        passed = {c.name.split("[")[0].rsplit("::", 1)[-1].rsplit(".", 1)[-1] for c in cases if c.outcome == "passed"}
+        missing = sorted(_added_tests(check.test_patch) - passed)
+        failing = [c.name for c in cases if c.outcome in ("failed", "error")]
+        if not cases or missing or failing:
+            return Verdict(0.0, {**detail, "stage": "report", "missing": missing[:10], "failing": failing[:10],
+                                 "report": bool(cases)})
+        return Verdict(1.0, {**detail, "passed": len(passed)})
 
     async def close(self) -> None:
         pass
+
+
+_JUNIT = "/tmp/kiln-reports/swe-junit.xml"
+_ADDED_TEST = re.compile(r"^\+\s*(?:async\s+)?def\s+(test\w*)\s*\(", re.MULTILINE)
+
+
+def _added_tests(test_patch: str) -> set[str]:
+    """The test functions a test patch adds (or rewrites): what the task says done means."""
+    return set(_ADDED_TEST.findall(test_patch))
 
 
 BUILT_IN: dict[str, Callable[[VerifierContext], Verifier]] = {

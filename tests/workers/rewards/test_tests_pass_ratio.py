@@ -23,6 +23,7 @@ BREAK_MUL = """--- a/calc/__init__.py
 -    return a * b
 +    return a + b
 """
+EXIT_ZERO = BREAK_MUL.replace("@@ -9,4 +9,4 @@", "@@ -9,4 +9,6 @@") + "+import os\n+os._exit(0)\n"
 ADD_TEST = """--- /dev/null
 +++ b/tests/test_sub.py
 @@ -0,0 +1,5 @@
@@ -62,9 +63,10 @@ def test_a_batch_is_scored_by_the_repository_tests(stage_topics: Callable[..., K
                       f"<patch>\n{BREAK_MUL}{_new_file('conftest.py', FORGE)}</patch>",
                       f"<patch>\n{BREAK_MUL}{_new_file('calc/conftest.py', FORGE, ('x', 'y'))}</patch>",
                       f"<patch>\n{BREAK_MUL}{_new_file('pytest.ini', INI)}</patch>",
-                      f"<patch>\n{_new_file('sitecustomize.py', 'import os')}</patch>"]
+                      f"<patch>\n{_new_file('sitecustomize.py', 'import os')}</patch>",
+                      f"<patch>\n{EXIT_ZERO}</patch>"]  # ends pytest with 0 before any test ran
             scores = reward(honest + forged, prompt=[f"p{i}" for i in range(len(honest) + len(forged))])
         finally:
             reward.close()
     # mul broken: 1 of 2 tests pass; nothing applies: 0; an unrelated new module: 2 of 2; every forgery: 0.
-    assert scores == [0.5, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert scores == [0.5, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
