@@ -9,6 +9,12 @@ and the cluster size is the larger of the two — what KEDA does with a metrics-
 
     python -m bench.autoscale                       # both, METRIC lines
     python -m bench.autoscale --skip-local          # simulation only (seconds)
+    python -m bench.autoscale --baseline            # also the spike on one worker, measured here
+
+The ``sim_*`` figures, the CPU-only baseline among them, come from the simulation only: an HPA needs a cluster.
+What this machine measures is ``local_*``: ``local_peak_workers`` counts workers seen running jobs at the same
+moment in the sleep journal (``local_peak_workers_decided`` is the autoscaler's largest decision), and
+``--baseline`` measures the same spike with one worker.
 """
 
 from __future__ import annotations
@@ -172,7 +178,36 @@ def local_run(settings: KilnSettings, work: Path, *, jobs: int, job_s: float, sl
     lines = [line.split() for line in journal.read_text().splitlines()] if journal.exists() else []
     return {"ok": ok, "clear_s": clear_s, "scaledown_s": scaledown_s, "decisions": entries,
             "starts": [w[1] for w in lines if w[0] == "start"], "ends": [w[1] for w in lines if w[0] == "end"],
-            "peak_workers": max(e["decision"]["chosen"] for e in entries), "audit": Autoscaler.audit(entries)}
+            "jobs_by_worker": jobs_by_worker(lines), "peak_workers_observed": peak_workers_observed(lines),
+            "peak_workers_decided": max(e["decision"]["chosen"] for e in entries),
+            "audit": Autoscaler.audit(entries)}
+
+
+def jobs_by_worker(journal: list[list[str]]) -> dict[str, int]:
+    """Jobs each worker ran to the end, from the sleep journal's ``end <request> <worker> ...`` lines."""
+    counts: dict[str, int] = {}
+    for event, _request, worker, *_ in journal:
+        if event == "end":
+            counts[worker] = counts.get(worker, 0) + 1
+    return counts
+
+
+def peak_workers_observed(journal: list[list[str]]) -> int:
+    """The most workers that had a job running at the same moment, from the journal (what ran, not what the
+    autoscaler decided): each job is an interval from its ``start`` to its ``end`` line."""
+    started: dict[tuple[str, str], float] = {}
+    events: list[tuple[float, int, str]] = []
+    for event, request, worker, _attempt, at in journal:
+        if event == "start":
+            started[(request, worker)] = float(at)
+        elif event == "end" and (request, worker) in started:
+            events += [(started.pop((request, worker)), 1, worker), (float(at), -1, worker)]
+    busy: dict[str, int] = {}
+    peak = 0
+    for _at, delta, worker in sorted(events, key=lambda e: (e[0], e[1])):  # an end before a start at one instant
+        busy[worker] = busy.get(worker, 0) + delta
+        peak = max(peak, sum(1 for n in busy.values() if n > 0))
+    return peak
 
 
 def main() -> None:
@@ -184,6 +219,7 @@ def main() -> None:
     parser.add_argument("--tick-s", type=float, default=10.0)
     parser.add_argument("--goal-minutes", type=float, default=1.0)
     parser.add_argument("--max-workers", type=int, default=8)
+    parser.add_argument("--baseline", action="store_true", help="Also run the spike on one worker (measured).")
     args = parser.parse_args()
     cfg = SimConfig()
     seed, cpu = simulate(cfg, seed_rule=True), simulate(cfg, seed_rule=False)
@@ -193,10 +229,19 @@ def main() -> None:
     if not math.isnan(cpu["scaleup_1_to_100_s"]):  # the CPU trigger alone rarely gets there before the queue clears
         metrics["sim_cpu_only_scaleup_1_to_100_s"] = cpu["scaleup_1_to_100_s"]
     if not args.skip_local:
+        if args.baseline:  # the same spike with the autoscaler capped at one worker: what not scaling costs here
+            with tempfile.TemporaryDirectory() as tmp:
+                fixed = local_run(broker(), Path(tmp), jobs=args.jobs, job_s=args.job_s, slots=args.slots,
+                                  tick_s=args.tick_s, goal_minutes=args.goal_minutes, max_workers=1)
+            metrics["local_one_worker_queue_clear_s"] = fixed["clear_s"]
         with tempfile.TemporaryDirectory() as tmp:
             run = local_run(broker(), Path(tmp), jobs=args.jobs, job_s=args.job_s, slots=args.slots,
                             tick_s=args.tick_s, goal_minutes=args.goal_minutes, max_workers=args.max_workers)
-        metrics |= {"local_queue_clear_s": run["clear_s"], "local_peak_workers": float(run["peak_workers"]),
+        metrics |= {"local_queue_clear_s": run["clear_s"],
+                    # observed: workers with a job running at once (journal); decided: the autoscaler's largest ask
+                    "local_peak_workers": float(run["peak_workers_observed"]),
+                    "local_peak_workers_decided": float(run["peak_workers_decided"]),
+                    "local_workers_that_ran_jobs": float(len(run["jobs_by_worker"])),
                     "local_scaledown_s": run["scaledown_s"], "local_lost_jobs": float(args.jobs - len(run["ok"])),
                     "local_jobs_run_twice": float(len(run["starts"]) - len(set(run["starts"]))),
                     "local_decisions_not_recomputable": float(len(run["audit"]))}

@@ -12,8 +12,9 @@ Usage: python -m bench.builder
 each project ingested through Saucer and built cold by the rules alone (``--agent``: the deterministic agent on what
 the rules could not build). A project counts as usable only when kiln's image ran its tests with ≥ 1 passing and
 kiln executed ≥ 80 % of the tests its human-known command runs (that command run in the same image, its count read
-from the tool's own summary). Prints ``build_success_rate_real`` (overall, per system, rules vs agent), failures per
-class, and the per-project table.
+from the tool's own summary; a summary that does not parse counts as not usable). Every project of the corpus is
+in the denominator, those rejected before the build (fetch or checksum failures) included. Prints
+``build_success_rate_real`` (overall, per system, rules vs agent), failures per class, and the per-project table.
 """
 
 from __future__ import annotations
@@ -85,15 +86,21 @@ class RealOutcome:
 
     @property
     def usable(self) -> bool:
-        """Built, ≥ 1 test passed, and kiln ran ≥ 80 % of what the human-known command runs."""
+        """Built, ≥ 1 test passed, and kiln ran ≥ 80 % of what the human-known command runs. A human count of 0
+        (its summary did not parse, or it ran nothing) leaves nothing to compare with: not usable."""
         tests = self.event.tests
-        return bool(self.event.usable and tests and tests.passed >= 1
+        return bool(self.event.usable and tests and tests.passed >= 1 and self.human > 0
                     and tests.passed + tests.failed >= 0.8 * self.human)
 
     @property
     def outcome(self) -> str:
-        return "usable" if self.usable else (self.event.failure or ("too few tests" if self.event.usable else
-                                                                     "failed"))
+        if self.usable:
+            return "usable"
+        if self.event.failure:
+            return self.event.failure
+        if not self.event.usable:
+            return "failed"
+        return "human count unparsed" if self.human == 0 else "too few tests"
 
 
 async def build_real(project: Project, source: Path, store: SaucerStore, client: Any, work: Path,
@@ -133,8 +140,10 @@ async def real(with_agent: bool, only: list[str]) -> None:
             progress.update(task, description=f"{project.ecosystem} {project.name}")
             try:
                 source = prepare(project)
-            except Exception as e:
+            except Exception as e:  # still a project of the corpus: it counts, as not usable
                 rows.append((project.slug, project.system, "rejected", "", "", "", str(e)[:60]))
+                counted.setdefault(project.system, []).append(False)
+                failures["rejected"] = failures.get("rejected", 0) + 1
                 progress.advance(task)
                 continue
             result = await build_real(project, source, store, client, root / "work",

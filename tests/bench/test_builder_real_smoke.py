@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from bench.builder import build_real, human_count
+from bench.builder import RealOutcome, build_real, human_count
 from bench.corpus import prepare, projects
 from kiln.ingest.store import SaucerStore
+from kiln.schemas.builder import BuildEvent
+from kiln.schemas.reports import TestReport
 from kiln.streams.blobstore import FileBlobStore
 
 pytestmark = pytest.mark.docker
@@ -36,3 +38,13 @@ def test_human_counts_come_from_each_tool_summary() -> None:
     assert human_count("npm", "TAP version 13\n# tests 9\n# pass  8\n# fail  1\n") == 9
     assert human_count("cmake", "100% tests passed, 0 tests failed out of 7\n") == 7
     assert human_count("autotools", "PASS: a\nFAIL: b\nSKIP: c\n# TOTAL: 3\n") == 2
+
+
+def test_a_build_counts_usable_only_against_a_parsed_human_count() -> None:
+    tests = TestReport(runner="cargo test", passed=5, failed=0)
+    built = BuildEvent(repository="corpus/x", revision="HEAD", commit="0" * 40, rules_version=1, status="built",
+                       usable=True, tests=tests)
+    assert RealOutcome(built, human=5, seconds=1).usable
+    assert not RealOutcome(built, human=7, seconds=1).usable  # 5 of 7: under 80 %
+    unparsed = RealOutcome(built, human=0, seconds=1)
+    assert not unparsed.usable and unparsed.outcome == "human count unparsed"
