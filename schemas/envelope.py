@@ -40,8 +40,9 @@ def new_request_id() -> str:
     return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
 
 
-def request_id_ms(request_id: str) -> int | None:
-    """The millisecond timestamp of a ULID request id (``new_request_id``); None for any other id."""
+def request_id_value(request_id: str) -> int | None:
+    """A ULID request id as its 128-bit number: ordered by time, then (ids of one client process, which
+    ``new_request_id`` keeps monotonic) by issue; None for any other id."""
     if len(request_id) != 26:
         return None
     value = 0
@@ -50,7 +51,13 @@ def request_id_ms(request_id: str) -> int | None:
         if digit < 0:
             return None
         value = value * 32 + digit
-    return value >> 80
+    return value
+
+
+def request_id_ms(request_id: str) -> int | None:
+    """The millisecond timestamp of a ULID request id (``new_request_id``); None for any other id."""
+    value = request_id_value(request_id)
+    return None if value is None else value >> 80
 
 
 def utcnow() -> datetime:

@@ -48,6 +48,7 @@ from docker.errors import APIError, DockerException, NotFound
 from docker.types import Mount
 from docker.utils.socket import consume_socket_output, demux_adaptor, frames_iter
 
+from kiln.schemas.envelope import request_id_value
 from kiln.schemas.exec import CommandOutput, ExecRequest, ExecResult, FileContent, SessionLimits
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import BlobNotFound, ConfigError, InfraError, RoutineJobError
@@ -111,23 +112,6 @@ HANDOVER_RESULTS = 256  # results a hand-over carries to the next owner
 MAX_IMAGE_VOLUMES = 64  # paths an image may declare as volumes
 
 
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-
-
-def ulid_value(request_id: str) -> int | None:
-    """A ULID request id as its 128-bit number: ordered by time, then (ids of one client process, which
-    ``new_request_id`` keeps monotonic) by issue; None for any other id."""
-    if len(request_id) != 26:
-        return None
-    value = 0
-    for ch in request_id.upper():
-        digit = _CROCKFORD.find(ch)
-        if digit < 0:
-            return None
-        value = value * 32 + digit
-    return value
-
-
 def result_bytes(result: ExecResult) -> int:
     """What a remembered result weighs: its JSON form (the form a hand-over stores too)."""
     return len(result.model_dump_json())
@@ -162,7 +146,7 @@ class Session:
         """The first result of ``request_id`` if it ran here; SessionDenied if it is too old to tell."""
         if request_id in self.results:
             return self.results[request_id]
-        value = ulid_value(request_id)
+        value = request_id_value(request_id)
         if value is None:
             raise SessionDenied("session requests need ULID request ids (replays are judged by their time)")
         if value <= self.forgotten:
@@ -190,7 +174,7 @@ class Session:
         old, _ = self.results.popitem(last=False)
         size = self.sizes.pop(old, 0)
         self.cached_bytes -= size
-        self.forgotten = max(self.forgotten, ulid_value(old) or 0)
+        self.forgotten = max(self.forgotten, request_id_value(old) or 0)
         return size
 
     def handover_state(self, keep: int = HANDOVER_RESULTS) -> tuple[int, list[tuple[str, ExecResult]]]:
@@ -200,7 +184,7 @@ class Session:
         items = list(self.results.items())
         carried = items[-keep:] if keep > 0 else []
         dropped = items[:len(items) - len(carried)]
-        forgotten = max([self.forgotten, *((ulid_value(rid) or 0) for rid, _ in dropped)])
+        forgotten = max([self.forgotten, *((request_id_value(rid) or 0) for rid, _ in dropped)])
         return forgotten, carried
 
 

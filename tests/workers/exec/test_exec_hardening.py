@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from docker.errors import NotFound
 
-from kiln.schemas.envelope import new_request_id
+from kiln.schemas.envelope import new_request_id, request_id_value
 from kiln.schemas.exec import CommandOutput, ExecResult, SessionLimits
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
@@ -27,7 +27,6 @@ from kiln.workers.exec.sessions import (
     SessionDenied,
     SessionManager,
     result_bytes,
-    ulid_value,
 )
 from kiln.workers.exec.stage import _namespace, _owner_alive
 from tests.workers.exec.conftest import exec_worker, session_containers
@@ -74,7 +73,7 @@ def test_replay_cache_is_bounded_in_bytes_and_refuses_what_it_forgot() -> None:
 
 def test_ids_issued_in_one_millisecond_are_told_apart() -> None:
     """Pipelined ids often share their millisecond: forgetting one must not refuse a later one not yet run."""
-    ms = (ulid_value(new_request_id()) or 0) >> 80
+    ms = (request_id_value(new_request_id()) or 0) >> 80
     ids = [_ulid((ms << 80) | (i << 40)) for i in range(50)]  # as new_request_id issues them within one ms
     session = _session(max_bytes=1 << 20)
     session.remember(ids[0], _result(10))
@@ -91,7 +90,7 @@ def test_hand_over_watermark_covers_every_result_not_carried() -> None:
         session.remember(rid, _result(10))
     forgotten, carried = session.handover_state(keep=256)
     assert [rid for rid, _ in carried] == ids[-256:]
-    assert forgotten == ulid_value(ids[43])  # the newest of those left behind
+    assert forgotten == request_id_value(ids[43])  # the newest of those left behind
     successor = _session(max_bytes=1 << 30)
     successor.forgotten = forgotten
     for rid, result in carried:
