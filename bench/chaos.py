@@ -4,16 +4,23 @@ mixed in; then count what was lost, delivered twice, re-run, and whether the sta
 It runs on a broker of its own (``--port``, default 19092, data under the kiln run directory), so the restart never
 disturbs anything else. ``sleep`` workers journal every start and end; the client submits open loop and never
 stops on errors; poison goes straight to the request topic (a deadline without a timezone, 5 MB of bytes, a
-reply_to partition or topic that does not exist, garbage, an envelope without its payload). Every ``--kill-every``
-seconds one worker is SIGKILLed and replaced; at a sixth the results topic refuses every write for
-``--results-outage`` seconds (``min.insync.replicas`` above its replication factor: producers get NOT_ENOUGH_REPLICAS
-and keep retrying); halfway the broker is stopped for 5 s; at two thirds the client closes and a new process-local
-client with the same id takes over (what the old one had not received comes through ``unclaimed()``).
+reply_to partition or topic that does not exist, garbage, an envelope without its payload; keys, headers and values
+up to 1.2 MB in every combination; reply addresses librdkafka refuses (600 characters, a NUL byte); no reply address,
+or the request topic as one; a payload only a coercion would accept; a claim check that decompresses past the bound).
+Every ``--kill-every`` seconds one worker is SIGKILLed and replaced; at a sixth the results topic refuses every write
+for ``--results-outage`` seconds (``min.insync.replicas`` above its replication factor: producers get
+NOT_ENOUGH_REPLICAS and keep retrying); halfway the broker is stopped for 5 s; at two thirds the client closes and a
+new process-local client with the same id takes over (what the old one had not received comes through
+``unclaimed()``). A second client, its clock an hour behind, sends requests with 300 s deadlines to a results topic of
+its own from just before the broker stops (the workers' first lookups of that topic meet no broker); a third, on a
+results topic made after the broker restart, sees it deleted at five sixths (once its results are in), sends
+requests while it is gone, and sees it created again.
 
 Prints ``chaos_lost_results`` (good requests never delivered), ``chaos_duplicate_deliveries`` (request ids
 delivered more than once, across both client lives), ``chaos_reexecuted_per_kill`` (extra starts ÷ kills),
 ``chaos_reexecuted_finished`` (jobs started again after they had ended), ``chaos_stage_halts`` (workers that exited
-without being killed), and the counts behind them.
+without being killed), ``chaos_skewed_expired`` (the skewed client's requests answered 'expired'), and the counts
+behind them. The storm's broker is stopped when it ends.
 Usage: python -m bench.chaos [--seconds 300] [--kill-every 5] [--workers 3] [--rate 20]
 """
 
@@ -31,18 +38,20 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import zstandard
 from confluent_kafka import Producer
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from bench.common import console, report
 from kiln.schemas.builtin import SleepRequest
 from kiln.schemas.envelope import RequestEnvelope, ResultEnvelope, new_request_id
-from kiln.streams import admin
+from kiln.streams import admin, codec
+from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.client import KilnClient
-from kiln.streams.errors import KilnError
+from kiln.streams.errors import InfraError, KilnError
 from kiln.streams.processes import WorkerProcess
 from kiln.streams.settings import KilnSettings
-from kiln.streams.stage import TopicSpec
+from kiln.streams.stage import BROKER_TIME, TopicSpec
 
 KAFKA = Path(__file__).resolve().parents[1] / "infra" / "kafka" / "kafka.sh"
 
@@ -70,8 +79,13 @@ def _min_insync(settings: KilnSettings, topic: str, replicas: int, patience_s: f
             time.sleep(1)
 
 
-def poison(results: str) -> list[bytes]:
-    """One message of each poison class."""
+Poison = tuple[bytes, bytes | None, list[tuple[str, bytes]] | None]
+"""A record's value, key and headers."""
+BIG = 1_200_000
+
+
+def poison(request: str, results: str, store: FileBlobStore) -> list[Poison]:
+    """One record of each poison class."""
     def envelope(**changes: object) -> bytes:
         body = json.loads(RequestEnvelope(kind="sleep", client_id="mallory", payload={}).model_dump_json())
         body["reply_to"] = {"topic": results, "key": "mallory", "partition": 0}
@@ -80,9 +94,25 @@ def poison(results: str) -> list[bytes]:
 
     no_payload = json.loads(envelope().decode())
     del no_payload["payload"]
-    return [envelope(deadline="2030-01-01T00:00:00"), b"x" * 5_000_000,
-            envelope(reply_to={"topic": results, "key": "m", "partition": 999}),
-            envelope(reply_to={"topic": "no-such-topic", "key": "m"}), b"\x00garbage", json.dumps(no_payload).encode()]
+    no_reply = json.loads(envelope().decode())
+    del no_reply["reply_to"]
+    bomb = store.put(zstandard.ZstdCompressor().compress(b"\0" * (codec.CLAIM_CHECK_MAX_BYTES + (1 << 20))))
+    claim_bomb = {**no_payload, "claim_check": {"digest": bomb.digest, "size": bomb.size}}
+    values = [envelope(deadline="2030-01-01T00:00:00"), b"x" * 5_000_000,
+              envelope(reply_to={"topic": results, "key": "m", "partition": 999}),
+              envelope(reply_to={"topic": "no-such-topic", "key": "m"}), b"\x00garbage",
+              json.dumps(no_payload).encode(), envelope(reply_to={"topic": "r" * 600, "key": "m"}),
+              envelope(reply_to={"topic": "bad\x00topic", "key": "m"}), json.dumps(no_reply).encode(),
+              envelope(reply_to={"topic": request, "key": "m", "partition": 0}), envelope(payload={"seconds": True}),
+              json.dumps(claim_bomb).encode()]
+    oversized: list[Poison] = [
+        (b"\x00garbage", b"k" * BIG, None),  # a malformed value with a 1.2 MB key
+        (b"\x00garbage", b"m", [("big", b"h" * BIG)]),  # one 1.2 MB header
+        (b"v" * 899_000, b"m", [("h", b"h" * 200_000)]),  # an 899 KB malformed value, a 200 KB header
+        (envelope(payload={"not_a_field": 1}), b"k" * BIG, None),  # a payload the model refuses, a 1.2 MB key
+        (b"x" * 5_000_000, b"k" * BIG, [("big", b"h" * BIG)]),  # everything large at once
+    ]
+    return [(value, None, None) for value in values] + oversized
 
 
 class Storm:
@@ -94,6 +124,9 @@ class Storm:
         self.halts = 0
         self.sent: set[str] = set()
         self.delivered: Counter[str] = Counter()
+        self.skewed_expired = 0
+        self.skewed_sent: set[str] = set()
+        self.failed: dict[str, str] = {}  # request id -> why its future failed
         self.poisoned = 0
         self.submitted_all = False
         self.settled = asyncio.Event()  # every request submitted and delivered
@@ -123,47 +156,116 @@ class Storm:
                 self.spawn()
                 next_kill += self.args.kill_every
 
-    async def submit(self, client: KilnClient, until: float, rng: random.Random) -> None:
+    async def submit(self, client: KilnClient, until: float, rng: random.Random, rate: float | None = None,
+                     poison_share: float | None = None, deadline_s: float | None = None) -> None:
         """Submit open loop until ``until``; each result is recorded the moment its future resolves (so one
         resolved while the client closes is counted too)."""
         producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "compression.type": "zstd",
                              "message.max.bytes": 10_000_000})
-        bad = poison(self.results)
+        bad = poison(self.request, self.results, FileBlobStore(self.settings.cache / "blobs"))
+        share = self.args.poison_share if poison_share is None else poison_share
         while time.monotonic() < until:
             request_id = new_request_id()
             try:
                 fut = await client.submit("sleep", SleepRequest(seconds=rng.uniform(0.02, 0.3)), topic=self.request,
-                                          request_id=request_id)
+                                          request_id=request_id, deadline_s=deadline_s)
             except KilnError:
                 await asyncio.sleep(0.1)
                 continue
             self.sent.add(request_id)
-            fut.add_done_callback(self.record_future)
-            if rng.random() < self.args.poison_share:
-                producer.produce(self.request, bad[self.poisoned % len(bad)])
+            if deadline_s is not None:  # only the skewed client sends deadlines
+                self.skewed_sent.add(request_id)
+            fut.add_done_callback(lambda f, rid=request_id: self.record_future(f, rid))  # type: ignore[misc]
+            if rng.random() < share:
+                value, key, headers = bad[self.poisoned % len(bad)]
+                producer.produce(self.request, value, key=key, headers=headers)
                 self.poisoned += 1
             producer.poll(0)
-            await asyncio.sleep(1 / self.args.rate)
+            await asyncio.sleep(1 / (rate or self.args.rate))
         producer.flush(30)
 
     def record(self, envelope: ResultEnvelope) -> None:
         self.delivered[envelope.request_id] += 1
+        self.skewed_expired += envelope.status == "expired"  # only the skewed client sends deadlines
         if self.submitted_all and len(self.delivered) >= len(self.sent):
             self.settled.set()
 
-    def record_future(self, fut: asyncio.Future[ResultEnvelope]) -> None:
-        if not fut.cancelled() and fut.exception() is None:
+    def record_future(self, fut: asyncio.Future[ResultEnvelope], request_id: str) -> None:
+        if fut.cancelled():
+            return
+        error = fut.exception()
+        if error is None:
             self.record(fut.result())
+        elif isinstance(error, KilnError):
+            self.failed[request_id] = f"{type(error).__name__}: {error}"
+
+    async def side_client(self, results: str, start: float | asyncio.Event, end: float, *, skewed: bool,
+                          recreate_at: float | None = None) -> None:
+        """A second client on a results topic of its own, from ``start`` (a time, or an event) to ``end``.
+        ``skewed``: its clock an hour behind, 300 s deadlines. ``recreate_at``: then, once its results are in, the topic
+        is deleted (created first if it is not there yet), requests are sent while it is gone, and it is created
+        again: they must all arrive."""
+        if isinstance(start, asyncio.Event):
+            await start.wait()
+            await asyncio.to_thread(admin.create_topics, self.settings, [TopicSpec(results, 4, BROKER_TIME)])
+        else:
+            await asyncio.sleep(max(0.0, start - time.monotonic()))
+        rng = random.Random(11)
+        client = KilnClient(self.settings, f"chaos-side-{uuid.uuid4().hex[:6]}", results_topic=results,
+                            max_in_flight=100_000, clock=(lambda: time.time() - 3600) if skewed else time.time)
+        rate = max(1.0, self.args.rate / 4)
+        # Shorter than the skew, so a deadline compared across the two clocks would expire every request; longer than
+        # the storm's real delays (the group takes up to a minute to recover from the broker restart).
+        deadline_s = 300.0 if skewed else None
+        try:
+            if recreate_at is not None:
+                recreate_at = max(recreate_at, time.monotonic() + 2)  # some results before the topic goes
+                await self.submit(client, recreate_at, rng, rate=rate, poison_share=0, deadline_s=deadline_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(client.settled(), 60)
+                console.print(f"results topic {results}: deleted")
+                await asyncio.to_thread(admin.delete_topics, self.settings, [results])
+                await self.submit(client, time.monotonic() + 1, rng, rate=rate, poison_share=0, deadline_s=deadline_s)
+                await asyncio.to_thread(_create_again, self.settings, TopicSpec(results, 4, BROKER_TIME))
+                console.print(f"results topic {results}: created again")
+            await self.submit(client, end, rng, rate=rate, poison_share=0, deadline_s=deadline_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(client.settled(), self.args.settle)
+        finally:
+            await client.close()
+
+
+def _create_again(settings: KilnSettings, spec: TopicSpec, patience_s: float = 60.0) -> None:
+    """Create a topic just deleted (the broker frees the name a moment later)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            if admin.create_topics(settings, [spec]).get(spec.name) == "created":
+                return
+        except InfraError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
 
 
 async def run(args: argparse.Namespace) -> dict[str, float]:
+    """The storm on its own broker, which is stopped when it ends (also when it fails half-way)."""
     broker(args.port, "start")
+    try:
+        return await _storm(args)
+    finally:
+        broker(args.port, "stop")
+
+
+async def _storm(args: argparse.Namespace) -> dict[str, float]:
     settings = KilnSettings(bootstrap_servers=f"127.0.0.1:{args.port}",
                             cache=Path(os.environ.get("KILN_CACHE", Path.home() / ".cache/kiln")) / "chaos")
     admin.wait_for_broker(settings)
     tag = uuid.uuid4().hex[:8]
     request, results = f"chaos-{tag}", f"chaos-{tag}-results"
-    admin.create_topics(settings, [TopicSpec(request, 8), TopicSpec(f"{request}.dlq", 1), TopicSpec(results, 4)])
+    skewed_results, recreated_results = f"chaos-{tag}-skewed-results", f"chaos-{tag}-recreated-results"
+    admin.create_topics(settings, [TopicSpec(request, 8, BROKER_TIME), TopicSpec(f"{request}.dlq", 1),
+                                   TopicSpec(results, 4, BROKER_TIME), TopicSpec(skewed_results, 4, BROKER_TIME)])
     journal = settings.cache / f"journal-{tag}"
     journal.parent.mkdir(parents=True, exist_ok=True)
     storm = Storm(settings, args, request, results, journal)
@@ -178,6 +280,8 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         stop_supervising = asyncio.Event()
         supervisor = asyncio.create_task(storm.supervise(end, stop_supervising))
 
+        restarted = asyncio.Event()
+
         async def restart_broker() -> None:
             await asyncio.sleep(args.seconds / 2)
             console.print("broker: stop")
@@ -185,6 +289,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             await asyncio.sleep(5)
             await asyncio.to_thread(broker, args.port, "start")
             console.print("broker: started again")
+            restarted.set()
 
         async def results_outage() -> None:
             # Over well before the broker restart: a broker stopped while a topic demands more in-sync replicas than it
@@ -198,6 +303,13 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
 
         restart = asyncio.create_task(restart_broker())
         outage = asyncio.create_task(results_outage())
+        # The skewed client's topic is first used just before the broker stops; the re-created one is made after
+        # the restart: librdkafka's producer ignores a re-created topic's partitions when the broker restarted since
+        # it cached the old ones (their leader epochs start again at 0: confluentinc/librdkafka#4898).
+        sides = [asyncio.create_task(storm.side_client(skewed_results, started + args.seconds / 2 - 1, end,
+                                                       skewed=True)),
+                 asyncio.create_task(storm.side_client(recreated_results, restarted, end, skewed=False,
+                                                       recreate_at=started + args.seconds * 5 / 6))]
         client_id = f"chaos-trainer-{tag}"
         first = KilnClient(settings, client_id, results_topic=results, max_in_flight=100_000)
         await storm.submit(first, started + args.seconds * 2 / 3, rng)
@@ -216,6 +328,8 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         storm.submitted_all = True
         await restart
         await outage
+        for side in sides:
+            await side
         if len(storm.delivered) >= len(storm.sent):
             storm.settled.set()
         with contextlib.suppress(TimeoutError):
@@ -230,8 +344,12 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         # supervisor cannot respawn one meanwhile; asyncio.run cancels it afterwards).
         for w in storm.workers:
             w.stop(10)
-    admin.delete_topics(settings, [request, f"{request}.dlq", results])
+    admin.delete_topics(settings, [request, f"{request}.dlq", results, skewed_results, recreated_results])
 
+    lost = storm.sent - set(storm.delivered)
+    if lost:
+        console.print(f"[red]lost {len(lost)}[/] ({len(lost & storm.skewed_sent)} of the skewed client's): "
+                      f"{Counter(storm.failed.get(rid, 'no answer').split(':')[0] for rid in lost)}")
     starts: Counter[str] = Counter()
     reruns_after_end = 0
     ended: set[str] = set()
@@ -244,11 +362,12 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             ended.add(rid)
     extra_starts = sum(starts.values()) - len(starts)
     return {
-        "chaos_lost_results": float(len(storm.sent - set(storm.delivered))),
+        "chaos_lost_results": float(len(lost)),
         "chaos_duplicate_deliveries": float(sum(1 for n in storm.delivered.values() if n > 1)),
         "chaos_reexecuted_per_kill": round(extra_starts / max(1, storm.killed), 3),
         "chaos_reexecuted_finished": float(reruns_after_end),
         "chaos_stage_halts": float(storm.halts),
+        "chaos_skewed_expired": float(storm.skewed_expired),
         "chaos_requests": float(len(storm.sent)),
         "chaos_kills": float(storm.killed),
         "chaos_poison_messages": float(storm.poisoned),
