@@ -298,10 +298,18 @@ func runStep(c *call, s step) stepResult {
 	cmd.Dir = dir
 	cmd.Env = baseEnv(c.Env)
 	cmd.Stdout, cmd.Stderr = outW, errW
-	var stdinData []byte
 	if s.Stdin != nil {
-		stdinData, _ = base64.StdEncoding.DecodeString(*s.Stdin)
-		cmd.Stdin = bytes.NewReader(stdinData)
+		input, err := stdinFile(*s.Stdin)
+		if err != nil {
+			outR.Close()
+			errR.Close()
+			outW.Close()
+			errW.Close()
+			res.Stderr = base64.StdEncoding.EncodeToString([]byte("kiln: the step's stdin: " + err.Error()))
+			return res
+		}
+		defer input.Close()
+		cmd.Stdin = input
 	}
 	stdout, stderr := &capped{cap: c.Cap}, &capped{cap: c.Cap}
 	var readers sync.WaitGroup
@@ -348,6 +356,29 @@ func runStep(c *call, s step) stepResult {
 	res.Stderr = base64.StdEncoding.EncodeToString(stderr.buf.Bytes())
 	res.StdoutTruncated, res.StderrTruncated = stdout.cut, stderr.cut
 	return res
+}
+
+// stdinFile: the step's stdin as a read-only descriptor of an unlinked file in /kiln (root's), so no copying
+// goroutine and no pipe outlive a step that never reads it.
+func stdinFile(encoded string) (*os.File, error) {
+	data, err := base64.StdEncoding.DecodeString(encoded)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.CreateTemp("/kiln", "stdin-*")
+	if err != nil {
+		return nil, err
+	}
+	name := f.Name()
+	defer os.Remove(name)
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return os.Open(name)
 }
 
 // untrustedPids lists the live (not zombie) processes of uid 1000 in this container.
