@@ -11,6 +11,16 @@
    measured ÷ wall-clock, and ``decode_tokens_per_s_during_update`` ÷ ``decode_tokens_per_s_outside_updates``
    (tokens the server sampled while weights arrived into the staging buffer, per second of arriving, against the
    rest) as ``decode_rate_ratio_during_update``.
+The pause and rate figures above are the server's own account. The client side measures them too, with a probe: a
+client process of its own sending one-token completions back to back next to the load (which then keeps 31
+sequences generating, so the probe has the 32nd place in the batch). A probe in flight during an update waits out
+any stall of decoding: ``weight_update_stall_ms_client_p50_<size>`` / ``_p99_<size>`` is, per update, the longest
+probe wait overlapping it beyond the probes' median wait outside updates, and ``inference_stalled_fraction_client``
+is their sum over the trainer run ÷ wall-clock. ``decode_tokens_per_s_client`` is the tokens of the load's
+completions that came back during the trainer run, counted by the client, ÷ its wall-clock, against
+``decode_tokens_per_s_client_no_updates`` (the same load for the same time just before, with no update):
+``decode_rate_ratio_with_updates_client``. (Tokens count when their completion comes back: give the run more
+seconds than a completion takes.)
 Usage: python -m bench.inference [--quick]   (--quick: 0.1M and 10M only, shorter run)
 """
 
@@ -19,6 +29,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -68,6 +80,49 @@ class Load:
         raise TimeoutError(f"{self.n} sequences never ran together")
 
 
+_PROBE = """
+import signal, sys, time
+import httpx
+url, out = sys.argv[1], sys.argv[2]
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+with httpx.Client(base_url=url, timeout=600) as client, open(out, "w") as spans:
+    while not stop:
+        sent = time.monotonic()
+        client.post("/v1/completions", json={"prompt": "def f(x):", "max_tokens": 1}).raise_for_status()
+        spans.write(f"{sent} {time.monotonic()}\\n")
+        spans.flush()
+"""
+
+
+class Probe:
+    """A client process of its own (so the trainer's work in this one cannot slow it) sending one-token completions
+    back to back: when each was sent and answered, on the system's monotonic clock (the one ``time.monotonic``
+    reads here too)."""
+
+    def __init__(self, url: str, log_dir: Path) -> None:
+        self.out = log_dir / f"probe-{time.monotonic_ns()}.txt"
+        self.proc = subprocess.Popen([sys.executable, "-c", _PROBE, url, str(self.out)])
+        self.spans: list[tuple[float, float]] = []
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait(60)
+        self.spans = [(float(a), float(b)) for a, b in (line.split() for line in self.out.read_text().splitlines())]
+
+    def stalls_ms(self, windows: list[tuple[float, float]]) -> list[float]:
+        """Per window (an update, by the trainer's clock): the longest wait of a probe in flight during it, beyond
+        the median wait of the probes that overlapped no window."""
+        def overlaps(span: tuple[float, float], window: tuple[float, float]) -> bool:
+            return span[0] < window[1] and window[0] < span[1]
+
+        quiet = [end - sent for sent, end in self.spans if not any(overlaps((sent, end), w) for w in windows)]
+        usual = median(quiet) if quiet else 0.0
+        return [max([0.0, *((end - sent - usual) * 1000 for sent, end in self.spans if overlaps((sent, end), w))])
+                for w in windows]
+
+
 async def throughput(served: ServerProcess) -> dict[str, float]:
     metrics = {}
     async with httpx.AsyncClient(base_url=served.url, timeout=600) as client:
@@ -87,30 +142,41 @@ async def pauses(size: str, config: ModelConfig, updates: int, log_dir: Path, st
     served.start()
     trainer = TinyLM(config)
     broadcaster = WeightBroadcaster([served.endpoint(timeout_s=300)], timeout_s=300)
-    load = Load(served.url, 32, config.max_len - 16)
+    load, probe = Load(served.url, 31, config.max_len - 16), None
     try:
         assert broadcaster.connect() == {}
         task = asyncio.create_task(load.run())
         await load.running(served)
-        paused, transfer = [], []
+        probe = Probe(served.url, log_dir)
+        await asyncio.sleep(1.0)  # probes with no update in flight: the usual wait
+        paused, transfer, windows = [], [], []
         for version in range(1, updates + 1):
             with torch.no_grad():
                 for p in trainer.parameters():
                     p.add_(0.001)
+            began = time.monotonic()
             update = await asyncio.to_thread(broadcaster.update, trainer.named_parameters(), version)
+            windows.append((began, time.monotonic()))
             timing = update.timings[served.url]
             paused.append(timing.paused_ms)
             transfer.append(timing.transfer_ms)
+            await asyncio.sleep(0.2)  # quiet probes between updates
+        probe.stop()
         load.stopping = True
         await task
     finally:
+        if probe is not None:
+            probe.stop()
         broadcaster.close()
         served.stop()
     suffix = size if staging else f"{size}_direct"
     params = sum(p.numel() for p in trainer.parameters())
     console.print(f"{size}: {params / 1e6:.1f}M parameters, {updates} updates, staging={staging}")
+    stalls = probe.stalls_ms(windows)
     return {f"weight_update_pause_ms_p50_{suffix}": median(paused),
             f"weight_update_pause_ms_p99_{suffix}": percentile(paused, 0.99),
+            f"weight_update_stall_ms_client_p50_{suffix}": median(stalls),
+            f"weight_update_stall_ms_client_p99_{suffix}": percentile(stalls, 0.99),
             f"weight_update_transfer_ms_p50_{suffix}": median(transfer)}
 
 
@@ -128,13 +194,20 @@ async def trainer_run(seconds: float, log_dir: Path) -> tuple[dict[str, float], 
     model = TinyLM(config)
     optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
     broadcaster = WeightBroadcaster([served.endpoint(timeout_s=120)], timeout_s=120)
-    load = Load(served.url, 32, 256)
+    load, probe = Load(served.url, 31, 256), None
     losses: list[float] = []
     paused_ms = 0.0
+    windows: list[tuple[float, float]] = []
     try:
         assert broadcaster.connect() == {}
         task = asyncio.create_task(load.run())
         await load.running(served)
+        probe = Probe(served.url, log_dir)
+        # The same load for the same time with no update: the client's baseline rate.
+        quiet_tokens, quiet_started = load.tokens, time.perf_counter()
+        await asyncio.sleep(seconds)
+        quiet_rate = (load.tokens - quiet_tokens) / (time.perf_counter() - quiet_started)
+        client_tokens = load.tokens
         before = {name: served.metric(name) for name in (
             "kiln_inference_generated_tokens_total", "kiln_inference_tokens_while_receiving_total",
             "kiln_inference_receiving_seconds_total")}
@@ -151,13 +224,19 @@ async def trainer_run(seconds: float, log_dir: Path) -> tuple[dict[str, float], 
                 return float(loss)
             losses.append(await asyncio.to_thread(step))
             version += 1
+            began = time.monotonic()
             update = await asyncio.to_thread(broadcaster.update, model.named_parameters(), version)
+            windows.append((began, time.monotonic()))
             paused_ms += update.timings[served.url].paused_ms
         wall = time.perf_counter() - started
         after = {name: served.metric(name) for name in before}
+        client_rate = (load.tokens - client_tokens) / wall
+        probe.stop()
         load.stopping = True
         await task
     finally:
+        if probe is not None:
+            probe.stop()
         broadcaster.close()
         served.stop()
     tokens = after["kiln_inference_generated_tokens_total"] - before["kiln_inference_generated_tokens_total"]
@@ -171,7 +250,10 @@ async def trainer_run(seconds: float, log_dir: Path) -> tuple[dict[str, float], 
                "decode_tokens_per_s_during_update": rate_during,
                "decode_tokens_per_s_outside_updates": rate_outside,
                "decode_rate_ratio_during_update": rate_during / rate_outside,
-               "trainer_steps": float(version)}
+               "trainer_steps": float(version),
+               "inference_stalled_fraction_client": sum(probe.stalls_ms(windows)) / 1000 / wall,
+               "decode_tokens_per_s_client": client_rate, "decode_tokens_per_s_client_no_updates": quiet_rate,
+               "decode_rate_ratio_with_updates_client": client_rate / quiet_rate if quiet_rate else float("nan")}
     notes = {"trainer loss (first → last step)": f"{losses[0]:.3f} → {losses[-1]:.3f}",
              "time receiving weights": f"{receiving_s / wall:.1%} of the run"}
     return metrics, notes
