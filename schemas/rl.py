@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class RolloutTask(BaseModel):
     """A prompt and what its verifier needs: ``verifier`` names one (built in: ``exact_match`` — the number a
     completion starts with equals ``answer``; ``exec``; ``lean``; or a ``kiln.verifiers`` entry point), ``check``
-    is what that verifier reads (see ``kiln.workers.rollout.verifiers``)."""
+    is what that verifier reads (see ``kiln.workers.verifiers``)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -28,7 +28,7 @@ from kiln.workers.exec.client import ExecClient
 from kiln.workers.inference.endpoints import KilnEndpoint
 from kiln.workers.rollout import spec
 from kiln.workers.rollout.episodes import Episode, Turn, run_episode
-from kiln.workers.rollout.verifiers import VerifierContext, Verifiers
+from kiln.workers.verifiers import VerifierContext, Verifiers
 
 
 class RolloutSettings(BaseSettings):

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import random
-import re
 from typing import Protocol
 
 from pydantic import BaseModel
 
 from kiln.schemas.rl import RolloutTask as Task
+from kiln.workers.verifiers import exact_match
+
+__all__ = ["Addition", "Problem", "Propositions", "RepositoryTasks", "TaskSource", "exact_match"]
 
 
 class TaskSource(Protocol):
@@ -130,12 +132,3 @@ class RepositoryTasks:
 
     def held_out(self) -> list[Task]:
         return [self.task(p) for p in self.problems]
-
-
-_LEADING = re.compile(r"\s*(-?\d+)")
-
-
-def exact_match(task: Task, completion: str) -> float:
-    """1.0 when the number the completion starts with is the answer ("7", "7 ", "7\n…" for 7; not "77", "x7")."""
-    found = _LEADING.match(completion)
-    return 1.0 if found is not None and found.group(1) == task.answer else 0.0

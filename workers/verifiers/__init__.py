@@ -1,5 +1,7 @@
 """Verifiers: a reward for every sample of a prompt group, computed by kiln's own stages through their client facades.
 
+A library (no spec): the rollout stage and the ``verify`` stage both use it, one implementation for both.
+
 - ``exact_match``: in process, the number a completion starts with equals the task's answer.
 - ``exec``: one exec ``run_once`` call checks a whole group — the groups and the task's checker files land in
   ``/work/.kiln-check`` of a warm runner, the checker runs once (see ``ExecCheck``), nothing of it outlives the call.
@@ -38,7 +40,6 @@ from kiln.workers.common.patches import APPLY_EXCLUDES, patch_text, protected_pa
 from kiln.workers.common.reports import ReportError, junit
 from kiln.workers.exec.client import ExecClient
 from kiln.workers.lean.client import LeanClient
-from kiln.workers.rollout.tasks import exact_match
 
 
 @dataclass
@@ -71,6 +72,15 @@ def checked(model: type[_M], task: RolloutTask) -> _M:
         return model.model_validate(task.check)
     except ValidationError as e:
         raise RoutineJobError(f"task {task.task_id}: check for {task.verifier!r} is invalid: {e}") from None
+
+
+_LEADING = re.compile(r"\s*(-?\d+)")
+
+
+def exact_match(task: RolloutTask, completion: str) -> float:
+    """1.0 when the number the completion starts with is the answer ("7", "7 ", "7\n…" for 7; not "77", "x7")."""
+    found = _LEADING.match(completion)
+    return 1.0 if found is not None and found.group(1) == task.answer else 0.0
 
 
 class ExactMatch:
