@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any, Literal, Protocol, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
@@ -41,11 +41,41 @@ from kiln.workers.common.reports import ReportError, junit
 from kiln.workers.exec.client import ExecClient
 from kiln.workers.lean.client import LeanClient
 
+Failure = Literal["timeout", "sandbox_error", "invalid_task", "checker_error", "unavailable"]
+"""Why a completion has no real verdict (its reward is then 0): its check ran past its time (``timeout``), the
+sandbox could not run it (``sandbox_error``), the task cannot be checked as given (``invalid_task``), the checker
+failed or answered nonsense (``checker_error``), or the verify request itself got no answer (``unavailable``, only
+from a client)."""
+FAILURES: tuple[str, ...] = get_args(Failure)
+
 
 @dataclass
 class Verdict:
     reward: float
     detail: dict[str, Any] = field(default_factory=dict)
+    failure: Failure | None = None
+
+
+class VerifyError(RoutineJobError):
+    """A routine failure of a whole group's check, typed by ``failure``: the rollout stage answers it as an error,
+    the verify stage as that failure on every completion of the group."""
+
+    failure: Failure = "checker_error"
+
+
+class InvalidTask(VerifyError):
+    failure = "invalid_task"
+
+
+class CheckTimeout(VerifyError):
+    failure = "timeout"
+
+
+class SandboxError(TransientJobError):
+    """The stage a verifier relies on could not run the check (its request failed for good): transient for the
+    rollout stage (the group is retried), ``sandbox_error`` for the verify stage."""
+
+    failure: Failure = "sandbox_error"
 
 
 class Verifier(Protocol):
@@ -62,6 +92,7 @@ class VerifierContext:
     exec_calls: int = 4
     exec_batch_groups: int = 32
     exec_batch_window_s: float = 0.02
+    failures_as_verdicts: bool = False  # per completion: a typed failed verdict instead of failing the whole group
 
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -71,7 +102,7 @@ def checked(model: type[_M], task: RolloutTask) -> _M:
     try:
         return model.model_validate(task.check)
     except ValidationError as e:
-        raise RoutineJobError(f"task {task.task_id}: check for {task.verifier!r} is invalid: {e}") from None
+        raise InvalidTask(f"task {task.task_id}: check for {task.verifier!r} is invalid: {e}") from None
 
 
 _LEADING = re.compile(r"\s*(-?\d+)")
@@ -165,17 +196,19 @@ class ExecVerifier:
                 result = await self.exec.run_once(check.image, check.command, files=files, cwd=_CHECK_DIR,
                                                   timeout_s=check.timeout_s, max_output_bytes=4 << 20)
             except RequestFailed as e:
-                raise TransientJobError(f"exec run_once failed: {e.reason}") from None
+                raise SandboxError(f"exec run_once failed: {e.reason}") from None
             output = result.output
             assert output is not None
+            if output.timed_out:
+                raise CheckTimeout(f"checker ran past {check.timeout_s} s on {len(batch)} groups")
             if output.exit_code != 0:
-                raise RoutineJobError(f"checker exited {output.exit_code} (timed out: {output.timed_out}) on "
+                raise VerifyError(f"checker exited {output.exit_code} (timed out: {output.timed_out}) on "
                                       f"{len(batch)} groups: {output.stderr[-2000:]}")
             if output.stdout_truncated:
-                raise RoutineJobError(f"checker output over 4 MB for {len(batch)} groups")
+                raise VerifyError(f"checker output over 4 MB for {len(batch)} groups")
             lines = [line for line in output.stdout.splitlines() if line.strip()]
             if len(lines) != len(batch):
-                raise RoutineJobError(f"checker printed {len(lines)} lines for {len(batch)} groups")
+                raise VerifyError(f"checker printed {len(lines)} lines for {len(batch)} groups")
         except Exception as e:
             for p in batch:
                 p.done.set_exception(e)
@@ -183,7 +216,7 @@ class ExecVerifier:
         for p, line in zip(batch, lines, strict=True):
             try:
                 p.done.set_result(parse_verdicts(line, len(p.group["completions"]), p.group["task_id"]))
-            except RoutineJobError as e:
+            except VerifyError as e:
                 p.done.set_exception(e)
 
 
@@ -195,18 +228,26 @@ class _Pending:
 
 def parse_verdicts(line: str, expected: int, task_id: str) -> list[Verdict]:
     """A group's line: ``{"verdicts": [{"reward": r, ...}, ...]}`` or ``{"error": "why"}``; anything else is the
-    checker's fault (routine error)."""
+    checker's fault (routine error). A verdict may carry ``"failure"`` (one of ``FAILURES``, e.g. ``"timeout"`` for
+    a completion the checker stopped): its reward is then 0."""
     try:
         item = json.loads(line)
         if "error" in item:
-            raise RoutineJobError(f"task {task_id}: the checker refused the group: {str(item['error'])[:1000]}")
-        verdicts = [Verdict(float(v["reward"]), {k: x for k, x in v.items() if k != "reward"})
-                    for v in item["verdicts"]]
+            raise InvalidTask(f"task {task_id}: the checker refused the group: {str(item['error'])[:1000]}")
+        verdicts = [_verdict(v) for v in item["verdicts"]]
     except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise RoutineJobError(f"task {task_id}: checker printed {line[:200]!r}: {type(e).__name__}: {e}") from None
+        raise VerifyError(f"task {task_id}: checker printed {line[:200]!r}: {type(e).__name__}: {e}") from None
     if len(verdicts) != expected:
-        raise RoutineJobError(f"task {task_id}: checker gave {len(verdicts)} verdicts for {expected} completions")
+        raise VerifyError(f"task {task_id}: checker gave {len(verdicts)} verdicts for {expected} completions")
     return verdicts
+
+
+def _verdict(item: dict[str, Any]) -> Verdict:
+    failure = item.get("failure")
+    if failure is not None and failure not in FAILURES:
+        raise ValueError(f"failure {failure!r} is not one of {FAILURES}")
+    detail = {k: x for k, x in item.items() if k not in ("reward", "failure")}
+    return Verdict(0.0 if failure else float(item["reward"]), detail, failure)
 
 
 class LeanCheck(BaseModel):
@@ -223,20 +264,27 @@ _UNSOUND = re.compile(r"\b(sorry|admit)\b")
 class LeanVerifier:
     def __init__(self, context: VerifierContext) -> None:
         self.lean = LeanClient(context.kiln)
+        self.failures_as_verdicts = context.failures_as_verdicts
 
     async def verify(self, task: RolloutTask, completions: list[str], request_id: str) -> list[Verdict]:
         check = checked(LeanCheck, task)
         root = await self.lean.run_code(f"theorem kiln_goal : {check.statement} := by sorry", header=check.header,
                                         timeout_s=check.timeout_s, key=request_id)
         if not root.ok or len(root.sorries) != 1:
-            raise RoutineJobError(f"task {task.task_id}: the statement does not elaborate to one goal: "
+            raise InvalidTask(f"task {task.task_id}: the statement does not elaborate to one goal: "
                                   f"{root.error or root.messages}")
         state = root.sorries[0].state
 
         async def attempt(proof: str) -> Verdict:
             if not proof.strip() or _UNSOUND.search(proof):
                 return Verdict(0.0, {"error": "empty or unsound proof"})
-            result = await self.lean.run_tactic(state, proof, timeout_s=check.timeout_s)
+            try:
+                result = await self.lean.run_tactic(state, proof, timeout_s=check.timeout_s)
+            except RequestFailed as e:
+                if not self.failures_as_verdicts:
+                    raise
+                timed_out = "ReplTimeout" in e.reason
+                return Verdict(0.0, {"error": e.reason[:500]}, "timeout" if timed_out else "sandbox_error")
             return Verdict(1.0 if result.completed else 0.0,
                            {"error": result.error, "goals_left": len(result.goals)} if not result.completed else {})
 
@@ -269,6 +317,7 @@ class SWEVerifier:
     def __init__(self, context: VerifierContext) -> None:
         self.exec = ExecClient(context.kiln)
         self._calls = asyncio.Semaphore(context.exec_calls)
+        self.failures_as_verdicts = context.failures_as_verdicts
 
     async def verify(self, task: RolloutTask, completions: list[str], request_id: str) -> list[Verdict]:
         del request_id
@@ -294,12 +343,16 @@ class SWEVerifier:
                 result = await self.exec.run_once(check.image, steps=steps, fetch=[_JUNIT], files={
                     ".kiln-task/completion.diff": patch, ".kiln-task/test.diff": check.test_patch})
         except RequestFailed as e:
-            raise TransientJobError(f"exec run_once failed: {e.reason}") from None
+            if self.failures_as_verdicts:
+                return Verdict(0.0, {"error": e.reason[:500]}, "sandbox_error")
+            raise SandboxError(f"exec run_once failed: {e.reason}") from None
         last = result.steps[-1]
         detail: dict[str, Any] = {"stage": "tests", "exit": last.exit_code, "log": (last.stdout + last.stderr)[-500:]}
         if last.name != "tests":
             return Verdict(0.0, {**detail, "stage": f"{last.name} does not apply"})
-        if last.exit_code != 0 or last.timed_out:
+        if last.timed_out:
+            return Verdict(0.0, detail, "timeout")
+        if last.exit_code != 0:
             return Verdict(0.0, detail)
         if not pytest:
             return Verdict(1.0, detail)
@@ -346,7 +399,7 @@ class Verifiers:
     def get(self, name: str) -> Verifier:
         if name not in self._made:
             if name not in self.factories:
-                raise RoutineJobError(f"no verifier {name!r} (known: {sorted(self.factories)})")
+                raise InvalidTask(f"no verifier {name!r} (known: {sorted(self.factories)})")
             self._made[name] = self.factories[name](self.context)
         return self._made[name]
 

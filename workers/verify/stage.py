@@ -1,0 +1,101 @@
+"""``verify``: a task and a batch of completions in, one verdict per completion out, from the same verifiers as the
+rollout stage (``kiln.workers.verifiers``: ``exact_match``, ``exec``, ``swe``, ``lean``, ``kiln.verifiers`` entry
+points). Completions are checked in as few sandboxes as their isolation allows: an ``exec`` checker gets the whole
+batch in one ``run_once`` call, and batches of concurrent requests with the same checker share calls (up to
+``KILN_VERIFY_EXEC_BATCH_GROUPS``); ``swe`` is a call per completion (each patches its own tree); ``lean`` one
+elaboration and a tactic run per completion.
+
+A failure is a verdict, never an exception a trainer must handle: a check past its time, a sandbox that could not
+run it, an unreadable task, a checker that failed — every completion it concerns gets ``failure`` and reward 0.
+What fails the request itself (a bug, a worker lost for good) reaches the client, whose facade turns it into
+``unavailable`` verdicts. Settings ``KILN_VERIFY_*``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from kiln.schemas.verify import CompletionVerdict, VerifyRequest, VerifyResult
+from kiln.streams.client import KilnClient
+from kiln.streams.errors import RequestFailed, RoutineJobError
+from kiln.streams.settings import get_settings
+from kiln.streams.stage import JobContext, Stage
+from kiln.workers.verifiers import SandboxError, Verdict, VerifierContext, Verifiers, VerifyError
+from kiln.workers.verify import spec
+
+
+class VerifySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KILN_VERIFY_", extra="ignore")
+
+    exec_calls: int = Field(8, ge=1, description="Exec run_once calls a worker's verifiers keep in flight.")
+    exec_batch_groups: int = Field(32, ge=1, description="Requests one exec checker call may verify together.")
+    exec_batch_window_s: float = Field(0.02, ge=0, description="How long a request waits for others to share its "
+                                                                "checker call.")
+
+
+registry = CollectorRegistry()
+COMPLETIONS = Counter("kiln_verify_completions_total", "Completions verified, by verifier and failure (none: a "
+                      "real verdict).", ["verifier", "failure"], registry=registry)
+SECONDS = Histogram("kiln_verify_seconds", "Time to verify one request's batch.", ["verifier"], registry=registry)
+
+_verifiers: list[Verifiers] = []
+
+
+async def setup(slots: int) -> None:
+    settings = VerifySettings()
+    # Its own client id: results of its exec/Lean requests come back to this process only.
+    kiln = KilnClient(get_settings(), f"verify.{socket.gethostname()}.{os.getpid()}")
+    _verifiers[:] = [Verifiers(VerifierContext(kiln, exec_calls=settings.exec_calls,
+                                               exec_batch_groups=settings.exec_batch_groups,
+                                               exec_batch_window_s=settings.exec_batch_window_s,
+                                               failures_as_verdicts=True))]
+
+
+async def teardown() -> None:
+    for verifiers in _verifiers:
+        await verifiers.close()
+
+
+def _count(details: dict[str, object], key: str) -> int | None:
+    value = details.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def verdict_of(verdict: Verdict, seconds: float) -> CompletionVerdict:
+    reason = str(verdict.detail.get("error") or verdict.detail.get("stage") or "") if verdict.failure else ""
+    return CompletionVerdict(reward=0.0 if verdict.failure else verdict.reward, failure=verdict.failure,
+                             reason=reason[:2000], passed=_count(verdict.detail, "passed"),
+                             failed=_count(verdict.detail, "failed"), details=verdict.detail, seconds=seconds)
+
+
+async def handle(request: VerifyRequest, ctx: JobContext) -> VerifyResult:
+    task, started = request.task, time.perf_counter()
+    try:
+        verifier = _verifiers[0].get(task.verifier)
+        verdicts = await verifier.verify(task, request.completions, ctx.envelope.request_id)
+    except (VerifyError, SandboxError) as e:
+        verdicts = [Verdict(0.0, {"error": str(e)}, e.failure)] * len(request.completions)
+    except RequestFailed as e:  # a stage the verifier relies on failed the request for good
+        verdicts = [Verdict(0.0, {"error": e.reason}, "sandbox_error")] * len(request.completions)
+    except RoutineJobError as e:  # a verifier plugged in through kiln.verifiers, failing routinely
+        verdicts = [Verdict(0.0, {"error": str(e)}, "checker_error")] * len(request.completions)
+    if len(verdicts) != len(request.completions):
+        message = f"verifier {task.verifier!r} gave {len(verdicts)} verdicts for {len(request.completions)}"
+        verdicts = [Verdict(0.0, {"error": message}, "checker_error")] * len(request.completions)
+    elapsed = time.perf_counter() - started
+    SECONDS.labels(task.verifier).observe(elapsed)
+    out = [verdict_of(v, elapsed) for v in verdicts]
+    for v in out:
+        COMPLETIONS.labels(task.verifier, v.failure or "none").inc()
+    return VerifyResult(task_id=task.task_id, verifier=task.verifier, verdicts=out, verify_s=elapsed)
+
+
+# Waiting on other stages, not computing: many requests per CPU (their sandboxes' CPU is the exec workers').
+stage = Stage(spec.verify, handle, job_timeout_s=900, registry=registry, setup=setup, teardown=teardown,
+              slots_per_cpu=16)
