@@ -18,7 +18,7 @@ from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.settings import KilnSettings
 from kiln.workers.exec.client import ExecClient
-from kiln.workers.gateway import kimina, sandbox_fusion, swerex
+from kiln.workers.gateway import kimina, openrlhf, sandbox_fusion, swerex
 from kiln.workers.gateway.settings import GatewaySettings
 from kiln.workers.lean.client import LeanClient
 
@@ -69,7 +69,7 @@ def create_app(settings: GatewaySettings, kiln_settings: KilnSettings) -> FastAP
 
     app = FastAPI(title="kiln gateway", lifespan=lifespan)
     app.state.settings = settings
-    for router in (sandbox_fusion.router, kimina.router, swerex.router):
+    for router in (sandbox_fusion.router, kimina.router, swerex.router, openrlhf.router):
         app.include_router(router, dependencies=[Depends(_authorized)])
 
     @app.middleware("http")

@@ -178,3 +178,32 @@ async def _gather(jobs: list[Coroutine[Any, Any, float]]) -> list[float]:
         elif isinstance(result, BaseException):
             raise result
     return [r if isinstance(r, float) else 0.0 for r in results]
+
+
+class Verified:
+    """Reward = the ``verify`` stage's verdict, from the verifiers the rollout stage uses (``exec`` checkers,
+    ``swe`` repository tasks, ``lean``, ``exact_match``, ``kiln.verifiers`` entry points): the row's ``kiln_task``
+    column (a task's dict or JSON: ``verifier``, ``check``, ``answer``), else its ``answer`` column. The batch goes
+    out at once, one verify request per distinct task (a prompt's completions share a sandbox where the verifier
+    allows). A completion without a real verdict (timeout, sandbox error, …) scores 0 and is logged."""
+
+    __name__ = "kiln_verified"
+
+    def __init__(self, *, settings: KilnSettings | None = None) -> None:
+        from kiln.workers.verify.client import BlockingVerifyClient
+
+        self._client = BlockingVerifyClient(settings, f"rewards.{socket.gethostname()}.{os.getpid()}")
+
+    def __call__(self, completions: list[Any], prompts: list[Any] | None = None, **columns: Any) -> list[float]:
+        from kiln.workers.trainers import task_of
+
+        labels = columns.get("kiln_task") or columns.get("answer")
+        if labels is None:
+            raise ValueError("Verified needs a 'kiln_task' (or 'answer') column")
+        texts = [completion_text(p) if p is not None else "" for p in (prompts or [None] * len(completions))]
+        tasks = [task_of(label, text) for label, text in zip(labels, texts, strict=True)]
+        verdicts = self._client.verify_batch(tasks, [completion_text(c) for c in completions])
+        return [v.reward for v in verdicts]
+
+    def close(self) -> None:
+        self._client.close()

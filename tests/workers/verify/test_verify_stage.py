@@ -1,0 +1,71 @@
+"""The verify stage: one verdict per completion from a real sandboxed check — pass, fail, a checker past its time
+(``timeout``), an unreadable task or an unknown verifier (``invalid_task``), a checker that fails
+(``checker_error``) — never an error result; a training step's batch keeps one request per task; and a verify
+worker SIGKILLed mid-batch costs only time: every request is answered, each once, with the right verdicts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiln.schemas.envelope import ResultEnvelope
+from kiln.schemas.verify import VerifyRequest
+from kiln.streams.client import KilnClient
+from kiln.streams.settings import KilnSettings
+from kiln.workers.verify.client import VerifyClient
+from tests.workers.exec.conftest import exec_worker
+from tests.workers.verify.conftest import task, timing_out, verify_worker
+
+pytestmark = pytest.mark.docker
+
+
+async def test_verdicts_and_typed_failures(stack: KilnSettings, unique: str) -> None:
+    async with KilnClient(stack, f"verify-{unique}") as kiln:
+        client = VerifyClient(kiln)
+        verdicts = await client.verify(task(), ["7", "8", " 7\n"])
+        assert [(v.reward, v.failure, v.details["said"]) for v in verdicts] == [
+            (1.0, None, "7"), (0.0, None, "8"), (1.0, None, "7")]
+        late, unreadable, unknown, failing = await asyncio.gather(
+            client.verify(timing_out(), ["7", "8"]),
+            client.verify(task().model_copy(update={"check": {"command": "x"}}), ["7"]),
+            client.verify(task().model_copy(update={"verifier": "nope"}), ["7"]),
+            client.verify(task(command="exit 3"), ["7"]))
+        assert [(v.reward, v.failure) for v in late] == [(0.0, "timeout")] * 2
+        assert "past 1.0 s" in late[0].reason
+        assert (unreadable[0].failure, unknown[0].failure, failing[0].failure) == (
+            "invalid_task", "invalid_task", "checker_error")
+        assert "no verifier 'nope'" in unknown[0].reason and "exited 3" in failing[0].reason
+        # A step's batch: completions of one task travel together, the order is the batch's.
+        tasks = [task("7"), task("5"), task("7"), timing_out()]
+        batch = await client.verify_batch(tasks, ["7", "5", "6", "7"])
+        assert [(v.reward, v.failure) for v in batch] == [(1.0, None), (1.0, None), (0.0, None), (0.0, "timeout")]
+
+
+async def test_a_worker_killed_mid_batch_costs_only_time(verify_settings: KilnSettings, docker_engine: Any,
+                                                         tmp_path: Path, unique: str) -> None:
+    """16 requests whose checker takes 2 s; the verify worker holding them is killed while they run, a second one
+    takes over: every request is answered once, with its verdicts."""
+    slow = task(command="sleep 2; python3 -I check.py")
+    with exec_worker(verify_settings, tmp_path / "locks") as ex:
+        ex.wait_assigned()
+        first = verify_worker(verify_settings, slots=16, KILN_VERIFY_EXEC_BATCH_GROUPS="1")
+        first.wait_assigned()
+        async with KilnClient(verify_settings, f"killed-{unique}") as kiln:
+            futures = [await kiln.submit("verify", VerifyRequest(task=slow, completions=[str(i), "7"]))
+                       for i in range(16)]
+            await asyncio.sleep(1.5)  # every request taken, none answered yet (each takes ≥ 2 s)
+            assert not any(f.done() for f in futures)
+            first.kill()
+            started = time.monotonic()
+            with verify_worker(verify_settings, slots=16) as second:
+                second.wait_assigned()
+                envelopes: list[ResultEnvelope] = list(await asyncio.wait_for(asyncio.gather(*futures), 120))
+            assert time.monotonic() - started < 90
+            assert len({e.request_id for e in envelopes}) == 16
+            for i, envelope in enumerate(envelopes):
+                result = kiln.result_of(envelope)
+                assert [v.reward for v in result.verdicts] == [1.0 if i == 7 else 0.0, 1.0], i
