@@ -64,7 +64,9 @@ def _env_lines(env: dict[str, str]) -> str:
 
 def _run(script: str) -> str:
     # The exec form: the shell form would hand the script to /bin/sh inside double quotes, expanding its $ first.
-    return f"RUN {json.dumps(['bash', '-c', script])}\n"
+    # no_new_privs through util-linux's setpriv, as the engine's /build takes no security options: kiln's own
+    # recipe copies files into /work only, so nothing of the repository's can stand in for setpriv.
+    return f"RUN {json.dumps(['setpriv', '--no-new-privs', 'bash', '-c', script])}\n"
 
 
 def build(client: Any, context: Path, dockerfile: str, tag: str, timeout_s: float,
