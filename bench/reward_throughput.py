@@ -39,6 +39,7 @@ import contextlib
 import functools
 import math
 import os
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -85,7 +86,7 @@ def verdict(group, i, program):
         f.write(program)
     try:
         done = subprocess.run([sys.executable, "main.py"], cwd=d, input=group["prompt"], capture_output=True,
-                              text=True, timeout=10)
+                              text=True, timeout=30)
     except subprocess.TimeoutExpired:
         return {"reward": 0.0, "why": "timeout"}
     ok = done.returncode == 0 and done.stdout.strip() == group["answer"].strip()
@@ -135,8 +136,7 @@ class Phase:
     errors: int = 0
     seconds: float = 0.0
     first_errors: list[str] = field(default_factory=list)
-    worker_s: float = 0.0  # the exec worker's handling time of this path's run_once requests (its metrics)
-    worker_calls: float = 0.0
+    spent: dict[str, float] = field(default_factory=dict)  # Accounts deltas over the measured rounds
 
     def fail(self, why: str) -> None:
         self.errors += 1
@@ -174,7 +174,7 @@ def per_call(one: Call) -> PathRun:
 
 
 async def measure(runs: dict[str, PathRun], calls: int, concurrency: int, rounds: int, warm: int,
-                  progress: Progress, offset: int, metrics_port: int = 0) -> dict[str, Phase]:
+                  progress: Progress, offset: int, accounts: Accounts | None = None) -> dict[str, Phase]:
     """Warm every path, then ``rounds`` rounds of every path in turn."""
     phases = {name: Phase() for name in runs}
     for name, run in runs.items():
@@ -185,14 +185,16 @@ async def measure(runs: dict[str, PathRun], calls: int, concurrency: int, rounds
     for r in range(rounds):
         for name, run in (runs.items() if r % 2 == 0 else reversed(runs.items())):
             task = progress.add_task(f"c{concurrency} {name} round {r + 1}/{rounds}", total=per_round)
-            before = worker_run_once(metrics_port)
+            if accounts:
+                await asyncio.to_thread(accounts.drain)
+            before = await asyncio.to_thread(accounts.snapshot) if accounts else {}
             started = time.perf_counter()
             await run(offset + 100_000 * (r + 1), per_round, concurrency, phases[name],
                       functools.partial(progress.advance, task))
             phases[name].seconds += time.perf_counter() - started
-            after = worker_run_once(metrics_port)
-            phases[name].worker_s += after[0] - before[0]
-            phases[name].worker_calls += after[1] - before[1]
+            after = await asyncio.to_thread(accounts.snapshot) if accounts else {}
+            for key, value in after.items():
+                phases[name].spent[key] = phases[name].spent.get(key, 0.0) + value - before[key]
             progress.remove_task(task)
             console.print(f"  {time.strftime('%H:%M:%S')} c{concurrency} {name} round {r + 1}: "
                           f"{phases[name].rate:.1f} calls/s so far, {phases[name].errors} errors, load {loadavg()}")
@@ -207,28 +209,105 @@ def metrics_of(prefix: str, phases: dict[str, Phase], concurrency: int, baseline
         out[f"{prefix}{name}_p50_s_c{concurrency}"] = round(percentile(phase.latencies, 0.5), 3)
         out[f"{prefix}{name}_p99_s_c{concurrency}"] = round(percentile(phase.latencies, 0.99), 3)
         out[f"{prefix}{name}_errors_c{concurrency}"] = phase.errors
-        if phase.worker_calls:  # where a kiln call's time goes: the exec worker's handling of one run_once
-            out[f"{prefix}{name}_worker_s_per_run_once_c{concurrency}"] = round(phase.worker_s / phase.worker_calls, 3)
+        spent, calls = phase.spent, len(phase.latencies)
+        if spent.get("run_once"):  # the exec worker's own time for one run_once request (handler, slot held)
+            out[f"{prefix}{name}_worker_s_per_run_once_c{concurrency}"] = round(spent["worker_s"] / spent["run_once"],
+                                                                                 3)
+        if spent and calls:  # CPU milliseconds per call, by where they were spent
+            for part in CPU_PARTS:
+                out[f"{prefix}{name}_cpu_ms_{part}_c{concurrency}"] = round(spent[part] * 1000 / calls, 1)
     base = phases[baseline].rate
     for name in ratios:
         out[f"{prefix}{name}_vs_bare_c{concurrency}"] = round(phases[name].rate / base, 3) if base else 0.0
     return out
 
 
-def worker_run_once(port: int) -> tuple[float, float]:
-    """The exec worker's own account of its ``run_once`` requests: (seconds, count) so far, from its metrics."""
-    if not port:
-        return 0.0, 0.0
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far; 0 once it is gone."""
     try:
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    except httpx.HTTPError:
-        return 0.0, 0.0
-    found = {"sum": 0.0, "count": 0.0}
-    for line in text.splitlines():
-        for what in found:
-            if line.startswith(f"kiln_exec_command_seconds_{what}{{") and 'op="run_once"' in line:
-                found[what] = float(line.rsplit(" ", 1)[1])
-    return found["sum"], found["count"]
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pids(match: Callable[[list[str]], bool]) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if argv and match(argv):
+                found.append(int(entry.name))
+    return found
+
+
+class Accounts:
+    """Where the CPU goes, read before and after every phase: this process (the clients: KilnClient, the
+    SandboxFusion client, TRL's reward thread), its children (bare's chroot + python, docker CLIs), the exec worker,
+    the gateway, the sandboxes (cgroups of the worker's runners and of the docker_exec containers), the broker and
+    Docker's daemons (both shared with whatever else runs on the machine: upper bounds). Also the exec worker's own
+    account of its ``run_once`` requests (its metrics: seconds and count)."""
+
+    def __init__(self, client: Any, metrics_port: int, worker_pid: int, gateway_port: str, lock_dir: Path,
+                 containers: list[Any], broker_port: str) -> None:
+        self.client, self.metrics_port, self.worker_pid, self.lock_dir = client, metrics_port, worker_pid, lock_dir
+        self.containers = [c.id for c in containers]
+        self.gateway = _pids(lambda a: "gateway" in a and gateway_port in a)
+        self.broker = _pids(lambda a: a[0].endswith("java") and any(f"kafka-{broker_port}" in x for x in a))
+        self.docker = _pids(lambda a: Path(a[0]).name in ("dockerd", "containerd"))
+        self.worker_id = ""
+
+    def _runners(self) -> list[str]:
+        if not self.worker_id:
+            self.worker_id = next((p.stem for p in self.lock_dir.glob("*.lock")), "")
+        if not self.worker_id:
+            return []
+        return [c.id for c in self.client.containers.list(filters={"label": f"kiln.worker={self.worker_id}"})]
+
+    def _metrics(self) -> dict[str, float]:
+        """The exec worker's run_once seconds and count so far, its busy slots and queued jobs now."""
+        try:
+            text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
+        except httpx.HTTPError:
+            return {}
+        found: dict[str, float] = {}
+        for line in text.splitlines():
+            name = line.split("{", 1)[0]
+            if name in ("kiln_exec_command_seconds_sum", "kiln_exec_command_seconds_count"):
+                if 'op="run_once"' in line:
+                    found[name] = float(line.rsplit(" ", 1)[1])
+            elif name in ("kiln_busy_slots", "kiln_queue_length"):
+                found[name] = found.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        return found
+
+    def drain(self, timeout_s: float = 180.0) -> None:
+        """Until the exec worker has nothing running or queued: requests a client gave up on (a timeout) still run,
+        and must not weigh on the next path's phase."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            now = self._metrics()
+            if not now or now.get("kiln_busy_slots", 0) + now.get("kiln_queue_length", 0) == 0:
+                return
+            time.sleep(0.5)
+
+    def snapshot(self) -> dict[str, float]:
+        me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        sandboxes = 0.0
+        for cid in {*self.containers, *self._runners()}:
+            with contextlib.suppress(OSError, ValueError):
+                sandboxes += int(Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage").read_text()) / 1e9
+        metrics = self._metrics()
+        worker_s, run_once = (metrics.get(f"kiln_exec_command_seconds_{w}", 0.0) for w in ("sum", "count"))
+        return {"client": me.ru_utime + me.ru_stime, "children": children.ru_utime + children.ru_stime,
+                "worker": _proc_cpu(self.worker_pid), "gateway": sum(map(_proc_cpu, self.gateway)),
+                "sandboxes": sandboxes, "broker": sum(map(_proc_cpu, self.broker)),
+                "docker": sum(map(_proc_cpu, self.docker)), "worker_s": worker_s, "run_once": run_once}
+
+
+CPU_PARTS = ("client", "children", "worker", "gateway", "sandboxes", "broker", "docker")
 
 
 # --- bare: the image's root filesystem, chrooted ----------------------------------------------------------------
@@ -241,7 +320,7 @@ def image_env(client: Any, image: str) -> dict[str, str]:
 
 def exported_root(client: Any, image: str, cache: Path) -> Path:
     """The image's root filesystem, exported once per image id (``docker export`` of a created container)."""
-    image_id = client.images.get(image).id.split(":")[-1][:16]
+    image_id: str = client.images.get(image).id.split(":")[-1][:16]
     root = cache / "bench-rootfs" / image_id
     if root.is_dir():
         return root
@@ -467,6 +546,8 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         reward = OutputMatches(settings=settings)
         cleanup.callback(reward.close)
         exec_client = ExecClient(kiln)
+        accounts = Accounts(client, metrics_port, worker.proc.pid, url.rsplit(":", 1)[1], tmp / "locks",
+                            docker_exec.containers, settings.bootstrap_servers.rsplit(":", 1)[1])
         runs: dict[str, PathRun] = {"bare": per_call(bare.python), "docker_exec": per_call(docker_exec.python),
                                     "gateway": per_call(gateway_call(url)),
                                     "execcheck": execcheck_run(verifier, args.group), "trl": trl_run(reward)}
@@ -476,7 +557,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             for i, c in enumerate(args.concurrency):
                 calls = max(args.calls, c * args.rounds) if not args.quick else args.calls
                 phases = await measure(runs, calls, c, args.rounds, args.warm, progress, 1_000_000 * (i + 1),
-                                       metrics_port)
+                                       accounts)
                 metrics.update(metrics_of("reward_", phases, c, "bare", kiln_paths))
                 notes.update({f"first errors {name} c{c}": " | ".join(p.first_errors)
                               for name, p in phases.items() if p.first_errors})
@@ -488,7 +569,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             for j, (case, case_runs, kiln_path) in enumerate(cases):
                 calls = max(args.case_calls, c) if not args.quick else args.case_calls
                 phases = await measure(case_runs, calls, c, max(1, min(args.rounds, calls // c)), args.warm,
-                                       progress, 10_000_000 * (j + 1), metrics_port)
+                                       progress, 10_000_000 * (j + 1), accounts)
                 metrics.update(metrics_of(f"reward_{case}_", phases, c, "bare", [kiln_path]))
                 notes.update({f"first errors {case} {name}": " | ".join(p.first_errors)
                               for name, p in phases.items() if p.first_errors})
