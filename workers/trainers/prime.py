@@ -17,7 +17,7 @@ class KilnTaskData(vf.TaskData):  # type: ignore[misc]
 
 
 class KilnTask(vf.Task[KilnTaskData]):  # type: ignore[misc]
-    @vf.reward
+    @vf.reward  # type: ignore[untyped-decorator]
     async def kiln(self, task: KilnTaskData, trace: Any) -> float:
         client = shared_client()
         verdicts = await client.submit(client.client.verify(task_of(task.kiln_task, task.prompt_text),
