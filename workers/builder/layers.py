@@ -27,7 +27,7 @@ from kiln.streams.errors import BlobNotFound, InfraError
 from kiln.workers.builder.errors import StepFailed
 from kiln.workers.builder.images import repository_slug
 from kiln.workers.builder.sandbox import UNPRIVILEGED, BuildSandbox
-from kiln.workers.common.containers import exec_capped, kill_on_cancel
+from kiln.workers.common.containers import exec_capped, kill_on_cancel, read_capped
 from kiln.workers.common.registry import CONFIG_V1, LAYER_GZIP, Registry, sha256_digest
 
 # Files that cannot change a build or its tests (overridable per call).
@@ -199,7 +199,7 @@ def rebuild_layer(client: Any, parent_image: str, repo: Repository, d: Diff, scr
             if code != 0:
                 raise StepFailed(f"revision rebuild failed: {output}")
         changes = sorted(container.diff() or [], key=lambda c: c["Path"])
-        return _layer_from_changes(container, changes)
+        return _layer_from_changes(container, changes, sandbox.layer_bytes)
     except (APIError, DockerException) as e:
         raise InfraError(f"revision rebuild in {parent_image}: {e}") from e
     finally:
@@ -207,7 +207,9 @@ def rebuild_layer(client: Any, parent_image: str, repo: Repository, d: Diff, scr
             container.remove(force=True)
 
 
-def _layer_from_changes(container: Any, changes: list[dict[str, Any]]) -> bytes:
+def _layer_from_changes(container: Any, changes: list[dict[str, Any]], cap: int) -> bytes:
+    """The layer tar of ``changes``; StepFailed once what the rebuild wrote passes ``cap`` bytes (read as streams:
+    the worker never holds more than that)."""
     # A changed directory is listed with its changed children: never download it whole (it may be /opt).
     parents = {str(c["Path"]).rpartition("/")[0] for c in changes}
     added_dirs: list[str] = []
@@ -230,7 +232,10 @@ def _layer_from_changes(container: Any, changes: list[dict[str, Any]]) -> bytes:
                 continue
             if path in parents:
                 added_dirs.append(path)  # a new directory comes whole, children included
-            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            archive = read_capped(stream, cap - buffer.tell())
+            if archive is None:
+                raise StepFailed(f"revision rebuild wrote more than {cap} bytes (KILN_BUILD_LAYER_BYTES)")
+            with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
                 for info in tar.getmembers():
                     data = tar.extractfile(info) if info.isfile() else None
                     info.name = f"{parent.lstrip('/')}/{info.name}".lstrip("/")

@@ -5,7 +5,8 @@ CPU, memory, pids and time bounded. One place decides this for ``docker build``,
 Configuration (``KILN_BUILD_*``): ``NETWORK`` (kiln-egress), ``PROXY`` (http://172.31.250.1:3128), ``MEMORY_MB``
 (4096), ``CPUS`` (2), ``PIDS`` (4096), ``CGROUP`` (kiln-builds: the parent cgroup ``docker build`` steps run
 under, whose pids limit the setup script sets, since the classic builder takes no per-build pids limit),
-``LOG_BYTES`` (1 MiB: the tail of a build log or an agent command's output kept).
+``LOG_BYTES`` (1 MiB: the tail of a build log or an agent command's output kept), ``LAYER_BYTES`` (2 GiB: the most a
+layered rebuild may add).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class BuildSandbox(BaseSettings):
     cgroup: str = Field("kiln-builds", description="Parent cgroup of `docker build` steps (pids bounded there).")
     log_bytes: int = Field(1 << 20, ge=4096, description="The tail of a build log or an agent command's output kept "
                            "in memory; the rest is read and dropped.")
+    layer_bytes: int = Field(2 << 30, ge=1 << 20, description="The most a layered rebuild may add (read into memory "
+                             "to make the revision's layer); a larger rebuild fails.")
 
     def proxy_env(self) -> dict[str, str]:
         """The variables package managers (pip, npm, cargo, go, curl) read to use the proxy."""

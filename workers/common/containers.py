@@ -67,11 +67,14 @@ def log_config(output_bytes: int) -> LogConfig:
 
 
 def read_capped(chunks: Any, cap: int) -> bytes | None:
-    """The concatenated ``chunks``, or None as soon as they pass ``cap`` bytes (the rest is not read)."""
+    """The concatenated ``chunks``, or None as soon as they pass ``cap`` bytes (the rest is not read: the stream is
+    closed, which lets its HTTP response go, so the engine stops sending and can remove the container)."""
     data = bytearray()
     for chunk in chunks:
         data += chunk
         if len(data) > cap:
+            with contextlib.suppress(AttributeError):
+                chunks.close()
             return None
     return bytes(data)
 
@@ -158,8 +161,6 @@ def run_sandboxed(client: Any, image: str, script: str, *, limits: Limits, role:
             try:
                 stream, _ = container.get_archive(collect)
                 archive = read_capped(stream, limits.collect_bytes)
-                with contextlib.suppress(AttributeError):
-                    stream.close()
                 if archive is None:
                     output = f"[kiln: {collect} holds more than {limits.collect_bytes} bytes: not read]\n{output}"
                 else:

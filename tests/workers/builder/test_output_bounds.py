@@ -1,7 +1,7 @@
 """Memory bounded by configuration, not by the attacker: a test suite, a build step and an agent command each print
-tens of MiB (and a test run leaves a larger reports directory); the builder reads all of it as a stream with a cap,
-so the worker's own allocations (traced by ``tracemalloc`` across its threads) stay a few MiB whatever was printed,
-and what was dropped is said in the result."""
+tens of MiB (and a test run leaves a larger reports directory, a layered rebuild writes a larger layer); the
+builder reads all of it as a stream with a cap, so the worker's own allocations (traced by ``tracemalloc`` across
+its threads) stay a few MiB whatever was printed, and what was dropped is said in the result."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.cancel import in_thread
 from kiln.workers.builder.agent import AgentConfig
+from kiln.workers.builder.errors import StepFailed
 from kiln.workers.builder.images import BaseImages
+from kiln.workers.builder.layers import Diff, rebuild_layer
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits, run_sandboxed
 from tests.ingest.gitrepos import Builder, write
@@ -83,3 +85,26 @@ async def test_an_agent_command_floods_its_output(docker_engine: Any, tmp_path: 
                                              agent=AgentConfig(budget=1)))
     assert event.status == "failed" and "the-end" in event.detail, event.detail
     assert peak < 24 * MiB, f"{peak / MiB:.1f} MiB allocated reading 48 MiB of an agent command's output"
+
+
+async def test_a_layered_rebuild_writes_past_its_layer_cap(docker_engine: Any, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_BUILD_LAYER_BYTES", str(4 * MiB))
+    b = Builder(tmp_path / "src")
+    write(tmp_path / "src", "README.md", "a repository\n")
+    b.commit("one file")
+    store = SaucerStore(FileBlobStore(tmp_path / "blobs"), tmp_path / "cache")
+    await ingest(IngestRequest(name="attack/big-layer", location=str(tmp_path / "src")), "r", store, tmp_path / "w")
+    repo = store.repository("attack/big-layer")
+
+    async def rebuild() -> str:
+        try:  # no changed file: the rebuild script alone writes the layer
+            await in_thread(rebuild_layer, docker_engine, "kiln/toolchain:latest", repo, Diff({}, []),
+                            "head -c 64M /dev/urandom > /home/kiln/big", {}, 60)
+        except StepFailed as e:
+            return e.log
+        return "no failure"
+
+    log, peak = await _peak(rebuild)
+    assert log == f"revision rebuild wrote more than {4 * MiB} bytes (KILN_BUILD_LAYER_BYTES)"
+    assert peak < 24 * MiB, f"{peak / MiB:.1f} MiB allocated reading a 64 MiB rebuild"
