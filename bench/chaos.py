@@ -126,6 +126,7 @@ class Storm:
         self.delivered: Counter[str] = Counter()
         self.skewed_expired = 0
         self.skewed_sent: set[str] = set()
+        self.origin: dict[str, str] = {}  # request id -> which client sent it
         self.failed: dict[str, str] = {}  # request id -> why its future failed
         self.poisoned = 0
         self.submitted_all = False
@@ -157,7 +158,7 @@ class Storm:
                 next_kill += self.args.kill_every
 
     async def submit(self, client: KilnClient, until: float, rng: random.Random, rate: float | None = None,
-                     poison_share: float | None = None, deadline_s: float | None = None) -> None:
+                     poison_share: float | None = None, deadline_s: float | None = None, label: str = "main") -> None:
         """Submit open loop until ``until``; each result is recorded the moment its future resolves (so one
         resolved while the client closes is counted too)."""
         producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "compression.type": "zstd",
@@ -173,6 +174,7 @@ class Storm:
                 await asyncio.sleep(0.1)
                 continue
             self.sent.add(request_id)
+            self.origin[request_id] = label
             if deadline_s is not None:  # only the skewed client sends deadlines
                 self.skewed_sent.add(request_id)
             fut.add_done_callback(lambda f, rid=request_id: self.record_future(f, rid))  # type: ignore[misc]
@@ -217,18 +219,21 @@ class Storm:
         # Shorter than the skew, so a deadline compared across the two clocks would expire every request; longer than
         # the storm's real delays (the group takes up to a minute to recover from the broker restart).
         deadline_s = 300.0 if skewed else None
+        label = "skewed" if skewed else "recreated"
         try:
             if recreate_at is not None:
                 recreate_at = max(recreate_at, time.monotonic() + 2)  # some results before the topic goes
-                await self.submit(client, recreate_at, rng, rate=rate, poison_share=0, deadline_s=deadline_s)
+                await self.submit(client, recreate_at, rng, rate=rate, poison_share=0, deadline_s=deadline_s,
+                                  label=label)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(client.settled(), 60)
                 console.print(f"results topic {results}: deleted")
                 await asyncio.to_thread(admin.delete_topics, self.settings, [results])
-                await self.submit(client, time.monotonic() + 1, rng, rate=rate, poison_share=0, deadline_s=deadline_s)
+                await self.submit(client, time.monotonic() + 1, rng, rate=rate, poison_share=0, deadline_s=deadline_s,
+                                  label=label)
                 await asyncio.to_thread(_create_again, self.settings, TopicSpec(results, 4, BROKER_TIME))
                 console.print(f"results topic {results}: created again")
-            await self.submit(client, end, rng, rate=rate, poison_share=0, deadline_s=deadline_s)
+            await self.submit(client, end, rng, rate=rate, poison_share=0, deadline_s=deadline_s, label=label)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(client.settled(), self.args.settle)
         finally:
@@ -348,8 +353,8 @@ async def _storm(args: argparse.Namespace) -> dict[str, float]:
 
     lost = storm.sent - set(storm.delivered)
     if lost:
-        console.print(f"[red]lost {len(lost)}[/] ({len(lost & storm.skewed_sent)} of the skewed client's): "
-                      f"{Counter(storm.failed.get(rid, 'no answer').split(':')[0] for rid in lost)}")
+        causes = Counter((storm.origin[rid], storm.failed.get(rid, "no answer").split(":")[0]) for rid in lost)
+        console.print(f"[red]lost {len(lost)}[/] by client and cause: {dict(causes)}")
     starts: Counter[str] = Counter()
     reruns_after_end = 0
     ended: set[str] = set()

@@ -61,8 +61,11 @@ _HEADER_NAME_LIMIT = 256
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 15.0
 REAPPEAR_S = 60.0
-"""How long a reply topic that existed and vanished (deleted, being re-created) is waited for before its reply is
-given up as undeliverable."""
+"""How long a reply topic this worker saw and then saw vanish (deleted, being re-created) is waited for before its
+reply is given up as undeliverable."""
+MISSING_GRACE_S = 10.0
+"""How long a reply topic this worker never saw is waited for: it may be in the middle of a re-creation that this
+worker (say, one started a moment ago) never saw begin; a name that never existed costs its job this wait."""
 _UNAVAILABLE = {
     KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
     KafkaError._RESOLVE, KafkaError.REQUEST_TIMED_OUT, KafkaError.NETWORK_EXCEPTION, KafkaError.BROKER_NOT_AVAILABLE,
@@ -156,7 +159,8 @@ class JobExecutor:
                                   blob_store)
         self._producer: Producer | None = None
         self._topic_partitions: dict[str, int] = {}  # reply topics seen to exist, with their partition counts
-        self._vanished: dict[str, float] = {}  # reply topics seen to exist and then gone: since when (monotonic)
+        self._vanished: dict[str, float] = {}  # reply topics found missing, waited for: since when (monotonic)
+        self._seen: set[str] = set()  # reply topics this worker has seen exist (a vanished one is waited for longer)
         own = dlq_topic.removesuffix(".dlq")
         requests = {own, *(settings.topic(spec.request_topic) for spec in stage_specs().values())}
         self.request_topics = frozenset(requests | {f"{t}.dlq" for t in requests})
@@ -256,9 +260,10 @@ class JobExecutor:
     async def _retrying(self, what: str, send: Callable[[], Awaitable[None]], blob_attempts: int = REPLY_ATTEMPTS,
                         best_effort: bool = False) -> None:
         """``send()``, classified: ``BrokerUnavailable`` is retried with backoff for as long as it lasts (the worker
-        stays up; a revoke cancels the wait), a reply topic that existed and vanished for up to ``REAPPEAR_S``, an
-        unavailable blob store ``blob_attempts`` times; ``DeliveryRefused`` (and anything unexpected, as one) is
-        raised. ``best_effort``: an outage is retried ``blob_attempts`` times too, then given up."""
+        stays up; a revoke cancels the wait), a reply topic that is not there for up to ``REAPPEAR_S`` (seen
+        before) or ``MISSING_GRACE_S`` (never seen), an unavailable blob store ``blob_attempts`` times;
+        ``DeliveryRefused`` (and anything unexpected, as one) is raised. ``best_effort``: an outage is retried
+        ``blob_attempts`` times too, then given up."""
         delay = RETRY_FIRST_S
         blob_failures = unavailable = 0
         while True:
@@ -276,11 +281,14 @@ class JobExecutor:
                 self.metrics.delivery_retried(what)
                 log.warning("%s not delivered yet (retrying in about %.1f s): %s", what, delay, e)
             except _NoDestination as e:
-                since = self._vanished.get(e.topic)
-                if since is None or time.monotonic() - since > REAPPEAR_S:
+                if best_effort and e.topic not in self._vanished:
+                    raise  # an error reply waits only for a topic a reply is already waiting for
+                since = self._vanished.setdefault(e.topic, time.monotonic())
+                if time.monotonic() - since > (REAPPEAR_S if e.topic in self._seen else MISSING_GRACE_S):
                     self._vanished.pop(e.topic, None)
+                    self._seen.discard(e.topic)
                     raise
-                log.warning("%s: topic %s is gone; waiting for it to be re-created", what, _shown(e.topic))
+                log.warning("%s: topic %s is not there; waiting for it to be (re-)created", what, _shown(e.topic))
             except (KilnError, asyncio.CancelledError):
                 raise
             except Exception as e:
@@ -338,6 +346,7 @@ class JobExecutor:
                 return 0
             self._topic_partitions[topic] = len(md.partitions)
             self._vanished.pop(topic, None)
+            self._seen.add(topic)
         return self._topic_partitions[topic]
 
     def _destination_known(self, topic: str, partition: int | None) -> bool:
