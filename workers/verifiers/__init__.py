@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal, Protocol, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from kiln.schemas.exec import RunStep
+from kiln.schemas.exec import RunStep, SessionLimits
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed, RoutineJobError, TransientJobError
@@ -382,8 +382,145 @@ def _added_tests(test_patch: str) -> set[str]:
     return set(_ADDED_TEST.findall(test_patch))
 
 
+class ProgramCheck(BaseModel):
+    """A completion's program — its fenced code block (```python …```), or its whole text — run on ``stdin`` in
+    ``language``'s interpreter; reward 1 when it exits 0 and prints ``expected_output`` (trailing whitespace of each
+    line ignored): the stdin/stdout check of code-RL datasets (verl's, SandboxFusion's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    expected_output: str
+    stdin: str = ""
+    language: Literal["python", "bash", "nodejs"] = "python"
+    image: str = Field("kiln/toolchain:latest", min_length=1)
+    timeout_s: float = Field(10.0, gt=0, le=600)
+    limits: SessionLimits | None = None
+
+
+PROGRAM_RUNNERS = {"python": ("main.py", "python3 main.py"), "bash": ("main.sh", "bash main.sh"),
+                   "nodejs": ("main.js", "node main.js")}
+_CODE = re.compile(r"```[A-Za-z0-9_+-]*\n(.*?)```", re.DOTALL)
+
+
+def _lines(text: str) -> list[str]:
+    return [line.rstrip() for line in text.rstrip().splitlines()]
+
+
+class _PerCompletion:
+    """A ``run_once`` call (or Lean job) per completion, all in flight at once: sample code runs alone."""
+
+    def __init__(self, context: VerifierContext) -> None:
+        self.exec = ExecClient(context.kiln)
+        self.lean = LeanClient(context.kiln)
+        self.failures_as_verdicts = context.failures_as_verdicts
+
+    async def close(self) -> None:
+        pass
+
+    def failed(self, e: RequestFailed) -> Verdict:
+        if not self.failures_as_verdicts:
+            raise SandboxError(f"{e.reason}") from None
+        return Verdict(0.0, {"error": e.reason[:500]}, "timeout" if "Timeout" in e.reason else "sandbox_error")
+
+
+class ProgramVerifier(_PerCompletion):
+    async def verify(self, task: RolloutTask, completions: list[str], request_id: str) -> list[Verdict]:
+        del request_id
+        check = checked(ProgramCheck, task)
+        return list(await asyncio.gather(*(self._attempt(check, c) for c in completions)))
+
+    async def _attempt(self, check: ProgramCheck, completion: str) -> Verdict:
+        found = _CODE.search(completion)
+        source, command = PROGRAM_RUNNERS[check.language]
+        try:
+            result = await self.exec.run_once(check.image, command, files={source: found.group(1) if found else
+                                                                           completion},
+                                              stdin=check.stdin, timeout_s=check.timeout_s, limits=check.limits)
+        except RequestFailed as e:
+            return self.failed(e)
+        output = result.output
+        if output is None:
+            return Verdict(0.0, {"error": "no output"}, "sandbox_error")
+        if output.timed_out:
+            return Verdict(0.0, {"exit": output.exit_code}, "timeout")
+        if output.exit_code != 0:
+            return Verdict(0.0, {"exit": output.exit_code})
+        return Verdict(1.0 if _lines(output.stdout) == _lines(check.expected_output) else 0.0, {"exit": 0})
+
+
+class TestsCheck(BaseModel):
+    """The completion's patch (``<patch>…</patch>``, a ```diff fence, or the whole text) applied to ``image`` (a
+    builder-built revision), then the image's recorded test command; reward = the share of its tests that pass."""
+
+    __test__ = False  # not a pytest class, despite the name
+    model_config = ConfigDict(extra="forbid")
+
+    image: str = Field(min_length=1)
+    timeout_s: float = Field(600.0, gt=0, le=3600)
+    limits: SessionLimits | None = None
+
+
+class TestsVerifier(_PerCompletion):
+    """A patch that does not apply, touches the tests or their configuration (``kiln.workers.common.patches``), or
+    a run without tests, scores 0; a report that shows no failure from a run whose exit status (measured outside the
+    sandbox) failed counts an error."""
+
+    __test__ = False
+
+    async def verify(self, task: RolloutTask, completions: list[str], request_id: str) -> list[Verdict]:
+        del request_id
+        check = checked(TestsCheck, task)
+        return list(await asyncio.gather(*(self._attempt(check, c) for c in completions)))
+
+    async def _attempt(self, check: TestsCheck, completion: str) -> Verdict:
+        patch = patch_text(completion, whole=True) or ""
+        forbidden = protected_paths(patch)
+        if forbidden:
+            return Verdict(0.0, {"stage": "patch touches the tests or their configuration", "paths": forbidden[:10]})
+        apply = RunStep(name="patch", command=f"git apply --whitespace=nowarn {APPLY_EXCLUDES} .kiln-task/patch.diff")
+        try:
+            result = await self.exec.run_once(check.image, steps=[apply], files={".kiln-task/patch.diff": patch},
+                                              tests=True, limits=check.limits, timeout_s=check.timeout_s)
+        except RequestFailed as e:
+            return self.failed(e)
+        report = result.tests
+        total = report.passed + report.failed + report.errors if report else 0
+        if report is None or not total:
+            last = result.steps[-1] if result.steps else None
+            timed_out = last is not None and last.timed_out
+            return Verdict(0.0, {"stage": "no tests ran"}, "timeout" if timed_out else None)
+        return Verdict(report.passed / total, {"passed": report.passed, "failed": report.failed + report.errors})
+
+
+class LeanCodeCheck(BaseModel):
+    """The completion after ``statement`` (e.g. ``theorem t : p → p := by``) as one Lean ``run_code``; reward 1 when
+    Lean accepts it without ``sorry``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    statement: str = ""
+    timeout_s: float = Field(60.0, gt=0, le=600)
+
+
+class LeanCodeVerifier(_PerCompletion):
+    async def verify(self, task: RolloutTask, completions: list[str], request_id: str) -> list[Verdict]:
+        del request_id
+        check = checked(LeanCodeCheck, task)
+        return list(await asyncio.gather(*(self._attempt(check, c) for c in completions)))
+
+    async def _attempt(self, check: LeanCodeCheck, completion: str) -> Verdict:
+        try:
+            result = await self.lean.run_code(f"{check.statement} {completion}".strip(), timeout_s=check.timeout_s)
+        except RequestFailed as e:
+            return self.failed(e)
+        if result.ok and not result.sorries:
+            return Verdict(1.0)
+        return Verdict(0.0, {"error": (result.error or "")[:500], "sorries": len(result.sorries)})
+
+
 BUILT_IN: dict[str, Callable[[VerifierContext], Verifier]] = {
-    "exact_match": lambda _ctx: ExactMatch(), "exec": ExecVerifier, "lean": LeanVerifier, "swe": SWEVerifier}
+    "exact_match": lambda _ctx: ExactMatch(), "exec": ExecVerifier, "lean": LeanVerifier, "swe": SWEVerifier,
+    "program": ProgramVerifier, "tests": TestsVerifier, "lean_code": LeanCodeVerifier}
 
 
 class Verifiers:

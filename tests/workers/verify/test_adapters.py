@@ -19,7 +19,7 @@ import pytest
 import kiln.workers.trainers as trainers
 import kiln.workers.trainers.verl as kiln_verl
 from kiln.streams.settings import KilnSettings
-from kiln.workers.rewards import Verified
+from kiln.workers.rewards import OutputMatches, Verified
 from kiln.workers.trainers.areal import async_reward_fn, reward_fn
 from tests.workers.gateway.conftest import gateway_process
 from tests.workers.verify.conftest import task, timing_out
@@ -119,5 +119,13 @@ async def test_every_adapter_gives_real_sandboxed_verdicts(stack: KilnSettings, 
         finally:
             trl.close()
         assert rewards == [1.0, 0.0, 0.0]
+        # kiln's own TRL rewards, through the stage: a program checked on its stdin — right, wrong, past its time.
+        programs = OutputMatches(settings=stack, timeout_s=2, through_stage=True)
+        try:
+            scores = await asyncio.to_thread(programs, ["print(int(input()) + 4)", "print(8)", "while True: pass"],
+                                             stdin=["3\n"] * 3, expected_output=["7"] * 3)
+        finally:
+            programs.close()
+        assert scores == [1.0, 0.0, 0.0]
     finally:
         trainers.configure(None)
