@@ -23,12 +23,13 @@ from kiln.schemas.lean import LeanRequest, LeanResult
 from kiln.schemas.ops import StageStats, WorkerHeartbeat
 from kiln.schemas.reports import CoverageReport, TestReport
 from kiln.schemas.rl import RolloutGroup, RolloutRequest
+from kiln.schemas.verify import VerifyRequest, VerifyResult
 
 SCHEMA_DIR = Path(__file__).parent / "jsonschema"
 MODELS: list[type[BaseModel]] = [
     RequestEnvelope, ResultEnvelope, EchoRequest, EchoResult, SleepRequest, SleepResult, TestReport, CoverageReport,
     IngestRequest, IngestEvent, LeanRequest, LeanResult, BuildRequest, BuildEvent,
-    ExecRequest, ExecResult, RolloutRequest, RolloutGroup, WorkerHeartbeat, StageStats,
+    ExecRequest, ExecResult, RolloutRequest, RolloutGroup, WorkerHeartbeat, StageStats, VerifyRequest, VerifyResult,
 ]
 
 
