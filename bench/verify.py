@@ -132,13 +132,17 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             f"verify_batch{n}_vs_direct": verify_s / direct_s, "verify_wrong_verdicts": float(wrong)}
 
 
-def main() -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse()
     report("verify: one training step's batch, through the verify stage and straight to exec",
            asyncio.run(run(args)))
 
