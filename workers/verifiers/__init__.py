@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from kiln.schemas.exec import RunStep, SessionLimits
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.client import KilnClient
-from kiln.streams.errors import RequestFailed, RoutineJobError, TransientJobError
+from kiln.streams.errors import ClientError, RequestFailed, RoutineJobError, TransientJobError
 from kiln.workers.common.patches import APPLY_EXCLUDES, patch_text, protected_paths
 from kiln.workers.common.reports import ReportError, junit
 from kiln.workers.exec.client import ExecClient
@@ -417,10 +417,13 @@ class _PerCompletion:
     async def close(self) -> None:
         pass
 
-    def failed(self, e: RequestFailed) -> Verdict:
+    def failed(self, e: ClientError) -> Verdict:
+        """A job that failed for good (or expired, or whose result was lost): the completion's typed verdict, or
+        for the rollout stage a ``SandboxError`` (its group is retried)."""
+        reason = e.reason if isinstance(e, RequestFailed) else f"{type(e).__name__}: {e}"
         if not self.failures_as_verdicts:
-            raise SandboxError(f"{e.reason}") from None
-        return Verdict(0.0, {"error": e.reason[:500]}, "timeout" if "Timeout" in e.reason else "sandbox_error")
+            raise SandboxError(reason) from None
+        return Verdict(0.0, {"error": reason[:500]}, "timeout" if "Timeout" in reason else "sandbox_error")
 
 
 class ProgramVerifier(_PerCompletion):
@@ -436,7 +439,7 @@ class ProgramVerifier(_PerCompletion):
             result = await self.exec.run_once(check.image, command, files={source: found.group(1) if found else
                                                                            completion},
                                               stdin=check.stdin, timeout_s=check.timeout_s, limits=check.limits)
-        except RequestFailed as e:
+        except ClientError as e:
             return self.failed(e)
         output = result.output
         if output is None:
@@ -481,7 +484,7 @@ class TestsVerifier(_PerCompletion):
         try:
             result = await self.exec.run_once(check.image, steps=[apply], files={".kiln-task/patch.diff": patch},
                                               tests=True, limits=check.limits, timeout_s=check.timeout_s)
-        except RequestFailed as e:
+        except ClientError as e:
             return self.failed(e)
         report = result.tests
         total = report.passed + report.failed + report.errors if report else 0
@@ -511,7 +514,7 @@ class LeanCodeVerifier(_PerCompletion):
     async def _attempt(self, check: LeanCodeCheck, completion: str) -> Verdict:
         try:
             result = await self.lean.run_code(f"{check.statement} {completion}".strip(), timeout_s=check.timeout_s)
-        except RequestFailed as e:
+        except ClientError as e:
             return self.failed(e)
         if result.ok and not result.sorries:
             return Verdict(1.0)
