@@ -11,7 +11,10 @@ group, checked by the addition checker (``kiln.workers.rollout.tasks.ADDITION_CH
   ``ExecClient.run_once`` per chunk with the same checker and ``groups.jsonl``, all in flight, outputs parsed.
 
 METRIC ``verify_batch512_s`` (median over rounds: the batch's wall time, submit to last verdict),
-``verify_direct_batch512_s`` and ``verify_batch512_vs_direct`` (their ratio; aim ≤ 1.2), ``verify_wrong_verdicts``
+``verify_direct_batch512_s`` and ``verify_batch512_vs_direct`` (their ratio; aim ≤ 1.2),
+``verify_batch512_overhead_s`` (their difference: what the verify stage adds — two more broker hops, client →
+verify worker and back, and the worker's batching window — a fixed cost, so the ratio falls as checks take longer),
+``verify_wrong_verdicts``
 (verdicts that differ from the in-process answer; must be 0). Workers: one exec worker (its default slots) and one
 verify worker, on this machine.
 
@@ -129,7 +132,8 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     n = len(completions)
     verify_s, direct_s = statistics.median(times["verify"]), statistics.median(times["direct"])
     return {f"verify_batch{n}_s": verify_s, f"verify_direct_batch{n}_s": direct_s,
-            f"verify_batch{n}_vs_direct": verify_s / direct_s, "verify_wrong_verdicts": float(wrong)}
+            f"verify_batch{n}_vs_direct": verify_s / direct_s, f"verify_batch{n}_overhead_s": verify_s - direct_s,
+            "verify_wrong_verdicts": float(wrong)}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
