@@ -8,7 +8,8 @@
   baseline, ``docker run --rm IMAGE true``, is printed for information as ``docker_run_rm_ms``.)
 - ``exec_cmds_per_s``: --sessions sessions each running ``true`` back to back for --seconds.
 - ``exec_read_1000_files_ms``: p50 of one ``read_files`` of 1,000 small files through kiln (one archive call).
-- ``exec_leaked_containers``: session containers left after closing every session and stopping the worker.
+- ``exec_leaked_containers``: session containers of this bench's workers left after closing every session and
+  stopping the worker (other containers on the same engine are not counted).
 Usage: python -m bench.exec [--samples 40] [--sessions 8] [--seconds 10]
 """
 
@@ -102,13 +103,16 @@ def bare_docker(client: Any, image: str, samples: int) -> tuple[float, float, fl
 
 
 async def through_kiln(settings: KilnSettings, image: str, args: argparse.Namespace, warm: int,
-                       lock_dir: Path) -> dict[str, float]:
+                       lock_dir: Path, worker_ids: set[str]) -> dict[str, float]:
     worker = WorkerProcess("exec", settings, "exec.requests", slots=8, env={
         "KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_EXEC_WARM": str(warm), "KILN_EXEC_LOCK_DIR": str(lock_dir),
         "KILN_METRICS_PORT": str(free_port())})
     out: dict[str, float] = {}
     try:
         worker.wait_assigned()
+        # Its id (its liveness lock's name): the leak count is of this bench's workers' containers only — others
+        # may be running on the same engine.
+        worker_ids.update(await asyncio.to_thread(lambda: [p.stem for p in lock_dir.glob("*.lock")]))
         async with KilnClient(settings, f"bench-{uuid.uuid4().hex[:6]}") as kiln:
             client = ExecClient(kiln)
             opens, sessions = [], []
@@ -170,16 +174,18 @@ async def main() -> None:
     topics = [TopicSpec("exec.requests", 8), TopicSpec("exec.requests.dlq", 1),
               TopicSpec("kiln.results", 4)]
     admin.create_topics(settings, topics)
+    worker_ids: set[str] = set()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             image = await build_image(Path(tmp), client)
             bare_open_s, docker_run_s, docker_exec_s = await asyncio.to_thread(bare_docker, client, image,
                                                                                args.samples)
-            warm = await through_kiln(settings, image, args, 2, Path(tmp) / "locks")
-            cold = await through_kiln(settings, image, args, 0, Path(tmp) / "locks")
+            warm = await through_kiln(settings, image, args, 2, Path(tmp) / "locks", worker_ids)
+            cold = await through_kiln(settings, image, args, 0, Path(tmp) / "locks", worker_ids)
     finally:
         admin.delete_topics(settings, [settings.topic(t.name) for t in topics])
-    leaked = len(client.containers.list(all=True, filters={"label": "kiln.role=exec-session"}))
+    leaked = sum(c.labels.get("kiln.worker") in worker_ids
+                 for c in client.containers.list(all=True, filters={"label": "kiln.role=exec-session"}))
     report("exec: sessions through kiln vs bare Docker", {
         "exec_warm_overhead_ms": round((warm["cmd_s"] - docker_exec_s) * 1000, 1),
         "exec_warm_cmd_ms": round(warm["cmd_s"] * 1000, 1),
