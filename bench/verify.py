@@ -18,7 +18,9 @@ verify worker and back, and the worker's batching window — a fixed cost, so th
 (verdicts that differ from the in-process answer; must be 0). Workers: one exec worker (its default slots) and one
 verify worker, on this machine.
 
-Usage: python -m bench.verify [--prompts 64] [--samples 8] [--rounds 5]
+``--check-s`` makes every checker call take that much longer in its sandbox (a costlier check, same batching).
+
+Usage: python -m bench.verify [--prompts 64] [--samples 8] [--rounds 5] [--check-s 0]
 """
 
 from __future__ import annotations
@@ -51,13 +53,16 @@ IMAGE = "kiln/toolchain:latest"
 BATCH_GROUPS = 32  # the verify stage's default exec batch: the direct path chunks the same way
 
 
-def batch(prompts: int, samples: int, seed: int) -> tuple[list[RolloutTask], list[str]]:
+def batch(prompts: int, samples: int, seed: int, check_s: float = 0.0) -> tuple[list[RolloutTask], list[str]]:
     rng = random.Random(seed)
     source = Addition(digits=2, exec_image=IMAGE)
     tasks, completions = [], []
     for _ in range(prompts):
         a, b = rng.randrange(100), rng.randrange(100)
         task = source.task(a, b)
+        if check_s:  # a checker that takes that long in its sandbox
+            command = f"sleep {check_s}; {task.check['command']}"
+            task = task.model_copy(update={"check": {**task.check, "command": command}})
         for _ in range(samples):
             tasks.append(task)
             completions.append(str(a + b + rng.choice((0, 0, 1, -1))))  # about half right
@@ -102,7 +107,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     names = ("exec.requests", "verify.requests")
     admin.create_topics(settings, [TopicSpec("kiln.results", 4), *(TopicSpec(n, 8) for n in names),
                                    *(TopicSpec(f"{n}.dlq", 1) for n in names)])
-    tasks, completions = batch(args.prompts, args.samples, args.seed)
+    tasks, completions = batch(args.prompts, args.samples, args.seed, args.check_s)
     expected = [exact_match(t, c) for t, c in zip(tasks, completions, strict=True)]
     times: dict[str, list[float]] = {"verify": [], "direct": []}
     wrong = 0
@@ -142,6 +147,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--check-s", type=float, default=0.0, help="extra sandbox time of each checker call")
     return parser.parse_args(argv)
 
 
