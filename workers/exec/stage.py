@@ -72,6 +72,9 @@ class ExecSettings(BaseSettings):
     warm_images: int = Field(4, ge=0, description="How many recently opened images get a warm pool.")
     reap_interval_s: float = Field(30.0, gt=0)
     lock_dir: Path = Field(Path("/run/kiln/exec"), description="Liveness lock files of the exec workers of a host.")
+    seal_dir: Path = Field(Path("/run/kiln"), description="Where the host's label-seal secret (.kiln-seal-key) lives: "
+                                                          "one for every exec worker of the host, so any of them "
+                                                          "may reap a dead one's containers.")
     max_memory_mb: int = Field(4096, ge=32, description="Cap on a session's memory.")
     max_cpus: float = Field(2.0, gt=0, description="Cap on a session's CPUs.")
     max_pids: int = Field(1024, ge=16, description="Cap on a session's processes.")
@@ -150,7 +153,7 @@ class ExecService:
         self.worker_id = f"exec-{int(time.time() * 1000):x}-{id(self) & 0xFFFF:x}"
         await asyncio.to_thread(self._hold_liveness_lock)
         labels = {"kiln.lock": str(self._lock_path()), "kiln.lockns": _namespace()}
-        seal = await asyncio.to_thread(LabelSeal.load, self.settings.lock_dir)
+        seal = await asyncio.to_thread(LabelSeal.load, self.settings.seal_dir)
         self.manager = SessionManager(client, self.worker_id, open_blob_store(get_settings()),
                                       self.settings.image_prefixes, labels, seal=seal,
                                       replay_bytes=self.settings.replay_cache_bytes,
@@ -239,7 +242,7 @@ class ExecService:
                 if container.id not in ours and age > 60:
                     self._reap(container, "stray")
             elif labels.get("kiln.lockns") == namespace and labels.get("kiln.lock"):
-                if not _owner_alive(Path(labels["kiln.lock"]), self.settings.lock_dir):
+                if not _owner_alive(Path(labels["kiln.lock"])):
                     self._reap(container, "worker_gone")
             elif age > self.settings.max_session_age_s:  # a worker this one cannot see: only the age tells
                 self._reap(container, "expired")
@@ -539,11 +542,11 @@ def _namespace() -> str:
     return f"{boot}/{os.readlink('/proc/self/ns/mnt')}"
 
 
-def _owner_alive(lock_path: Path, lock_dir: Path) -> bool:
+def _owner_alive(lock_path: Path) -> bool:
     """A worker is alive while it holds the exclusive lock on its lock file. The file is opened read-only, never
-    created: a missing file means its worker is gone. Only a ``*.lock`` file directly in ``lock_dir`` is judged
-    (and removed when stale); any other path counts as alive, so no label can make a reaper remove a file."""
-    if lock_path.parent != lock_dir.resolve() or lock_path.suffix != ".lock" or lock_path.name.startswith("."):
+    created: a missing file means its worker is gone. The path comes from a sealed label (kiln wrote it); even so
+    only a ``*.lock`` file is judged (and removed when stale), any other path counts as alive."""
+    if lock_path.suffix != ".lock" or lock_path.name.startswith("."):
         return True
     try:
         fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW)

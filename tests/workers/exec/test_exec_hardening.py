@@ -129,14 +129,13 @@ def test_a_seal_binds_kiln_labels_to_their_container(tmp_path: Path) -> None:
     assert "kiln.lock" not in (seal.recorded("kiln-x-1", {**labels, "kiln.lock": "/etc/passwd"}) or {})
 
 
-def test_a_lock_path_outside_the_lock_dir_is_never_removed(tmp_path: Path) -> None:
-    locks = tmp_path / "locks"
-    locks.mkdir()
-    victim, stale = tmp_path / "victim.lock", locks / "exec-gone.lock"
-    victim.write_text("host file")
-    stale.write_text("")
-    assert _owner_alive(victim, locks) and victim.exists()
-    assert not _owner_alive(stale, locks) and not stale.exists()
+def test_only_unheld_lock_files_are_removed(tmp_path: Path) -> None:
+    victim, hidden, stale = tmp_path / "host-file.txt", tmp_path / ".kiln-seal-key", tmp_path / "exec-gone.lock"
+    for path in (victim, hidden, stale):
+        path.write_text("")
+    assert _owner_alive(victim) and victim.exists()
+    assert _owner_alive(hidden) and hidden.exists()
+    assert not _owner_alive(stale) and not stale.exists()
 
 
 def _image(docker_engine: Any, tag: str, dockerfile: str, labels: dict[str, str] | None = None) -> str:
@@ -152,7 +151,7 @@ async def test_reaper_leaves_containers_with_forged_kiln_labels_alone(
     victim.write_text("must survive")
     tag = f"kiln-test/forged-labels:{uuid.uuid4().hex[:8]}"
     forged: list[Any] = []
-    with exec_worker(exec_settings, locks, KILN_EXEC_MAX_SESSION_AGE_S="1") as worker:
+    with exec_worker(exec_settings, locks, KILN_EXEC_MAX_SESSION_AGE_S="1", KILN_EXEC_SEAL_DIR=str(locks)) as worker:
         worker.wait_assigned()
         decoy = locks / "exec-gone.lock"  # an unheld lock in the lock dir, named by a forged label
         decoy.write_text("")
