@@ -102,6 +102,7 @@ for group in groups:
 # The sandbox's environment (workers/exec/runners.py) on top of the image's.
 SANDBOX_ENV = {"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu/docker")  # Docker's containers' parent CPU cgroup (cgroup v1, cgroupfs)
 
 
 def job(n: int) -> tuple[str, str]:
@@ -344,13 +345,23 @@ class Bare:
     """Per-call directories under ``ROOT/tmp/kiln-bench-*`` (removed after each call and at the end), the command
     run by ``chroot --userspec=1000:1000``: the image's interpreters and compilers, no isolation."""
 
-    def __init__(self, root: Path, env: dict[str, str]) -> None:
+    def __init__(self, root: Path, env: dict[str, str], cgroup: bool = False) -> None:
         self.root, self.env = root, env
         self.scratch = Path(tempfile.mkdtemp(prefix="kiln-bench-", dir=root / "tmp"))
         self.scratch.chmod(0o777)
+        # --bare-cgroup: bare's processes in a CPU cgroup beside the containers' (cgroup v1: under /docker), so that
+        # on a host others load, bare and the sandboxes get the same CPU share; by default they run in this
+        # process's cgroup, where each competes with every other task on the host on its own.
+        self.cgroup: Path | None = None
+        if cgroup:
+            self.cgroup = CPU_CGROUP / f"kiln-bench-bare-{uuid.uuid4().hex[:8]}"
+            self.cgroup.mkdir()
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError):
+                self.cgroup.rmdir()
 
     @contextlib.contextmanager
     def call_dir(self, n: int, files: dict[str, str]) -> Iterator[str]:
@@ -366,8 +377,9 @@ class Bare:
             shutil.rmtree(host, ignore_errors=True)
 
     async def run(self, argv: list[str], stdin: str = "") -> tuple[int, str, str]:
+        enter = ["sh", "-c", f'echo $$ > {self.cgroup}/tasks && exec "$0" "$@"'] if self.cgroup else []
         proc = await asyncio.create_subprocess_exec(
-            CHROOT, "--userspec=1000:1000", str(self.root), *argv, stdin=asyncio.subprocess.PIPE,
+            *enter, CHROOT, "--userspec=1000:1000", str(self.root), *argv, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self.env)
         out, err = await proc.communicate(stdin.encode())
         return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
@@ -518,21 +530,22 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     client = docker_client()
     metrics: dict[str, float] = {"reward_loadavg_1m_start": loadavg()}
     # What the exec worker picks when it is not told its slots (it runs on this machine, with this environment).
-    slots = settings.model_copy(update={"slots": 0}).job_slots(4)
+    slots = args.exec_slots or settings.model_copy(update={"slots": 0}).job_slots(4)
     metrics["reward_exec_worker_slots"] = slots
     cleanup = contextlib.AsyncExitStack()
     notes: dict[str, str] = {}
     try:
         tmp = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="kiln-bench-reward-")))
         root = await asyncio.to_thread(exported_root, client, IMAGE, settings.cache)
-        bare = Bare(root, image_env(client, IMAGE))
+        bare = Bare(root, image_env(client, IMAGE), args.bare_cgroup)
         cleanup.callback(bare.close)
         docker_exec = await asyncio.to_thread(DockerExec, client, IMAGE, slots, uuid.uuid4().hex[:6])
         cleanup.callback(docker_exec.close)
         env = {k: v for k, v in os.environ.items() if k != "KILN_SLOTS"}
         os.environ.pop("KILN_SLOTS", None)  # the worker is not told its slots: kiln picks them
         metrics_port = free_port()
-        worker = WorkerProcess("exec", settings, "exec.requests", slots=0, env={
+        # slots=0: no --slots of its own, kiln picks (--exec-slots only for an experiment, reported as such).
+        worker = WorkerProcess("exec", settings, "exec.requests", slots=args.exec_slots, env={
             **env, "KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_CACHE": str(settings.cache),
             "KILN_EXEC_LOCK_DIR": str(tmp / "locks"), "KILN_METRICS_PORT": str(metrics_port)})
         cleanup.callback(worker.stop)
@@ -566,7 +579,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                 ("cpp", {"bare": per_call(bare.cpp), "gateway": per_call(gateway_call(url, "cpp"))}, "gateway"),
                 ("pytest", {"bare": per_call(bare.pytest), "runonce": per_call(runonce_pytest(exec_client))},
                  "runonce")]
-            for j, (case, case_runs, kiln_path) in enumerate(cases):
+            for j, (case, case_runs, kiln_path) in enumerate([] if args.no_cases else cases):
                 calls = max(args.case_calls, c) if not args.quick else args.case_calls
                 phases = await measure(case_runs, calls, c, max(1, min(args.rounds, calls // c)), args.warm,
                                        progress, 10_000_000 * (j + 1), accounts)
@@ -593,6 +606,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--group", type=int, default=8, help="completions per execcheck group")
     parser.add_argument("--case-calls", type=int, default=64, help="calls per path of the cpp and pytest cases")
     parser.add_argument("--case-concurrency", type=int, default=64)
+    parser.add_argument("--exec-slots", type=int, default=0, help="an experiment only: the exec worker's slots "
+                        "(default: not told, kiln picks; the docker_exec containers follow)")
+    parser.add_argument("--bare-cgroup", action="store_true", help="bare's processes in a CPU cgroup beside the "
+                        "containers' (a fair baseline on a host others load; cgroup v1)")
+    parser.add_argument("--no-cases", action="store_true", help="skip the cpp and pytest cases")
     parser.add_argument("--quick", action="store_true", help="smoke test: 8 calls at concurrency 4, groups of 2")
     args = parser.parse_args(argv)
     if args.quick:
