@@ -5,13 +5,11 @@ attack goes through the real builder and the real engine; none gets through (``w
 
 from __future__ import annotations
 
-import http.server
 import io
 import tarfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -27,37 +25,18 @@ from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits
 from tests.ingest.gitrepos import Builder, write
+from tests.workers.builder.servers import counting_server
 
 pytestmark = pytest.mark.docker
 BASES = BaseImages("kiln/base:latest", "kiln/toolchain:latest")
 SECRET = b"another repository's secret"
 
 
-class _Counting(http.server.BaseHTTPRequestHandler):
-    hits: ClassVar[list[str]] = []
-
-    def do_GET(self) -> None:
-        self.hits.append(self.path)
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(SECRET)
-
-    do_HEAD = do_GET
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def host_server() -> Iterator[tuple[int, list[str]]]:
     """An HTTP server on every address of this machine (loopback included), counting requests."""
-    port = free_port()
-    hits: list[str] = []
-    server = http.server.ThreadingHTTPServer(("0.0.0.0", port), type("Handler", (_Counting,), {"hits": hits}))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield port, hits
-    server.shutdown()
-    server.server_close()
+    with counting_server(SECRET) as server:
+        yield server
 
 
 @pytest.fixture

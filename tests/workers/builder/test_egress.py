@@ -6,14 +6,12 @@ honest part of the build (a real npm dependency, fetched through the proxy) stil
 
 from __future__ import annotations
 
-import http.server
 import json
 import shlex
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import boto3
 import httpx
@@ -24,7 +22,6 @@ from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildEvent, BuildRequest
 from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
-from kiln.streams.processes import free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.builder.agent import AgentConfig
 from kiln.workers.builder.images import BaseImages
@@ -33,38 +30,18 @@ from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits
 from kiln.workers.common.registry import Registry
 from tests.ingest.gitrepos import Builder, write
+from tests.workers.builder.servers import counting_server
 
 pytestmark = pytest.mark.docker
 BASES = BaseImages("kiln/base:latest", "kiln/toolchain:latest")
 FORGED = "forged-by-build"
 
 
-class _Counting(http.server.BaseHTTPRequestHandler):
-    hits: ClassVar[list[str]] = []
-
-    def do_GET(self) -> None:
-        self.hits.append(self.path)
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"secret")
-
-    do_PUT = do_POST = do_DELETE = do_GET
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def off_list_server() -> Iterator[tuple[int, list[str]]]:
     """An HTTP server on every address of this machine, left off the proxy's allowlist."""
-    port = free_port()
-    hits: ClassVar[list[str]] = []
-    handler = type("Handler", (_Counting,), {"hits": hits})
-    server = http.server.ThreadingHTTPServer(("0.0.0.0", port), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield port, hits
-    server.shutdown()
-    server.server_close()
+    with counting_server(b"secret") as server:
+        yield server
 
 
 def _host_address() -> str:
