@@ -28,6 +28,12 @@ worker chose: it is started without ``--slots``) and ``reward_loadavg_1m_{start,
 Every path is warmed before it is measured; phases alternate (every path once per round, ``--rounds``) so drift hits
 all paths alike. Aims (issue 33, reported, not asserted): every kiln path ≥ 0.7 of bare; p99 ≤ 3x p50; 0 errors.
 
+Diagnostics: ``reward_<path>_worker_s_per_run_once_c<N>`` (the exec worker's own handling time of one run_once, from
+its metrics) and ``reward_<path>_cpu_ms_<part>_c<N>`` (CPU milliseconds per call by process: client, children,
+worker, gateway, sandboxes, broker, docker — the last two shared with whatever else runs on the host). Experiments,
+never the headline: ``--exec-slots N`` (the worker told its slots), ``--bare-cgroup`` (bare's processes in a CPU
+cgroup beside the containers').
+
 Usage: python -m bench.reward_throughput [--calls 256] [--concurrency 64 256] [--rounds 2] [--quick]
 """
 
@@ -410,8 +416,12 @@ class DockerExec:
     memory and pids limits), ``docker exec -i`` of the program, calls spread round-robin."""
 
     def __init__(self, client: Any, image: str, count: int, tag: str) -> None:
+        self.client, self.image, self.count, self.tag = client, image, count, tag
         self.containers: list[Any] = []
-        for _ in range(count):
+
+    def start(self) -> None:
+        client, image, tag = self.client, self.image, self.tag
+        for _ in range(self.count):
             self.containers.append(client.containers.run(
                 image, ["sleep", "infinity"], detach=True, name=f"kiln-bench-reward-{tag}-{len(self.containers)}",
                 network_mode="none", read_only=True, user="1000:1000", working_dir="/tmp",
@@ -539,14 +549,16 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         root = await asyncio.to_thread(exported_root, client, IMAGE, settings.cache)
         bare = Bare(root, image_env(client, IMAGE), args.bare_cgroup)
         cleanup.callback(bare.close)
-        docker_exec = await asyncio.to_thread(DockerExec, client, IMAGE, slots, uuid.uuid4().hex[:6])
+        docker_exec = DockerExec(client, IMAGE, slots, uuid.uuid4().hex[:6])
         cleanup.callback(docker_exec.close)
-        env = {k: v for k, v in os.environ.items() if k != "KILN_SLOTS"}
-        os.environ.pop("KILN_SLOTS", None)  # the worker is not told its slots: kiln picks them
+        await asyncio.to_thread(docker_exec.start)
+        # The worker is not told its slots (KILN_SLOTS included): kiln picks them.
+        if (saved := os.environ.pop("KILN_SLOTS", None)) is not None:
+            cleanup.callback(os.environ.__setitem__, "KILN_SLOTS", saved)
         metrics_port = free_port()
         # slots=0: no --slots of its own, kiln picks (--exec-slots only for an experiment, reported as such).
         worker = WorkerProcess("exec", settings, "exec.requests", slots=args.exec_slots, env={
-            **env, "KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_CACHE": str(settings.cache),
+            "KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_CACHE": str(settings.cache),
             "KILN_EXEC_LOCK_DIR": str(tmp / "locks"), "KILN_METRICS_PORT": str(metrics_port)})
         cleanup.callback(worker.stop)
         worker.wait_assigned(120)
