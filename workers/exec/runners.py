@@ -146,6 +146,12 @@ class RunnerPool:
         if not self._binary:
             self._binary = self._supervisor()
 
+    def serves(self, image: str) -> bool:
+        """Whether a runner of ``image`` exists here (so the engine has the image: no need to ask it again)."""
+        with self._lock:
+            return any(r.key[0] == image for r in self._busy.values()) or any(
+                key[0] == image and runners for key, runners in self._idle.items())
+
     def container_ids(self) -> set[str]:
         """Containers this pool owns (idle, busy or starting): never strays to the reaper."""
         with self._lock:

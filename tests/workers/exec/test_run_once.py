@@ -117,7 +117,7 @@ async def test_concurrent_calls_cannot_reach_or_starve_each_other(exec_settings:
 async def test_the_threat_models_boundaries_hold_in_a_runner(exec_settings: KilnSettings,
                                                              worker: WorkerProcess) -> None:
     probe = r"""
-id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status | tr -s '\t ' ' '
+id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status | tr -s '\t ' ' '; cat /proc/self/oom_score_adj
 touch /usr/bin/kiln-wrote 2>/dev/null && echo image-written || echo image-read-only
 python3 -c "import socket; socket.create_connection(('192.0.2.1', 80), 1)" 2>/dev/null && echo net || echo no-net
 grep -v ' lo:' /proc/net/dev | tail -n +3 | wc -l
@@ -139,7 +139,7 @@ awk -v ours="$ours" '$4 != "/" && $5 !~ ours' /proc/self/mountinfo
         with pytest.raises(RequestFailed, match="not allowed"):
             await client.run_once("debian:stable", "true")
     assert result.output is not None
-    assert result.output.stdout.splitlines() == ["1000", "CapEff: 0000000000000000", "NoNewPrivs: 1",
+    assert result.output.stdout.splitlines() == ["1000", "CapEff: 0000000000000000", "NoNewPrivs: 1", "1000",
                                                  "image-read-only", "no-net", "0"], result.output.stdout
     assert flood.output is not None and flood.output.stdout_truncated and len(flood.output.stdout) == 1000
     assert [(s.name, s.timed_out) for s in slow.steps] == [("build", True)]

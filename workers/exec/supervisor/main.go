@@ -9,8 +9,8 @@
 // than the supervisor and the supervisor is not dumpable, so it can neither open the supervisor's descriptors
 // (/proc/<pid>/fd needs ptrace rights over it) nor signal it: the verdict is out of its reach.
 //
-// The helpers "prepare", "fetch", "wipe" and "step" are this binary again, started as uid 1000 by serve; they never
-// run beside judged code.
+// The helpers "prepare", "fetch" and "wipe" are this binary again, started as uid 1000 by serve; they never run
+// beside judged code.
 package main
 
 import (
@@ -91,7 +91,7 @@ type reply struct {
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: sup serve|prepare|fetch|wipe|step")
+		fmt.Fprintln(os.Stderr, "usage: sup serve|prepare|fetch|wipe")
 		os.Exit(2)
 	}
 	var err error
@@ -104,8 +104,6 @@ func main() {
 		err = fetch()
 	case "wipe":
 		err = wipe()
-	case "step":
-		err = stepExec(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
@@ -293,7 +291,7 @@ func runStep(c *call, s step) stepResult {
 		return res
 	}
 	dir := filepath.Join("/work", c.Cwd)
-	cmd := exec.Command(self, "step", "bash", "-c", s.Command)
+	cmd := exec.Command("bash", "-c", s.Command)
 	cmd.SysProcAttr = credential()
 	cmd.Dir = dir
 	cmd.Env = baseEnv(c.Env)
@@ -317,7 +315,12 @@ func runStep(c *call, s step) stepResult {
 	go func() { io.Copy(stdout, outR); readers.Done() }()
 	go func() { io.Copy(stderr, errR); readers.Done() }()
 	started := time.Now()
+	// The step inherits an OOM score of 1000 (the first to go when the runner's memory runs out), set on this
+	// process just for the fork: raising it needs no capability, and lowering back to 0 stays within what this
+	// process was given.
+	oomScore("1000")
 	startErr := cmd.Start()
+	oomScore("0")
 	outW.Close()
 	errW.Close()
 	if startErr != nil {
@@ -433,17 +436,11 @@ func killAll() int {
 	return -1
 }
 
-// --- helpers (uid 1000) ------------------------------------------------------------------------------------------
-
-// stepExec makes the step the first victim of an out-of-memory kill, then becomes it.
-func stepExec(argv []string) error {
-	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("1000"), 0)
-	path, err := exec.LookPath(argv[0])
-	if err != nil {
-		return err
-	}
-	return syscall.Exec(path, argv, os.Environ())
+func oomScore(value string) {
+	_ = os.WriteFile("/proc/self/oom_score_adj", []byte(value), 0)
 }
+
+// --- helpers (uid 1000) ------------------------------------------------------------------------------------------
 
 func inside(root, rel string) (string, error) {
 	clean := filepath.Clean(rel)
