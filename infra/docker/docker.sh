@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Docker engine and kiln's local images, built without any registry hub.
 #   docker.sh engine      install Debian's docker.io if missing; start dockerd --bridge=none --iptables=false
+#                         --no-new-privileges (restarting one this script started without it)
 #   docker.sh base        kiln/base:<hash>       debootstrap bookworm minbase (+python3, git, tini) -> docker import
 #   docker.sh toolchain   kiln/toolchain:<hash>  base + build tools + the host's Go, Rust, Python and Node toolchains
 #   docker.sh images      base and toolchain; prints "name=tag" lines
@@ -22,13 +23,21 @@ engine_ready() { "$DOCKER" version --format '{{.Server.Version}}' >/dev/null 2>&
 engine() {
   # docker-compose (Debian's, v1) validates docker-compose.yml in the tests; users may use `docker compose`.
   command -v docker-compose >/dev/null || apt_install docker-compose
-  if engine_ready; then return 0; fi
+  if engine_ready; then
+    # `docker info` does not list the flag: read it from the command line of the dockerd this script started.
+    pid_alive "$PIDFILE" || return 0
+    if tr '\0' ' ' <"/proc/$(cat "$PIDFILE")/cmdline" | grep -q -- --no-new-privileges; then return 0; fi
+    log "restarting dockerd: it was started without --no-new-privileges"
+    stop_pidfile "$PIDFILE" dockerd
+  fi
   command -v dockerd >/dev/null || apt_install docker.io
   DOCKER="${KILN_DOCKER_CLI:-$(command -v /usr/bin/docker || command -v docker)}"
   mkdir -p "$DOCKER_RUN"
   # --bridge=none: containers get no network unless they ask for the host's; no iptables in this sandbox.
-  log "starting dockerd (--bridge=none --iptables=false)"
-  nohup dockerd --bridge=none --iptables=false >"$DOCKER_RUN/dockerd.log" 2>&1 </dev/null &
+  # --no-new-privileges: every container's default, so a repository Dockerfile's own RUN steps (the build API takes
+  # no security options) cannot gain privileges through a setuid program either.
+  log "starting dockerd (--bridge=none --iptables=false --no-new-privileges)"
+  nohup dockerd --bridge=none --iptables=false --no-new-privileges >"$DOCKER_RUN/dockerd.log" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
   wait_for dockerd 60 engine_ready
   log "dockerd ready: $("$DOCKER" version --format '{{.Server.Version}}')"

@@ -24,3 +24,11 @@ def test_toolchain_image_has_host_toolchains(docker_engine: Any) -> None:
     assert "go version go1." in out
     assert "rustc 1." in out and "cargo 1." in out
     assert "Python 3." in out and "v2" in out
+
+
+def test_every_container_gets_no_new_privileges(docker_engine: Any) -> None:
+    """The engine's default (dockerd --no-new-privileges): also a repository Dockerfile's RUN steps, which the
+    build API runs without any security option kiln could pass."""
+    out = docker_engine.containers.run("kiln/base:latest", ["grep", "NoNewPrivs", "/proc/self/status"],
+                                       network_mode="none", remove=True)
+    assert out.decode().split() == ["NoNewPrivs:", "1"]
