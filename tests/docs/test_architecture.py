@@ -25,4 +25,4 @@ def test_the_verifier_example_is_the_tested_toy_verifier_verbatim() -> None:
     toy = ROOT / "tests" / "fixtures" / "toy_verifier"
     for path in (toy / "pyproject.toml", toy / "kiln_wordlen" / "verifier.py"):
         assert f"```{'toml' if path.suffix == '.toml' else 'python'}\n{path.read_text()}```" in DOC, path
-    assert "`kiln.verifiers`" in DOC and "tests/workers/verify/test_plugins.py" in DOC
+    assert "`kiln.verifiers`" in DOC and "tests/workers/verify/test_verifier_plugins.py" in DOC
