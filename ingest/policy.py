@@ -36,7 +36,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kiln.ingest.errors import InvalidLocation, LocationOutsideRoots
+from kiln.ingest.errors import DownloadFailed, InvalidLocation, LocationOutsideRoots
 
 _INWARD = [ipaddress.ip_network(n) for n in (
     "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16",
@@ -223,7 +223,10 @@ def _local(path: str, policy: IngestPolicy) -> Path:
     real = Path(path).resolve()
     if not any(real == root or real.is_relative_to(root) for root in check.roots):
         raise LocationOutsideRoots(f"local path {path!r} is outside KILN_INGEST_LOCAL_ROOTS ({_roots_text(policy)})")
-    if not real.is_dir():  # git would try ``path.git`` and ``path.git/.git`` next: only existing folders are taken
+    suffixed = Path(f"{real}.git")  # git would try ``path.git`` and ``path.git/.git`` next: never handed to it
+    if not real.exists() and not (suffixed.exists() or suffixed.is_symlink()):
+        raise DownloadFailed("not_found", f"local path {path!r} does not exist")
+    if not real.is_dir():
         raise InvalidLocation(f"local path {path!r} is not a directory under KILN_INGEST_LOCAL_ROOTS")
     return check.git_dir(real)
 

@@ -56,7 +56,7 @@ async def test_ingest_events_failures_and_replay_rebuild(stage_topics: Callable[
 
     by_name = {e.repository: e for e in results}
     assert by_name["acme/broken"].status == "failed" and by_name["acme/broken"].reason == "not_found"
-    assert "does not appear to be a git repository" in (by_name["acme/broken"].detail or "")
+    assert "does not exist" in (by_name["acme/broken"].detail or "")
     for name in ("acme/one", "acme/two", "acme/one-slim"):
         assert by_name[name].status == "ingested", by_name[name]
     assert by_name["acme/one"].strategy == "parallel" and by_name["acme/one-slim"].strategy == "rewrite"
