@@ -69,6 +69,7 @@ from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.stage import TopicSpec
 from kiln.workers.common.containers import docker_client
 from kiln.workers.exec.client import ExecClient
+from kiln.workers.exec.stage import stage as exec_stage
 from kiln.workers.rewards import OutputMatches
 from kiln.workers.rollout.stage import RolloutSettings
 from kiln.workers.rollout.verifiers import ExecVerifier, VerifierContext
@@ -540,7 +541,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     client = docker_client()
     metrics: dict[str, float] = {"reward_loadavg_1m_start": loadavg()}
     # What the exec worker picks when it is not told its slots (it runs on this machine, with this environment).
-    slots = args.exec_slots or settings.model_copy(update={"slots": 0}).job_slots(4)
+    slots = args.exec_slots or settings.model_copy(update={"slots": 0}).job_slots(exec_stage.slots_per_cpu)
     metrics["reward_exec_worker_slots"] = slots
     cleanup = contextlib.AsyncExitStack()
     notes: dict[str, str] = {}
