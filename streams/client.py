@@ -384,7 +384,7 @@ class KilnClient:
         fut.add_done_callback(lambda _f: state.slots.release())
         try:
             await self._produce(state, self.settings.topic(request_topic), value, msg_key, envelope.request_id,
-                                partition, [(codec.LANE_HEADER, lane.encode())] if lane else None)
+                                partition, codec.request_headers(state.client_id, lane))
         except BaseException:
             # Not sent: nothing will resolve the future, so it must not keep its slot or count as pending.
             state.pending.pop(envelope.request_id, None)

@@ -130,12 +130,30 @@ LANE_HEADER = "kiln-lane"
 """A request's lane (``RequestEnvelope.lane``) as a header: workers schedule by it before decoding the value."""
 
 
-def lane_of(headers: RecordHeaders) -> str | None:
+CLIENT_HEADER = "kiln-client"
+"""A request's ``client_id`` as a header: workers queue fairly per client before decoding the value. Like the
+envelope's field, the client asserts it; fairness is between clients that do not lie about who they are."""
+
+
+def header_value(headers: RecordHeaders, wanted: str) -> str | None:
+    """The first non-empty value of header ``wanted``, as text."""
     pairs = headers.items() if isinstance(headers, dict) else headers or []
     for name, raw in pairs:
-        if name == LANE_HEADER and raw:
+        if name == wanted and raw:
             return raw.decode(errors="replace") if isinstance(raw, bytes) else raw
     return None
+
+
+def lane_of(headers: RecordHeaders) -> str | None:
+    return header_value(headers, LANE_HEADER)
+
+
+def request_headers(client_id: str, lane: str | None) -> list[tuple[str, bytes]]:
+    """The headers a request carries for scheduling: its client, and its lane when it has one."""
+    headers = [(CLIENT_HEADER, client_id.encode())]
+    if lane:
+        headers.append((LANE_HEADER, lane.encode()))
+    return headers
 
 
 def result_request_id(value: bytes, headers: RecordHeaders) -> str | None:

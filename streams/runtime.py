@@ -497,8 +497,7 @@ class Worker:
             lane = self._budgeted_lane(msg)
             if lane is not None:
                 self._lane_running[lane] += 1
-            task = asyncio.get_running_loop().create_task(self._run_job(tp, part, msg, lane))
-            part.tasks.add(task)
+            self._launch(tp, part, msg, lane)
             if part.paused and len(part.backlog) <= self.prefetch // 2:
                 part.paused = False
                 resume = [TopicPartition(*tp)]
@@ -537,6 +536,11 @@ class Worker:
             return False
         lane = self._budgeted_lane(msg)
         return lane is None or self._lane_running[lane] < self.lanes[lane]
+
+    def _launch(self, tp: TP, part: _Partition, msg: Message, lane: str | None) -> None:
+        """Start one job that holds a slot (counted by the caller)."""
+        task = asyncio.get_running_loop().create_task(self._run_job(tp, part, msg, lane))
+        part.tasks.add(task)
 
     async def _run_job(self, tp: TP, part: _Partition, msg: Message, lane: str | None) -> None:
         released = False
