@@ -56,6 +56,9 @@ class WorkerMetrics:
         self.lock_expired = Counter("kiln_queue_lock_expired_total", "Queue-mode records released unrun: they "
                                     "waited so long for a slot that their lock could have run out.",
                                     list(labels), registry=self.registry).labels(**labels)
+        self.offset_maps_spilled = Counter("kiln_offset_maps_spilled_total", "Finished-ahead maps too big for "
+                                           "the commit metadata, stored in the blob store.",
+                                           list(labels), registry=self.registry).labels(**labels)
         self.skipped = Counter("kiln_skipped_total", "Messages skipped because they finished before a restart.",
                                list(labels), registry=self.registry).labels(**labels)
         self.durations = Histogram("kiln_job_seconds", "Job duration including retries.", list(labels),

@@ -4,8 +4,9 @@ consumer-side helpers that feed it.
 The committed offset of a partition is its lowest unfinished offset. Jobs finished *beyond* it are remembered in
 the commit's metadata string (run-length encoded, zlib-compressed, base64; bounded well under the broker's
 4 KiB limit), so after a crash or rebalance the new owner skips them and only the jobs really in flight run
-again. Before the map would outgrow the metadata, the runtime stops taking the partition's jobs (``map_full``); only
-as a last resort are the farthest runs dropped (a re-run, never a lost job).
+again. A map that outgrows the metadata is spilled: stored in the blob store, and the metadata names its digest
+(``k2:<sha256>``). Without a blob store the runtime stops taking the partition's jobs before the map would outgrow
+the metadata (``map_full``); only as a last resort are the farthest runs dropped (a re-run, never a lost job).
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from __future__ import annotations
 import base64
 import bisect
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from kiln.streams.errors import KilnError
 
 METADATA_PREFIX = "k1:"
+SPILL_PREFIX = "k2:"
+"""Metadata naming a spilled map: the blob (digest after the prefix) holds the ``k1:`` text of the whole map."""
 MAX_METADATA_CHARS = 3000
 MAP_SOFT_LIMIT_CHARS = 2000
 """Past this the runtime stops taking a partition's jobs until its finished-ahead map shrinks."""
@@ -102,8 +105,19 @@ def _encode(runs: list[tuple[int, int]], limit: int | None) -> str:
         runs = runs[: len(runs) - max(1, len(runs) // 4)]
 
 
-def decode_done(base: int, metadata: str | None) -> set[int]:
-    """The finished offsets recorded in ``metadata`` for a partition committed at ``base``."""
+def decode_done(base: int, metadata: str | None, fetch: Callable[[str], bytes] | None = None) -> set[int]:
+    """The finished offsets recorded in ``metadata`` for a partition committed at ``base``; a spilled map is read
+    with ``fetch(digest)`` (the blob store's ``get``)."""
+    if metadata and metadata.startswith(SPILL_PREFIX):
+        if fetch is None:
+            raise OffsetMapError("the finished-ahead map was spilled to the blob store, and none is at hand")
+        digest = metadata[len(SPILL_PREFIX):]
+        try:
+            metadata = fetch(digest).decode()
+        except Exception as e:  # missing, unreachable, not text: the jobs run again, nothing is lost
+            raise OffsetMapError(f"spilled offset map {digest[:16]}... unreadable: {e}") from e
+        if metadata.startswith(SPILL_PREFIX):
+            raise OffsetMapError("a spilled offset map names another spilled map")
     if not metadata or not metadata.startswith(METADATA_PREFIX):
         return set()
     try:

@@ -7,8 +7,10 @@ through a command queue, the consumer thread to the loop through ``call_soon_thr
 Semantics (docs/architecture.md, "The runtime's guarantees"):
 - an offset is committed only when every job at or below it has finished; jobs finished beyond it travel in
   the commit metadata (``streams.offsets``) and are skipped by the next owner;
-- at most ``slots`` jobs run; each partition at most ``max_in_flight_per_partition``; partitions are served
-  round-robin and paused when their local backlog is full, while polling continues;
+- at most ``slots`` jobs run; each partition at most ``max_in_flight_per_partition``; a free slot goes to the
+  client with the least slot time among those with a job that may start (``streams.fairqueue``), whichever
+  partitions they share; partitions are paused when their share of the read-ahead (``KILN_READAHEAD_BYTES``) is
+  full, while polling continues;
 - keyed mode runs jobs with the same key one at a time, in offset order;
 - lanes (``KILN_LANES``): a lane's jobs hold at most its slot budget; others in the backlog start past them;
 - revoke or SIGTERM: stop intake, let running jobs finish within the grace period, commit, abandon the rest.
@@ -23,7 +25,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,10 +34,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from kiln.streams import admin, codec
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.executor import JobExecutor, new_worker_id
+from kiln.streams.fairqueue import FairQueue, Queued
 from kiln.streams.heartbeat import Heartbeat
 from kiln.streams.metrics import WorkerMetrics, start_worker_endpoints
 from kiln.streams.middleware import Middleware
 from kiln.streams.offsets import (
+    MAX_METADATA_CHARS,
+    SPILL_PREFIX,
     OffsetMapError,
     PartitionOffsets,
     commit_position,
@@ -51,6 +55,11 @@ HANDOVER_S = 25.0  # what a stage's revoke hook may take, inside the revoke's ma
 log = logging.getLogger("kiln.runtime")
 
 TP = tuple[str, int]
+RECORD_OVERHEAD = 512
+"""Bytes a buffered record is counted for beyond its key and value (the message and queue objects)."""
+MIN_PARTITION_READAHEAD = 1 << 20
+SPILL_INTERVAL_S = 0.25
+"""At most this often a partition's spilled finished-ahead map is stored again (a blob per commit)."""
 FREEZE_S = 2.0
 """A consumer thread silent this long was frozen (SIGSTOP, a stalled VM) or starved: no job starts until a
 commit proves this worker still owns its partitions (a zombie's group may have moved on)."""
@@ -68,11 +77,23 @@ def _commit_now(consumer: Consumer, offsets: list[TopicPartition]) -> tuple[list
 @dataclass
 class _Partition:
     offsets: PartitionOffsets
-    backlog: deque[Message] = field(default_factory=deque)
+    buffered_bytes: int = 0  # of its records in the fair queue
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     running: int = 0  # jobs of this partition holding a slot (tasks also counts ones publishing results)
     paused: bool = False
     revoking: bool = False
+
+
+@dataclass
+class _Slot:
+    """A started job: where it came from and whose slot time it is."""
+
+    tp: TP
+    part: _Partition
+    msg: Message
+    lane: str | None
+    client: str
+    started: float
 
 
 class Worker:
@@ -102,7 +123,8 @@ class Worker:
         self.per_partition_cap = max_in_flight_per_partition or self.slots
         self.lanes = dict(settings.lanes if lanes is None else lanes)
         self._lane_running: dict[str, int] = dict.fromkeys(self.lanes, 0)
-        self.prefetch = max(2 * self.per_partition_cap, 16)
+        self.readahead_bytes = settings.readahead_bytes
+        self._queue: FairQueue[Message] = FairQueue(settings.client_weights)
         self.grace_s = settings.grace_s if grace_s is None else grace_s
         self.worker_id = worker_id or new_worker_id()
         self.metrics = WorkerMetrics(stage.name, self.worker_id, stage.registry)
@@ -110,7 +132,7 @@ class Worker:
         self.executor = JobExecutor(stage, settings, self.metrics, self.worker_id, self.dlq_topic, blob_store,
                                     middleware)
         self._parts: dict[TP, _Partition] = {}
-        self._rr: deque[TP] = deque()
+        self._spilled: dict[TP, tuple[str, str, float]] = {}  # last spilled map: its text, metadata, when
         self._running = 0
         self._busy_keys: set[bytes | None] = set()
         self._dirty: set[TP] = set()
@@ -276,8 +298,7 @@ class Worker:
         nothing starts: a fenced member waits for the group to take its partitions (on_lost / on_revoke drop them
         with their stale backlog) and hand out new ones (on_assign); any other refusal (a coordinator moving, a
         broker restarting) is retried every second."""
-        positions: list[TopicPartition] = self._call_in_loop(
-            lambda: [commit_position(t, p, part.offsets) for (t, p), part in self._parts.items()], timeout=30)
+        positions: list[TopicPartition] = self._call_in_loop(lambda: self._positions(list(self._parts)), timeout=30)
         positions = [tp for tp in positions if (tp.topic, tp.partition) in self._owned]
         refused, error = _commit_now(consumer, positions) if positions else ([], None)
         if not refused:
@@ -355,7 +376,7 @@ class Worker:
         for tp in committed:
             start = tp.offset if tp.offset >= 0 else 0
             try:
-                done = decode_done(start, tp.metadata)
+                done = decode_done(start, tp.metadata, self._fetch_spilled)
             except OffsetMapError as e:
                 log.warning("ignoring offset metadata of %s[%d]: %s", tp.topic, tp.partition, e)
                 done = set()
@@ -369,6 +390,11 @@ class Worker:
         self._unconfirmed.clear()  # the group just handed these out: ownership is fresh
         log.info("assigned %s", sorted(p for _, p in states))
         self.ready.set()
+
+    def _fetch_spilled(self, digest: str) -> bytes:
+        if self.executor.blob_store is None:
+            raise OffsetMapError("no blob store to read a spilled offset map from")
+        return self.executor.blob_store.get(digest)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(tp.topic, tp.partition) for tp in partitions]
@@ -390,17 +416,15 @@ class Worker:
     def _add_partitions(self, states: dict[TP, PartitionOffsets]) -> None:
         for tp, offsets in states.items():
             self._parts[tp] = _Partition(offsets)
-            if tp not in self._rr:
-                self._rr.append(tp)
         self._partition_ids = tuple(sorted(p for _, p in self._parts))
 
     async def _drain_partitions(self, tps: list[TP]) -> list[TopicPartition]:
         """Stop intake on ``tps``, give their running jobs the grace period, return their final offsets."""
         parts = {tp: self._parts[tp] for tp in tps if tp in self._parts}
         tasks: set[asyncio.Task[None]] = set()
-        for part in parts.values():
+        for tp, part in parts.items():
             part.revoking = True
-            part.backlog.clear()
+            self._unbuffer(tp, part)
             tasks |= part.tasks
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=self.grace_s)
@@ -413,7 +437,7 @@ class Worker:
                 await asyncio.wait_for(self.stage.on_revoke(sorted(p for _, p in parts)), HANDOVER_S)
             except Exception:
                 log.exception("the stage's revoke hook failed for %s", sorted(p for _, p in parts))
-        final = [commit_position(t, p, part.offsets) for (t, p), part in parts.items()]
+        final = await self._positions(list(parts))
         self._forget_partitions(tps)
         return final
 
@@ -421,12 +445,12 @@ class Worker:
         for tp in tps:
             part = self._parts.pop(tp, None)
             if part:
+                self._unbuffer(tp, part)
                 for task in part.tasks:
                     task.cancel()
             self._dirty.discard(tp)
             self._last_commit.pop(tp, None)
-            with contextlib.suppress(ValueError):
-                self._rr.remove(tp)
+            self._spilled.pop(tp, None)
         self._partition_ids = tuple(sorted(p for _, p in self._parts))
 
     async def _drain_all(self) -> None:
@@ -438,8 +462,14 @@ class Worker:
 
     # ---- event loop: dispatch -----------------------------------------------------------------------------
 
+    def _partition_readahead(self) -> int:
+        return max(MIN_PARTITION_READAHEAD, self.readahead_bytes // max(1, len(self._parts)))
+
     def _on_messages(self, msgs: list[Message]) -> None:
         to_pause: list[tuple[TP, _Partition]] = []
+        now = time.monotonic()
+        keyed = self.stage.spec.ordering == "keyed"
+        limit = self._partition_readahead()
         for msg in msgs:
             err = msg.error()
             if err is not None:
@@ -455,8 +485,13 @@ class Worker:
                 self.metrics.skipped.inc()
                 self._dirty.add(tp)
                 continue
-            part.backlog.append(msg)
-            if not part.paused and len(part.backlog) >= self.prefetch:
+            key = msg.key()
+            size = len(msg.value() or b"") + len(key or b"") + RECORD_OVERHEAD
+            client = codec.header_value(msg.headers(), codec.CLIENT_HEADER) or "anonymous"
+            # Unordered stages: a passed-over job never holds back the next one (its own offset as its key).
+            self._queue.push(client, Queued(tp, key if keyed else offset, size, msg), now)
+            part.buffered_bytes += size
+            if not part.paused and part.buffered_bytes >= limit:
                 part.paused = True
                 to_pause.append((tp, part))
         if to_pause:
@@ -472,6 +507,11 @@ class Worker:
         if still:
             consumer.pause(still)
 
+    def _unbuffer(self, tp: TP, part: _Partition) -> None:
+        """Drop the partition's buffered records (revoked: the next owner reads them again)."""
+        self._queue.drop(tp)
+        part.buffered_bytes = 0
+
     def _dispatch(self) -> None:
         if self._stopping.is_set():
             return
@@ -479,16 +519,16 @@ class Worker:
             self._unconfirmed.set()  # the loop resumed first: the consumer thread confirms before any start
         if self._unconfirmed.is_set():
             return
-        idle_rounds = 0
-        while self._running < self.slots and self._rr and idle_rounds < len(self._rr):
-            tp = self._rr[0]
-            self._rr.rotate(-1)
-            part = self._parts.get(tp)
-            msg = self._take(part) if part is not None else None
-            if msg is None or part is None:
-                idle_rounds += 1
-                continue
-            idle_rounds = 0
+        now = time.monotonic()
+        resume_below = self._partition_readahead() // 2
+        while self._running < self.slots and self._queue.size:
+            picked = self._queue.pick(now, self._partition_open, self._startable)
+            if picked is None:
+                return
+            client, queued = picked
+            tp, msg = queued.tp, queued.item
+            part = self._parts[tp]  # a partition's records leave the queue when it goes (_unbuffer)
+            part.buffered_bytes -= queued.size
             self._running += 1
             part.running += 1
             self.metrics.busy_slots.set(self._running)
@@ -497,31 +537,30 @@ class Worker:
             lane = self._budgeted_lane(msg)
             if lane is not None:
                 self._lane_running[lane] += 1
-            self._launch(tp, part, msg, lane)
-            if part.paused and len(part.backlog) <= self.prefetch // 2:
+            self._queue.started(client, now)
+            self._launch(_Slot(tp, part, msg, lane, client, now))
+            if part.paused and part.buffered_bytes <= resume_below:
                 part.paused = False
                 resume = [TopicPartition(*tp)]
                 self._commands.put(lambda c, r=resume: c.resume(r))  # type: ignore[misc]
 
-    def _take(self, part: _Partition) -> Message | None:
-        if part.revoking or not part.backlog or part.running >= self.per_partition_cap:
-            return None
-        if part.offsets.map_full:
-            # Back-pressure: its backlog fills and the partition pauses until the low jobs finish; only the lowest
-            # unfinished job may start (in keyed mode it can still be waiting here, and the map waits for it).
-            lowest = part.offsets.committable
-            for i, msg in enumerate(part.backlog):
-                if msg.offset() == lowest and self._startable(msg):
-                    del part.backlog[i]
-                    return msg
-            return None
-        if self.stage.spec.ordering != "keyed" and not self.lanes:
-            return part.backlog.popleft()
-        for i, msg in enumerate(part.backlog):
-            if self._startable(msg):
-                del part.backlog[i]
-                return msg
-        return None
+    def _partition_open(self, tp: TP) -> bool:
+        part = self._parts.get(tp)
+        return part is not None and not part.revoking and part.running < self.per_partition_cap
+
+    def _startable(self, queued: Queued[Message]) -> bool:
+        """Its key is not running (keyed stages), its lane has a free slot in its budget, and, while a partition's
+        finished-ahead map is full (no blob store to spill it to), it is the partition's lowest unfinished job."""
+        msg = queued.item
+        if msg.key() in self._busy_keys:
+            return False
+        lane = self._budgeted_lane(msg)
+        if lane is not None and self._lane_running[lane] >= self.lanes[lane]:
+            return False
+        if self.executor.blob_store is None:
+            offsets = self._parts[queued.tp].offsets
+            return not offsets.map_full or msg.offset() == offsets.committable
+        return True
 
     def _budgeted_lane(self, msg: Message) -> str | None:
         """The message's lane when this worker budgets it (``KILN_LANES``)."""
@@ -530,35 +569,32 @@ class Worker:
         lane = codec.lane_of(msg.headers())
         return lane if lane in self.lanes else None
 
-    def _startable(self, msg: Message) -> bool:
-        """Its key is not running (keyed stages) and its lane has a free slot in its budget."""
-        if msg.key() in self._busy_keys:
-            return False
-        lane = self._budgeted_lane(msg)
-        return lane is None or self._lane_running[lane] < self.lanes[lane]
+    def _free_slot(self, slot: _Slot) -> None:
+        """The slot frees when the handler is done; publishing its result is I/O that must not hold a slot."""
+        self._running -= 1
+        slot.part.running -= 1
+        if slot.lane is not None:
+            self._lane_running[slot.lane] -= 1
+        self.metrics.busy_slots.set(self._running)
+        if self.stage.spec.ordering == "keyed":
+            self._busy_keys.discard(slot.msg.key())
+        self._queue.finished(slot.client, slot.started, time.monotonic())
+        self._dispatch()
 
-    def _launch(self, tp: TP, part: _Partition, msg: Message, lane: str | None) -> None:
+    def _launch(self, slot: _Slot) -> None:
         """Start one job that holds a slot (counted by the caller)."""
-        task = asyncio.get_running_loop().create_task(self._run_job(tp, part, msg, lane))
-        part.tasks.add(task)
+        task = asyncio.get_running_loop().create_task(self._run_job(slot))
+        slot.part.tasks.add(task)
 
-    async def _run_job(self, tp: TP, part: _Partition, msg: Message, lane: str | None) -> None:
+    async def _run_job(self, slot: _Slot) -> None:
+        tp, part, msg = slot.tp, slot.part, slot.msg
         released = False
 
         def release_slot() -> None:
-            # The slot frees when the handler is done; publishing its result is I/O that must not hold a slot.
             nonlocal released
-            if released:
-                return
-            released = True
-            self._running -= 1
-            part.running -= 1
-            if lane is not None:
-                self._lane_running[lane] -= 1
-            self.metrics.busy_slots.set(self._running)
-            if self.stage.spec.ordering == "keyed":
-                self._busy_keys.discard(msg.key())
-            self._dispatch()
+            if not released:
+                released = True
+                self._free_slot(slot)
 
         try:
             await self.executor.process(msg, release_slot)
@@ -587,19 +623,61 @@ class Worker:
                 await asyncio.wait_for(self._commit_wake.wait(), 1.0)
             self._commit_wake.clear()
             await asyncio.sleep(0.005)  # coalesce bursts of completions into one commit
-            self._commit_dirty()
+            await self._commit_dirty()
 
-    def _commit_dirty(self) -> None:
+    async def _position(self, tp: TP, part: _Partition, now: float | None = None) -> TopicPartition | None:
+        """What to commit for the partition: its committable offset and finished-ahead map, the map spilled to the
+        blob store when it outgrows the metadata. With ``now`` (routine commits), a map spilled less than
+        ``SPILL_INTERVAL_S`` ago is not stored again yet: None (try later)."""
+        store = self.executor.blob_store
+        if store is None or part.offsets.runs == 0:
+            return commit_position(tp[0], tp[1], part.offsets)
+        last = self._spilled.get(tp)
+        if now is not None and last is not None and now - last[2] < SPILL_INTERVAL_S:
+            return None  # (before encoding: a big map costs O(runs) to encode, and commits come every few ms)
+        text = part.offsets.metadata(limit=None)
+        if len(text) <= MAX_METADATA_CHARS:
+            return TopicPartition(tp[0], tp[1], part.offsets.committable, text)
+        if last is None or last[0] != text:
+            try:
+                ref = await asyncio.to_thread(store.put, text.encode())
+            except Exception as e:  # the store is down: the inline map (its farthest runs cut) is a re-run at worst
+                log.warning("offset map of %s[%d] not spilled: %s", tp[0], tp[1], e)
+                return commit_position(tp[0], tp[1], part.offsets)
+            last = (text, SPILL_PREFIX + ref.digest, time.monotonic())
+            self._spilled[tp] = last
+            self.metrics.offset_maps_spilled.inc()
+        return TopicPartition(tp[0], tp[1], part.offsets.committable, last[1])
+
+    async def _positions(self, tps: list[TP]) -> list[TopicPartition]:
+        positions = []
+        for tp in tps:
+            part = self._parts.get(tp)
+            position = await self._position(tp, part) if part is not None else None
+            if position is not None:
+                positions.append(position)
+        return positions
+
+    async def _commit_dirty(self) -> None:
         offsets: list[TopicPartition] = []
+        now = time.monotonic()
         for tp in list(self._dirty):
             part = self._parts.get(tp)
             if part is None or part.revoking:
+                self._dirty.discard(tp)
                 continue
-            position = commit_position(tp[0], tp[1], part.offsets)
+            position = await self._position(tp, part, now)
+            if position is None:  # a spilled map stored a moment ago: the next round commits it
+                self._loop_later(SPILL_INTERVAL_S, self._commit_wake.set)
+                continue
+            self._dirty.discard(tp)
             state = (position.offset, position.metadata or "")
             if self._last_commit.get(tp) != state:
                 self._last_commit[tp] = state
                 offsets.append(position)
-        self._dirty.clear()
         if offsets:
             self._commands.put(lambda c: self._commit_owned(c, offsets, asynchronous=True))
+
+    def _loop_later(self, delay: float, callback: Callable[[], object]) -> None:
+        if self._loop is not None:
+            self._loop.call_later(delay, callback)
