@@ -7,8 +7,8 @@ and a long job weighs what it costs. A client that goes idle is forgotten; when 
 charge among the active clients (no credit saved up while away, none lost behind a flood).
 
 Within a client, jobs wait per partition in offset order and its partitions take turns. A job may be passed over
-(its partition at its cap, its key running, its lane full): later jobs with the same key are then passed over too,
-so a key's jobs still start in offset order.
+(its partition at its cap, its key running, its lane full). With ``keyed``, a job starts only when no job with its key
+was buffered before it, whichever client sent that one, so a key's jobs start in offset order.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ SCAN_LIMIT = 64
 (keyed stages: a partition whose first 64 jobs all wait on running keys)."""
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a job is itself, whatever it carries
 class Queued(Generic[T]):
     """One buffered job: where it came from, its key (keyed order) and what it occupies of the read-ahead."""
 
@@ -51,10 +51,13 @@ class _Client(Generic[T]):
 class FairQueue(Generic[T]):
     """Buffered jobs by client; ``pick`` takes the next one to start. Not thread-safe (the event loop owns it)."""
 
-    def __init__(self, weights: dict[str, float] | None = None, default_weight: float = 1.0) -> None:
+    def __init__(self, weights: dict[str, float] | None = None, default_weight: float = 1.0,
+                 keyed: bool = False) -> None:
         self.weights = dict(weights or {})
         self.default_weight = default_weight
+        self.keyed = keyed
         self._clients: dict[str, _Client[T]] = {}
+        self._by_key: dict[Hashable, deque[Queued[T]]] = {}  # keyed: each key's buffered jobs, in buffered order
         self.size = 0  # buffered jobs
 
     def __len__(self) -> int:
@@ -77,6 +80,8 @@ class FairQueue(Generic[T]):
     def push(self, client_name: str, job: Queued[T], now: float) -> None:
         client = self._client(client_name, now)
         client.queues.setdefault(job.tp, deque()).append(job)
+        if self.keyed:
+            self._by_key.setdefault(job.key, deque()).append(job)
         client.queued += 1
         self.size += 1
 
@@ -102,17 +107,24 @@ class FairQueue(Generic[T]):
                 return name, job
         return None
 
-    @staticmethod
-    def _take(waiting: deque[Queued[T]], startable: Callable[[Queued[T]], bool]) -> Queued[T] | None:
+    def _take(self, waiting: deque[Queued[T]], startable: Callable[[Queued[T]], bool]) -> Queued[T] | None:
         passed: set[Hashable] = set()
         for i, job in enumerate(waiting):
             if i >= SCAN_LIMIT:
                 return None
-            if job.key not in passed and startable(job):
+            if job.key not in passed and (not self.keyed or self._by_key[job.key][0] is job) and startable(job):
                 del waiting[i]
+                if self.keyed:
+                    self._unkey(job)
                 return job
             passed.add(job.key)
         return None
+
+    def _unkey(self, job: Queued[T]) -> None:
+        same = self._by_key[job.key]
+        same.remove(job)
+        if not same:
+            del self._by_key[job.key]
 
     def started(self, client_name: str, now: float) -> None:
         client = self._client(client_name, now)
@@ -135,6 +147,9 @@ class FairQueue(Generic[T]):
             waiting = client.queues.pop(tp, None)
             if waiting:
                 dropped.extend(waiting)
+                if self.keyed:
+                    for job in waiting:
+                        self._unkey(job)
                 client.queued -= len(waiting)
                 self.size -= len(waiting)
             self._forget_if_idle(name, client)

@@ -39,7 +39,6 @@ from kiln.streams.heartbeat import Heartbeat
 from kiln.streams.metrics import WorkerMetrics, start_worker_endpoints
 from kiln.streams.middleware import Middleware
 from kiln.streams.offsets import (
-    MAX_METADATA_CHARS,
     SPILL_PREFIX,
     OffsetMapError,
     PartitionOffsets,
@@ -124,7 +123,7 @@ class Worker:
         self.lanes = dict(settings.lanes if lanes is None else lanes)
         self._lane_running: dict[str, int] = dict.fromkeys(self.lanes, 0)
         self.readahead_bytes = settings.readahead_bytes
-        self._queue: FairQueue[Message] = FairQueue(settings.client_weights)
+        self._queue: FairQueue[Message] = FairQueue(settings.client_weights, keyed=stage.spec.ordering == "keyed")
         self.grace_s = settings.grace_s if grace_s is None else grace_s
         self.worker_id = worker_id or new_worker_id()
         self.metrics = WorkerMetrics(stage.name, self.worker_id, stage.registry)
@@ -636,7 +635,7 @@ class Worker:
         if now is not None and last is not None and now - last[2] < SPILL_INTERVAL_S:
             return None  # (before encoding: a big map costs O(runs) to encode, and commits come every few ms)
         text = part.offsets.metadata(limit=None)
-        if len(text) <= MAX_METADATA_CHARS:
+        if len(text) <= self.settings.offset_metadata_chars:
             return TopicPartition(tp[0], tp[1], part.offsets.committable, text)
         if last is None or last[0] != text:
             try:
