@@ -1,8 +1,8 @@
-"""Autoscaling: seed 000's rule (``streams/autoscale/decide.py``) in a simulated cluster against an HPA-style CPU-only
-baseline, and the real thing on this machine (stats app + ``kiln autoscale run`` + worker processes).
+"""Autoscaling: Harmonic's REPL service rule (``streams/autoscale/decide.py``) in a simulated cluster against an
+HPA-style CPU-only baseline, and the real thing on this machine (stats app + ``kiln autoscale run`` + worker processes).
 
 Simulation: pods start 60-90 s after they are asked for, job times are log-normal, a spike needs ~100 pods to
-clear in Cm. Both runs see the same jobs and start delays (one seed). The seed's minimum is recomputed each minute
+clear in Cm. Both runs see the same jobs and start delays (one seed). The rule's minimum is recomputed each minute
 from the same per-minute numbers the stats stream publishes; the CPU trigger (Kubernetes' HPA: desired =
 ceil(ready pods x utilisation / target), unready pods counted idle, at most +100 % or +4 pods per 15 s) runs in both,
 and the cluster size is the larger of the two — what KEDA does with a metrics-api and a cpu trigger.
@@ -44,7 +44,7 @@ from kiln.streams.autoscale.loop import Autoscaler
 from kiln.streams.client import KilnClient
 from kiln.streams.processes import StatsProcess, free_port
 from kiln.streams.settings import KilnSettings
-from kiln.streams.stage import COMPACTED, STATS_TOPIC, WORKERS_TOPIC, TopicSpec
+from kiln.streams.stage import COMPACTED, HEARTBEATS_TOPIC, STATS_TOPIC, TopicSpec
 
 HPA_PERIOD_S = 15
 HPA_TARGET = 0.9
@@ -126,7 +126,7 @@ def simulate(cfg: SimConfig, seed_rule: bool) -> dict[str, float]:
 
 
 def _topics(settings: KilnSettings) -> None:
-    admin.create_topics(settings, [TopicSpec("kiln.results", 2), TopicSpec(WORKERS_TOPIC, 1, COMPACTED),
+    admin.create_topics(settings, [TopicSpec("kiln.results", 2), TopicSpec(HEARTBEATS_TOPIC, 1, COMPACTED),
                                    TopicSpec(STATS_TOPIC, 1, COMPACTED), TopicSpec("sleep.requests", 8),
                                    TopicSpec("sleep.requests.dlq", 1)])
 

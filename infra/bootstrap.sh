@@ -5,14 +5,15 @@
 # - each checkout gets its own small .venv (no pip, no copies) whose site-packages adds the shared one through a
 #   .pth file, and into which this checkout alone is installed editable. Two clones side by side each run their
 #   own code; a second clone costs seconds, not a re-download.
-# KILN_EXTRAS (default "test") picks the optional dependency groups the shared environment carries.
+# KILN_EXTRAS (default "worker,ops,s3,test": everything the demo and the tests need beside the core) picks the
+# optional dependency groups the shared environment carries.
 # - the `rl` extra (torch: a CUDA wheel of ~3 GB, ~5.5 GB installed) has an environment of its own
 #   ($KILN_CACHE/rl-<key>, keyed by the rl list and the Python version), layered after the shared one, so editing
 #   any other dependency never downloads or stores torch again. KILN_RL=0 leaves it out (the RL tests then skip).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ROOT="$(cd "$INFRA_DIR/.." && pwd)"
 PYTHON="${KILN_PYTHON:-python3}"
-EXTRAS="${KILN_EXTRAS:-test}"
+EXTRAS="${KILN_EXTRAS:-worker,ops,s3,test}"
 started=$SECONDS
 
 # The requirement list: dependencies + the chosen extras, from pyproject.toml (entry points and tool settings do not

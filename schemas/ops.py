@@ -1,4 +1,4 @@
-"""What operations read: worker heartbeats (``kiln.workers``) and the per-stage numbers of the stats stream
+"""What operations read: worker heartbeats (``kiln.heartbeats``) and the per-stage numbers of the stats stream
 (``kiln.stats``), the autoscaler's and the status page's inputs."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class WorkerHeartbeat(BaseModel):
-    """A worker's state every few seconds, keyed by worker id on the compacted ``kiln.workers`` topic; a tombstone
+    """A worker's state every few seconds, keyed by worker id on the compacted ``kiln.heartbeats`` topic; a tombstone
     under the same key says the worker stopped."""
 
     model_config = ConfigDict(extra="forbid")

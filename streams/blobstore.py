@@ -22,6 +22,7 @@ from typing import IO, Any
 from urllib.parse import urlparse
 
 from kiln.streams.errors import BlobCorrupt, BlobError, BlobNotFound, BlobUnavailable, ConfigError
+from kiln.streams.extras import missing_extra
 from kiln.streams.settings import KilnSettings
 
 CHUNK = 1 << 20
@@ -266,8 +267,11 @@ class S3BlobStore(BlobStore):
 
     @classmethod
     def from_settings(cls, settings: KilnSettings, bucket: str, prefix: str = "") -> S3BlobStore:
-        import boto3
-        from botocore.config import Config
+        try:
+            import boto3
+            from botocore.config import Config
+        except ModuleNotFoundError as e:
+            raise missing_extra(e, "a blob store on S3") from None
 
         client = boto3.client(
             "s3",

@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from kiln.streams import admin
-from kiln.streams.errors import KilnError
+from kiln.streams import admin, console
+from kiln.streams.errors import InfraError, KilnError, MissingExtra
+from kiln.streams.extras import missing_extra
 from kiln.streams.infra import COMPONENT_STEPS, run_script, run_steps
 from kiln.streams.settings import get_settings
 from kiln.streams.stage import spec_for_topic, stage_specs, topology
 
 app = typer.Typer(no_args_is_help=True, help="kiln: execution feedback for RL training, on Kafka.")
 out = Console()
+
+
+@app.callback()
+def _options(
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show librdkafka's own log lines on the terminal too "
+                                                            "(always in $KILN_CACHE/logs/kiln.log).")] = False,
+) -> None:
+    """kiln: execution feedback for RL training, on Kafka."""
 
 ALL_COMPONENTS = ["kafka", "docker", "s3", "registry", "lean", "ops"]
 
@@ -120,6 +131,7 @@ def _logging(verbose: bool) -> None:
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
                         handlers=[RichHandler(console=Console(stderr=True), show_path=False)])
+    console.route_kafka_logs(get_settings(), verbose)
 
 
 @app.command()
@@ -227,14 +239,54 @@ def _add_plugin_commands() -> None:
     from importlib.metadata import entry_points
 
     for ep in entry_points(group="kiln.commands"):
-        command = ep.load()
+        try:
+            command = ep.load()
+        except ModuleNotFoundError as e:  # a command of an extra this installation lacks: it says which
+            _needs_extra(ep.name, missing_extra(e, f"kiln {ep.name}"))
+            continue
         if isinstance(command, typer.Typer):
             app.add_typer(command, name=ep.name)
         else:  # a plain function is one command with its own arguments (e.g. ``kiln tail TOPIC``)
             app.command(name=ep.name)(command)
 
 
+def _needs_extra(name: str, error: MissingExtra) -> None:
+    """``kiln NAME …`` where NAME's module needs an extra that is not installed: says which, exits non-zero."""
+
+    def command(ctx: typer.Context) -> None:
+        raise error
+
+    command.__doc__ = str(error)
+    app.command(name=name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                             "help_option_names": []})(command)
+
+
 _add_plugin_commands()
 
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``kiln`` command: librdkafka's lines to the log file (``--verbose``: the terminal too), an unreachable
+    broker found before a command waits on it, and every expected failure (a component kiln cannot reach or that
+    refuses it, a missing extra, any ``KilnError``) said in one or two lines with a non-zero exit; a traceback only
+    for a bug."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        settings = get_settings()
+    except ValidationError as e:
+        console.fail(f"invalid KILN_* setting: {e}")
+        sys.exit(1)
+    console.route_kafka_logs(settings, verbose="--verbose" in args)
+    try:
+        if console.needs_broker(args):
+            console.check_broker(settings)
+        app(args=args, prog_name="kiln")
+    except Exception as e:
+        message = console.explain(e, settings, " ".join(["kiln", *(a for a in args if not a.startswith("-"))][:3]))
+        if message is None:
+            raise
+        console.fail(message)
+        sys.exit(console.EXIT_UNREACHABLE if isinstance(e, InfraError) or not isinstance(e, KilnError) else 1)
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -1,9 +1,9 @@
-"""Moving traffic between clusters with a configuration change only (seed 000 moved hundreds of thousands of CPUs
-between regions this way): a client over an ordered list of Kafka clusters. New requests go to the first cluster
-not marked ``draining``; results are read from every listed cluster, so the jobs still in flight on a draining one
-are delivered — by the futures of this process, or through ``unclaimed()`` when an earlier process with the same
-client id submitted them. Each cluster has its own ``KilnClient`` (same client id), whose committed offsets make
-every result delivered once across restarts."""
+"""Moving traffic between clusters with a configuration change only (Harmonic's REPL service moved hundreds of
+thousands of CPUs between regions this way): a client over an ordered list of Kafka clusters. New requests go to the
+first cluster not marked ``draining``; results are read from every listed cluster, so the jobs still in flight on a
+draining one are delivered — by the futures of this process, or through ``unclaimed()`` when an earlier process with
+the same client id submitted them. Each cluster has its own ``KilnClient`` (same client id), whose committed offsets
+make every result delivered once across restarts."""
 
 from __future__ import annotations
 

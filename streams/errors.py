@@ -2,9 +2,11 @@
 
 KilnError
 ├── ConfigError            settings or topology are wrong; fix the deployment, retrying will not help
+│   └── MissingExtra       the feature's dependencies are not installed: the message names the extra
 ├── InfraError             a real component (broker, S3, Docker, registry) is missing or misbehaving
-│   └── BrokerUnavailable  the broker did not answer (metadata timeout, transport failure, delivery timed out):
-│                          a worker retries with backoff
+│   ├── BrokerUnavailable  the broker did not answer (metadata timeout, transport failure, delivery timed out):
+│   │                      a worker retries with backoff
+│   └── BrokerRefused      the broker answered but refused kiln's credentials (SASL, TLS)
 ├── DeliveryRefused        a record can never be delivered (an address librdkafka rejects, too large, a topic or
 │                          partition that does not exist): the job is dead-lettered with the reason
 ├── BlobError              the blob store failed
@@ -35,12 +37,21 @@ class ConfigError(KilnError):
     """Settings or topology are invalid."""
 
 
+class MissingExtra(ConfigError):
+    """What was asked for needs a dependency the core install (a trainer's) leaves out; the message names the extra
+    that brings it (``kiln.streams.extras``)."""
+
+
 class InfraError(KilnError):
     """A real component is unreachable or misbehaving."""
 
 
 class BrokerUnavailable(InfraError):
     """The broker did not answer in time; retrying later may succeed."""
+
+
+class BrokerRefused(InfraError):
+    """The broker answered but refused kiln's credentials (SASL, TLS): fix KILN_KAFKA_CONFIG; retrying will not help."""
 
 
 class DeliveryRefused(KilnError):

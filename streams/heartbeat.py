@@ -1,5 +1,5 @@
 """Worker heartbeats: every ``KILN_HEARTBEAT_S`` a worker publishes its slots, busy slots and state to the compacted
-``kiln.workers`` topic, and a tombstone when it stops. The stats stream (``streams/stats``) averages them per stage,
+``kiln.heartbeats`` topic, and a tombstone when it stops. The stats stream (``streams/stats``) averages them per stage,
 so worker counts come from the workers themselves and never from polling their endpoints."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from kiln.schemas.ops import WorkerHeartbeat
 from kiln.streams.executor import JobExecutor
 from kiln.streams.settings import KilnSettings
-from kiln.streams.stage import WORKERS_TOPIC
+from kiln.streams.stage import HEARTBEATS_TOPIC
 
 log = logging.getLogger("kiln.heartbeat")
 STALE_BEATS = 3
@@ -60,7 +60,7 @@ class Heartbeat:
     async def _run(self) -> None:
         # A deployment without the topic (topics not created, a test's private prefix) runs unobserved rather than
         # queueing heartbeats that can only time out.
-        target = self.settings.topic(WORKERS_TOPIC)
+        target = self.settings.topic(HEARTBEATS_TOPIC)
         if not await self._executor.partitions(target):
             log.warning("no topic %s: this worker publishes no heartbeats (create it: kiln topics create)", target)
             return
@@ -75,7 +75,7 @@ class Heartbeat:
             await asyncio.sleep(self.settings.heartbeat_s)
 
     async def _send(self, worker: str, value: bytes | None) -> None:
-        await self._executor.produce(self.settings.topic(WORKERS_TOPIC), value, key=worker)
+        await self._executor.produce(self.settings.topic(HEARTBEATS_TOPIC), value, key=worker)
 
     async def stop(self) -> None:
         """Stop beating and publish the tombstone: the worker is gone, not silent."""

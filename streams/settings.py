@@ -6,6 +6,7 @@ blobs on the local filesystem under the cache directory.
 
 from __future__ import annotations
 
+import logging
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -13,6 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+KAFKA_LOGGER = "kiln.librdkafka"
+"""The Python logger every Kafka client kiln makes writes librdkafka's own log lines to."""
 
 
 def _default_cache() -> Path:
@@ -65,11 +69,28 @@ class KilnSettings(BaseSettings):
     queue_topics: list[str] = Field(default_factory=list, description="Request topics consumed in queue mode "
                                     "(share groups); clients send them one record per batch. JSON list.")
     heartbeat_s: float = Field(5.0, gt=0, le=300, description="How often a worker publishes its heartbeat "
-                               "(slots, busy, state) to kiln.workers.")
+                               "(slots, busy, state) to kiln.heartbeats.")
     job_timeout_s: float | None = Field(None, gt=0, description="Per-attempt time limit; overrides the stage's own.")
     lanes: dict[str, int] = Field(default_factory=dict, description="Slot budgets per lane (the request's ``lane``, "
                                   "e.g. '{\"long\": 6}': long jobs hold at most 6 of a worker's slots, so the "
                                   "rest stay free for short ones). Lanes not named are unlimited. Group mode.")
+
+    readahead_bytes: int = Field(32 << 20, ge=1 << 20, description="Bytes of requests a worker buffers ahead of "
+                                 "its running jobs (each record counted with a fixed overhead), shared by its "
+                                 "partitions: deep enough to see a light client's job behind a flood. Group mode.")
+    offset_metadata_chars: int = Field(3000, ge=16, description="Longest finished-ahead map a worker commits "
+                                       "inline (under the broker's offset.metadata.max.bytes, 4096 by default); "
+                                       "a longer one is spilled to the blob store and the commit names its digest.")
+    client_weights: dict[str, float] = Field(default_factory=dict, description="Fair-queueing weights by client "
+                                             "id (JSON, e.g. '{\"eval-7\": 4}': that client gets 4 times the "
+                                             "slot time of one with the default weight 1). Group mode.")
+
+    @field_validator("client_weights")
+    @classmethod
+    def _positive_weights(cls, weights: dict[str, float]) -> dict[str, float]:
+        if any(w <= 0 for w in weights.values()):
+            raise ValueError("a client's weight is above 0")
+        return weights
 
     @field_validator("lanes")
     @classmethod
@@ -87,9 +108,11 @@ class KilnSettings(BaseSettings):
         return f"{self.topic_prefix}{name}"
 
     def kafka(self, **kiln: Any) -> dict[str, Any]:
-        """A client configuration: the servers, the deployment's own settings (security), then kiln's (which keep
-        its guarantees, so they win)."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_config, **kiln}
+        """A client configuration: the servers, librdkafka's log lines into the Python logger ``kiln.librdkafka``
+        (never printed by librdkafka itself; the ``kiln`` command sends them to its log file), the deployment's own
+        settings (security), then kiln's (which keep its guarantees, so they win)."""
+        return {"bootstrap.servers": self.bootstrap_servers, "logger": logging.getLogger(KAFKA_LOGGER),
+                **self.kafka_config, **kiln}
 
 
 @lru_cache(maxsize=1)

@@ -28,8 +28,12 @@ RESULTS_TOPIC = "kiln.results"
 RESULTS_PARTITIONS = 16
 REDRIVES_TOPIC = "kiln.redrives"
 """Which dead letters ``kiln dlq redrive`` re-drove (compacted, keyed by DLQ record): a second redrive skips them."""
-WORKERS_TOPIC = "kiln.workers"
+HEARTBEATS_TOPIC = "kiln.heartbeats"
 """Worker heartbeats (``schemas.ops.WorkerHeartbeat``), compacted: the latest state of each worker, by worker id."""
+LEGACY_HEARTBEATS_TOPIC = "kiln.workers"
+"""The heartbeat topic's name before 0.2 (it collided with the package ``kiln.workers``). Read, never written, for
+one release by the stats app and the status page where it exists, so workers not yet upgraded stay visible during a
+rolling upgrade; delete it once every worker runs 0.2 (docs/operations.md, "Heartbeats")."""
 STATS_TOPIC = "kiln.stats"
 """The stats stream's per-stage numbers (``schemas.ops.StageStats``), compacted: the latest, by stage."""
 
@@ -132,6 +136,10 @@ class Stage:
     slots_per_cpu: float = 1.0
     """Jobs per CPU when the worker is not told its slots: a stage whose jobs mostly wait on something else (a
     sandbox that has CPUs of its own, a remote server) runs several per CPU."""
+    nonblocking: bool = False
+    """The handler never waits (no I/O, no sleep, no thread): it computes its result and returns. The worker then
+    runs its jobs without a task each, applying the policies inline; a call that does wait after all goes on as a
+    task, so a wrong declaration costs speed, never a job."""
 
     @property
     def name(self) -> str:
@@ -166,7 +174,7 @@ def spec_for_topic(topic: str) -> StageSpec | None:
 def topology(specs: dict[str, StageSpec] | None = None) -> list[TopicSpec]:
     """Every topic kiln needs: the runtime's results, heartbeat and stats topics plus each registered stage's topics."""
     topics = [TopicSpec(RESULTS_TOPIC, RESULTS_PARTITIONS, {**WEEK, **BROKER_TIME}),
-              TopicSpec(WORKERS_TOPIC, 1, COMPACTED), TopicSpec(STATS_TOPIC, 1, COMPACTED),
+              TopicSpec(HEARTBEATS_TOPIC, 1, COMPACTED), TopicSpec(STATS_TOPIC, 1, COMPACTED),
               TopicSpec(REDRIVES_TOPIC, 1, COMPACTED)]
     for spec in (specs if specs is not None else stage_specs()).values():
         topics.extend(spec.topics())

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-app = typer.Typer(help="Seed 000's autoscaler over the stats stream.", no_args_is_help=True)
+app = typer.Typer(help="The autoscaler of Harmonic's REPL service, over the stats stream.", no_args_is_help=True)
 
 
 @app.command()
@@ -21,7 +21,7 @@ def run(
     = "local",
     stats_url: Annotated[str, typer.Option(envvar="KILN_AUTOSCALE_STATS_URL", help="The stats app.")]
     = "http://127.0.0.1:8600",
-    tick_s: Annotated[float, typer.Option(help="Seconds between decisions (the seed: 60).")] = 60.0,
+    tick_s: Annotated[float, typer.Option(help="Seconds between decisions (Harmonic's REPL service: 60).")] = 60.0,
     goal_minutes: Annotated[float, typer.Option(help="Cm: minutes to clear a queue.")] = 5.0,
     min_workers: Annotated[int, typer.Option("--min")] = 1,
     max_workers: Annotated[int, typer.Option("--max")] = 100,
@@ -39,7 +39,7 @@ def run(
     = 8800,
     host: Annotated[str, typer.Option(envvar="KILN_AUTOSCALE_HOST")] = "127.0.0.1",
 ) -> None:
-    """Every tick, per stage: Lq, Rmin, Bmin from the stats stream -> the seed's minimum -> the backend."""
+    """Every tick, per stage: Lq, Rmin, Bmin from the stats stream -> the rule's minimum -> the backend."""
     from kiln.streams.autoscale.backends import Backend, KedaBackend, LocalBackend
     from kiln.streams.autoscale.decide import Policy
     from kiln.streams.autoscale.loop import Autoscaler

@@ -1,8 +1,9 @@
 """The scaling decision, a pure function of one tick's numbers (so every logged decision can be recomputed).
 
-Seed 000's rule: with Lq the queue length, Rmin the completions of the last minute and Bmin the average workers over
-that minute, if Lq >= Rmin the minimum is ceil((Rmin + Lq / Cm) / (Rmin / Bmin)), else 1 (CPU-based scaling takes
-over; here ``min_workers``, 1 by default, 0 to scale to zero). What the seed leaves open:
+The rule of Harmonic's REPL service (Harmonic's article on the Lean REPL service behind its prover Aristotle): with
+Lq the queue length, Rmin the completions of the last minute and Bmin the average workers over that minute, if Lq >=
+Rmin the minimum is ceil((Rmin + Lq / Cm) / (Rmin / Bmin)), else 1 (CPU-based scaling takes over; here
+``min_workers``, 1 by default, 0 to scale to zero). What the article leaves open:
 - worker sizes differ (spare-CPU nodes run fewer slots): the rate is per slot, Rmin / (average slots over the
   minute), and the slots needed are divided by the slots a new worker brings;
 - a cold start (Lq > 0 and nothing finished yet) has no rate: the slots that clear Lq in Cm minutes if a job takes

@@ -10,8 +10,8 @@ Choices a reviewer should know:
   emptyDir for the socket; there is no hostPath anywhere.
 - NetworkPolicies: pods with an engine may reach only the control-plane services (Kafka, S3, registry, egress
   proxy) and DNS; sandboxes inside the engine have no network of their own (``--network none``) besides that.
-- Scaling: KEDA's metrics-api trigger reads the autoscaler's minimum (seed 000's rule) and its cpu trigger scales
-  above it; the larger wins.
+- Scaling: KEDA's metrics-api trigger reads the autoscaler's minimum (Harmonic's REPL service rule) and its cpu
+  trigger scales above it; the larger wins.
 """
 
 from __future__ import annotations

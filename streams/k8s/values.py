@@ -19,7 +19,8 @@ class StageValues(_Strict):
 
 
 class SpareCpu(_Strict):
-    """Seed 000 v4: GPU machines lend a fraction of their CPUs (a DaemonSet on nodes labelled for it)."""
+    """As in Harmonic's REPL service (its fourth version): GPU machines lend a fraction of their CPUs (a
+    DaemonSet on nodes labelled for it)."""
 
     stages: list[str] = Field(default_factory=lambda: ["lean"])
     cpu_fraction: float = Field(0.25, gt=0, le=1)

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import faust
@@ -25,7 +26,14 @@ from kiln.schemas.ops import StageStats, WorkerHeartbeat
 from kiln.streams.errors import ConfigError
 from kiln.streams.heartbeat import STALE_BEATS
 from kiln.streams.settings import KilnSettings
-from kiln.streams.stage import RESULTS_TOPIC, STATS_TOPIC, WORKERS_TOPIC, StageSpec, stage_specs
+from kiln.streams.stage import (
+    HEARTBEATS_TOPIC,
+    LEGACY_HEARTBEATS_TOPIC,
+    RESULTS_TOPIC,
+    STATS_TOPIC,
+    StageSpec,
+    stage_specs,
+)
 from kiln.streams.stats import windows
 from kiln.streams.stats.queue import queue_length
 
@@ -43,7 +51,7 @@ class StatsSettings(BaseSettings):
     result_topics: list[str] = Field(default_factory=lambda: [RESULTS_TOPIC],
                                      description="Topics results are read from (unprefixed; JSON list).")
     forget_after_s: float = Field(600.0, gt=0, description="A worker silent this long gets a tombstone on "
-                                                           "kiln.workers (it was killed without saying so).")
+                                                           "kiln.heartbeats (it was killed without saying so).")
 
 
 def _credentials(settings: KilnSettings) -> dict[str, Any]:
@@ -75,7 +83,11 @@ class StatsApp:
             topic_partitions=1, topic_replication_factor=1, datadir=str(settings.cache / "stats"),
             consumer_auto_offset_reset="earliest", web_enabled=True, **_credentials(settings))
         results = self._raw_topic(*[settings.topic(t) for t in stats.result_topics])
-        self.heartbeats = self._raw_topic(settings.topic(WORKERS_TOPIC))
+        existing = AdminClient(settings.kafka()).list_topics(timeout=30).topics
+        self.heartbeats = self._raw_topic(settings.topic(HEARTBEATS_TOPIC))  # where tombstones go
+        # Heartbeats are read from the legacy topic too while it exists (workers of the release before).
+        legacy = settings.topic(LEGACY_HEARTBEATS_TOPIC)
+        beats = self._raw_topic(settings.topic(HEARTBEATS_TOPIC), *([legacy] if legacy in existing else []))
         self.out = self._raw_topic(settings.topic(STATS_TOPIC))
         # Faust co-partitions a table with the stream that writes it: the sources (results: 16 partitions, the rest:
         # 1) are first turned into counting events on one internal topic keyed by stage, and only its agent writes.
@@ -88,9 +100,9 @@ class StatsApp:
         self.consumers = self.app.Table("consumers", default=None)
         self._stage_of_worker: dict[str, str] = {}
         self.app.agent(results, name="results")(self._from_results)
-        if dead_letter_topics := self._dead_letter_topics():
+        if dead_letter_topics := self._dead_letter_topics(existing):
             self.app.agent(self._raw_topic(*dead_letter_topics), name="dead-letters")(self._from_dead_letters)
-        self.app.agent(self.heartbeats, name="heartbeats")(self._from_heartbeats)
+        self.app.agent(beats, name="heartbeats")(self._from_heartbeats)
         self.app.agent(self.events, name="count")(self._count)
         self.app.timer(stats.publish_s, on_leader=True, name="publish")(self._publish)
         self._pages()
@@ -98,10 +110,9 @@ class StatsApp:
     def _raw_topic(self, *names: str) -> Any:
         return self.app.topic(*names, key_serializer="raw", value_serializer="raw")
 
-    def _dead_letter_topics(self) -> list[str]:
+    def _dead_letter_topics(self, names: Iterable[str]) -> list[str]:
         """Every dead-letter topic under this deployment's prefix that exists when the app starts (faust's pattern
         subscription does not combine with named topics; a topic created later is read after a restart)."""
-        names = AdminClient(self.settings.kafka()).list_topics(timeout=30).topics
         prefix = self.settings.topic_prefix
         return sorted(n for n in names if n.startswith(prefix) and n.endswith(".dlq"))
 
@@ -254,7 +265,7 @@ class StatsApp:
         await self._forget_silent(now)
 
     async def _forget_silent(self, now: float) -> None:
-        """Tombstones for workers killed without one, so kiln.workers compacts instead of growing forever."""
+        """Tombstones for workers killed without one, so kiln.heartbeats compacts instead of growing forever."""
         for worker, beat in list(self.workers.items()):
             if beat is not None and beat["at"] < now - self.stats.forget_after_s:
                 await self.heartbeats.send(key=worker.encode(), value=None)

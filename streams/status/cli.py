@@ -54,7 +54,7 @@ def status(ctx: typer.Context,
            svg: Annotated[Path | None, typer.Option(help="Also save the table as an SVG screenshot.")] = None,
            as_json: Annotated[bool, typer.Option("--json", help="The page's JSON instead of a table.")] = False,
            ) -> None:
-    """The status page's numbers as a table (read from kiln.stats and kiln.workers)."""
+    """The status page's numbers as a table (read from kiln.stats and kiln.heartbeats)."""
     if ctx.invoked_subcommand is not None:
         return
     from rich.live import Live

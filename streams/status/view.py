@@ -1,5 +1,5 @@
 """What the status page and ``kiln status`` show, read from the stats stream's ``kiln.stats`` and the workers'
-``kiln.workers`` (both compacted), never by polling workers. A thread follows both topics from their start, so the
+``kiln.heartbeats`` (both compacted), never by polling workers. A thread follows both topics from their start, so the
 retained history of each stage's numbers feeds the sparklines."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from kiln.schemas.ops import StageStats, WorkerHeartbeat
 from kiln.streams.heartbeat import STALE_BEATS
 from kiln.streams.settings import KilnSettings
-from kiln.streams.stage import STATS_TOPIC, WORKERS_TOPIC
+from kiln.streams.stage import HEARTBEATS_TOPIC, LEGACY_HEARTBEATS_TOPIC, STATS_TOPIC
 
 HISTORY = 120
 """Samples of each stage's numbers kept for the sparklines (at the stats app's 5 s: ten minutes)."""
@@ -40,7 +40,9 @@ class OpsView:
         self._consumer = Consumer(settings.kafka(**{
             "group.id": f"kiln-status-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
             "enable.partition.eof": True}))
-        self._topics = {settings.topic(STATS_TOPIC): self._on_stats, settings.topic(WORKERS_TOPIC): self._on_beat}
+        # The legacy heartbeat topic is read too where it exists (start() assigns only topics the broker has).
+        self._topics = {settings.topic(STATS_TOPIC): self._on_stats, settings.topic(HEARTBEATS_TOPIC): self._on_beat,
+                        settings.topic(LEGACY_HEARTBEATS_TOPIC): self._on_beat}
         self._pending_eof: set[tuple[str, int]] = set()
 
     def start(self) -> OpsView:

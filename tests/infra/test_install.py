@@ -10,7 +10,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from kiln.streams.processes import free_port
+import pytest
+
+from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,12 +48,18 @@ def _shared_deps_site() -> str:
     return str(Path(pydantic.__file__).parents[1])
 
 
-def test_a_wheel_installs_only_kiln_and_runs_a_job_outside_the_repository(kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
-                                                                         tmp_path: Path) -> None:
+def _wheel(tmp_path: Path) -> Path:
+    """kiln's wheel, built from a copy of the checkout (a build in place would leave its files here)."""
     source = _copy_checkout(tmp_path / "src")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(tmp_path / "dist"), str(source)], check=True, capture_output=True, cwd=tmp_path)
     (wheel,) = (tmp_path / "dist").glob("kiln-*.whl")
+    return wheel
+
+
+def test_a_wheel_installs_only_kiln_and_runs_a_job_outside_the_repository(kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
+                                                                         tmp_path: Path) -> None:
+    wheel = _wheel(tmp_path)
 
     venv = tmp_path / "clean"
     subprocess.run([BASE_PYTHON, "-m", "venv", str(venv)], check=True)
@@ -115,3 +123,50 @@ def test_two_checkouts_side_by_side_each_run_their_own_code(tmp_path: Path) -> N
         assert "exec.requests" in stages
     # Both stand on one cached dependency environment: a second checkout costs no download.
     assert (clones["a"] / ".venv/.kiln-deps").read_text() == (clones["b"] / ".venv/.kiln-deps").read_text()
+
+
+HEAVY = {"docker", "boto3", "botocore", "faust-streaming", "aiokafka", "fastapi", "uvicorn", "torch", "httpx"}
+"""What the core install must not pull: workers', operations' and RL's dependencies (extras)."""
+
+
+@pytest.mark.timeout(900)
+def test_the_core_install_is_a_trainers_client_and_runs_a_round_trip(kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
+                                                                     tmp_path: Path) -> None:
+    """``pip install kiln`` (no extras) into a clean venv, its dependencies from PyPI (pip's cache outside the repo):
+    none of the heavy ones; a client round trip against an echo worker of the full install; a command of an extra
+    it lacks says which extra brings it."""
+    wheel = _wheel(tmp_path)
+    venv = tmp_path / "core"
+    subprocess.run([BASE_PYTHON, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin/pip"), "install", "-q", "--disable-pip-version-check", str(wheel)], check=True,
+                   timeout=600)
+    listed = subprocess.run([str(venv / "bin/pip"), "list", "--format=freeze", "--disable-pip-version-check"],
+                            capture_output=True, text=True, check=True).stdout
+    installed = {line.split("==")[0].lower() for line in listed.split()}
+    assert "confluent-kafka" in installed and "kiln" in installed, installed
+    assert installed.isdisjoint(HEAVY), installed & HEAVY
+
+    request_topic, results = topics(partitions=2)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "KILN_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+           "KILN_CACHE": str(tmp_path / "cache")}
+    script = textwrap.dedent(f"""
+        import asyncio
+        from kiln.streams.client import KilnClient
+        from kiln.schemas.builtin import EchoRequest
+        async def main():
+            async with KilnClient(results_topic={results!r}) as client:
+                result = await client.call("echo", EchoRequest(data="from a trainer"), topic={request_topic!r})
+                print(result.data)
+        asyncio.run(main())
+    """)
+    with WorkerProcess("echo", kafka, request_topic, slots=2) as worker:
+        worker.wait_assigned()
+        ran = subprocess.run([str(venv / "bin/python"), "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=120)
+        worker.stop()
+    assert ran.returncode == 0 and ran.stdout.strip() == "from a trainer", ran.stderr + worker.log.read_text()
+
+    stats = subprocess.run([str(venv / "bin/kiln"), "stats", "serve"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert stats.returncode != 0 and "pip install 'kiln[ops]'" in stats.stderr, stats.stdout + stats.stderr
+    assert "Traceback" not in stats.stderr

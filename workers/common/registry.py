@@ -1,6 +1,7 @@
 """A small client of the Docker Registry HTTP API v2 (CNCF distribution): what kiln needs to assemble images
 itself — read a manifest and config, upload a blob, put a manifest — plus reading layer blobs straight from the
-registry's S3 bucket (the seed's optimisation: workers fetch layers from S3, not through the registry)."""
+registry's S3 bucket (poolside's optimisation in "Designing a world-class code execution environment": workers
+fetch layers from S3, not through the registry)."""
 
 from __future__ import annotations
 

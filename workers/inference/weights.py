@@ -1,7 +1,7 @@
 """Weight transfer: process groups made only for it, the server's receiving side, and the trainer's
 ``WeightBroadcaster``.
 
-The contract (seed 003; "PipelineRL facts" in docs/architecture.md): a server joins a group with the trainer as
+The contract (PipelineRL's in-flight weight update; docs/rl.md): a server joins a group with the trainer as
 rank 0 (``/init_process_group``); per update the trainer announces the version and the ordered list of tensor
 names, shapes and dtypes (``/request_weight_update``) and broadcasts the tensors in exactly that order. The groups
 are built on a ``TCPStore`` directly (not ``torch.distributed.init_process_group``), so they never touch a

@@ -1,4 +1,5 @@
-"""The decision function on its own: seed 000's formula where the seed defines it, and the cases it leaves open."""
+"""The decision function on its own: the formula of Harmonic's REPL service where its article defines it, and the
+cases it leaves open."""
 
 from __future__ import annotations
 
