@@ -286,10 +286,11 @@ class S3BlobStore(BlobStore):
     def ensure_bucket(self) -> None:
         from botocore.exceptions import ClientError
 
-        try:
-            self.client.head_bucket(Bucket=self.bucket)
-        except ClientError:
-            self.client.create_bucket(Bucket=self.bucket)
+        with _s3_errors(f"bucket {self.bucket!r} at {self.client.meta.endpoint_url}"):
+            try:
+                self.client.head_bucket(Bucket=self.bucket)
+            except ClientError:
+                self.client.create_bucket(Bucket=self.bucket)
 
     def _key(self, digest: str) -> str:
         return f"{self.prefix}sha256/{_check_digest(digest)}"

@@ -158,20 +158,16 @@ def worker(
     if mode not in ("group", "queue"):
         raise typer.BadParameter("--mode is 'group' or 'queue'")
     runner: Worker | ShareWorker
-    try:
-        if mode == "queue":
-            runner = ShareWorker(load_stage(stage), settings, slots=slots or None, group_id=group, topic=topic,
-                                 blob_store=open_blob_store(settings))
-        else:
-            runner = Worker(load_stage(stage), settings, slots=slots or None, group_id=group, topic=topic,
-                            max_in_flight_per_partition=per_partition, blob_store=open_blob_store(settings))
-        asyncio.run(runner.run(install_signal_handlers=True))
-        if runner.failure:
-            out.print(f"[red]worker failed:[/] {runner.failure}")
-            raise typer.Exit(3)
-    except KilnError as e:
-        out.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2) from None
+    if mode == "queue":
+        runner = ShareWorker(load_stage(stage), settings, slots=slots or None, group_id=group, topic=topic,
+                             blob_store=open_blob_store(settings))
+    else:
+        runner = Worker(load_stage(stage), settings, slots=slots or None, group_id=group, topic=topic,
+                        max_in_flight_per_partition=per_partition, blob_store=open_blob_store(settings))
+    asyncio.run(runner.run(install_signal_handlers=True))
+    if runner.failure:
+        out.print(f"[red]worker failed:[/] {runner.failure}")
+        raise typer.Exit(3)
 
 
 @app.command()

@@ -15,7 +15,15 @@ from pathlib import Path
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from kiln.streams.errors import BlobUnavailable, BrokerRefused, BrokerUnavailable, InfraError, KilnError, MissingExtra
+from kiln.streams.errors import (
+    BlobUnavailable,
+    BrokerRefused,
+    BrokerUnavailable,
+    DockerUnavailable,
+    InfraError,
+    KilnError,
+    MissingExtra,
+)
 from kiln.streams.extras import EXTRA_OF_MODULE, missing_extra
 from kiln.streams.settings import KAFKA_LOGGER, KilnSettings
 
@@ -114,8 +122,8 @@ def explain(e: BaseException, settings: KilnSettings, command: str) -> str | Non
                "  check KILN_KAFKA_CONFIG (credentials, TLS) and the topics (`kiln topics create`)"
     if isinstance(e, BlobUnavailable):
         return f"the blob store did not answer: {e}\n  {S3_HINT}"
-    if _docker_error(e):
-        return f"the Docker engine did not answer: {str(e).splitlines()[0][:300]}\n  {DOCKER_HINT}"
+    if isinstance(e, DockerUnavailable) or _docker_error(e):
+        return f"the Docker engine did not answer: {' '.join(str(e).split())[:300]}\n  {DOCKER_HINT}"
     if isinstance(e, MissingExtra):
         return str(e)
     if isinstance(e, InfraError):

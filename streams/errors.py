@@ -6,7 +6,8 @@ KilnError
 ├── InfraError             a real component (broker, S3, Docker, registry) is missing or misbehaving
 │   ├── BrokerUnavailable  the broker did not answer (metadata timeout, transport failure, delivery timed out):
 │   │                      a worker retries with backoff
-│   └── BrokerRefused      the broker answered but refused kiln's credentials (SASL, TLS)
+│   ├── BrokerRefused      the broker answered but refused kiln's credentials (SASL, TLS)
+│   └── DockerUnavailable  the Docker engine did not answer
 ├── DeliveryRefused        a record can never be delivered (an address librdkafka rejects, too large, a topic or
 │                          partition that does not exist): the job is dead-lettered with the reason
 ├── BlobError              the blob store failed
@@ -48,6 +49,10 @@ class InfraError(KilnError):
 
 class BrokerUnavailable(InfraError):
     """The broker did not answer in time; retrying later may succeed."""
+
+
+class DockerUnavailable(InfraError):
+    """The Docker engine did not answer (not running, or ``DOCKER_HOST`` points nowhere)."""
 
 
 class BrokerRefused(InfraError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import tarfile
 import time
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from docker.errors import APIError, DockerException, NotFound
 from docker.types import LogConfig
 
 from kiln.streams import cancel
-from kiln.streams.errors import InfraError
+from kiln.streams.errors import DockerUnavailable, InfraError
 
 LABEL = "kiln.role"
 
@@ -92,7 +93,8 @@ def docker_client(timeout_s: float = 600.0) -> Any:
     try:
         return docker.from_env(timeout=int(timeout_s))
     except DockerException as e:
-        raise InfraError(f"Docker is not reachable: {e}") from e
+        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        raise DockerUnavailable(f"Docker is not reachable at {host}: {e}") from e
 
 
 def untar_files(data: bytes) -> dict[str, bytes]:
