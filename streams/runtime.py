@@ -9,8 +9,9 @@ Semantics (docs/architecture.md, "The runtime's guarantees"):
   the commit metadata (``streams.offsets``) and are skipped by the next owner;
 - at most ``slots`` jobs run; each partition at most ``max_in_flight_per_partition``; a free slot goes to the
   client with the least slot time among those with a job that may start (``streams.fairqueue``), whichever
-  partitions they share; partitions are paused when their share of the read-ahead (``KILN_READAHEAD_BYTES``) is
-  full, while polling continues;
+  partitions they share; once the read-ahead (``KILN_READAHEAD_BYTES``) is full, partitions holding more than their
+  share of it are paused, while polling continues (one flooded partition may fill it alone: a light client's job
+  deep behind the flood is still seen);
 - keyed mode runs jobs with the same key one at a time, in offset order;
 - lanes (``KILN_LANES``): a lane's jobs hold at most its slot budget; others in the backlog start past them;
 - revoke or SIGTERM: stop intake, let running jobs finish within the grace period, commit, abandon the rest.
@@ -33,7 +34,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from kiln.streams import admin, codec
 from kiln.streams.blobstore import BlobStore
-from kiln.streams.executor import JobExecutor, new_worker_id
+from kiln.streams.executor import JobExecutor, Rest, new_worker_id
 from kiln.streams.fairqueue import FairQueue, Queued
 from kiln.streams.heartbeat import Heartbeat
 from kiln.streams.metrics import WorkerMetrics, start_worker_endpoints
@@ -123,6 +124,7 @@ class Worker:
         self.lanes = dict(settings.lanes if lanes is None else lanes)
         self._lane_running: dict[str, int] = dict.fromkeys(self.lanes, 0)
         self.readahead_bytes = settings.readahead_bytes
+        self._buffered_bytes = 0  # in the fair queue, all partitions
         self._queue: FairQueue[Message] = FairQueue(settings.client_weights, keyed=stage.spec.ordering == "keyed")
         self.grace_s = settings.grace_s if grace_s is None else grace_s
         self.worker_id = worker_id or new_worker_id()
@@ -461,14 +463,15 @@ class Worker:
 
     # ---- event loop: dispatch -----------------------------------------------------------------------------
 
-    def _partition_readahead(self) -> int:
+    def _readahead_share(self) -> int:
+        """A partition's share of the read-ahead: past it, it is paused whenever the read-ahead is full."""
         return max(MIN_PARTITION_READAHEAD, self.readahead_bytes // max(1, len(self._parts)))
 
     def _on_messages(self, msgs: list[Message]) -> None:
         to_pause: list[tuple[TP, _Partition]] = []
         now = time.monotonic()
         keyed = self.stage.spec.ordering == "keyed"
-        limit = self._partition_readahead()
+        share = self._readahead_share()
         for msg in msgs:
             err = msg.error()
             if err is not None:
@@ -490,7 +493,8 @@ class Worker:
             # Unordered stages: a passed-over job never holds back the next one (its own offset as its key).
             self._queue.push(client, Queued(tp, key if keyed else offset, size, msg), now)
             part.buffered_bytes += size
-            if not part.paused and part.buffered_bytes >= limit:
+            self._buffered_bytes += size
+            if not part.paused and part.buffered_bytes >= share and self._buffered_bytes >= self.readahead_bytes:
                 part.paused = True
                 to_pause.append((tp, part))
         if to_pause:
@@ -509,6 +513,7 @@ class Worker:
     def _unbuffer(self, tp: TP, part: _Partition) -> None:
         """Drop the partition's buffered records (revoked: the next owner reads them again)."""
         self._queue.drop(tp)
+        self._buffered_bytes -= part.buffered_bytes
         part.buffered_bytes = 0
 
     def _dispatch(self) -> None:
@@ -519,7 +524,7 @@ class Worker:
         if self._unconfirmed.is_set():
             return
         now = time.monotonic()
-        resume_below = self._partition_readahead() // 2
+        share = self._readahead_share()
         while self._running < self.slots and self._queue.size:
             picked = self._queue.pick(now, self._partition_open, self._startable)
             if picked is None:
@@ -528,6 +533,7 @@ class Worker:
             tp, msg = queued.tp, queued.item
             part = self._parts[tp]  # a partition's records leave the queue when it goes (_unbuffer)
             part.buffered_bytes -= queued.size
+            self._buffered_bytes -= queued.size
             self._running += 1
             part.running += 1
             self.metrics.busy_slots.set(self._running)
@@ -538,7 +544,8 @@ class Worker:
                 self._lane_running[lane] += 1
             self._queue.started(client, now)
             self._launch(_Slot(tp, part, msg, lane, client, now))
-            if part.paused and part.buffered_bytes <= resume_below:
+            if part.paused and (part.buffered_bytes < share // 2
+                                or self._buffered_bytes < self.readahead_bytes * 3 // 4):
                 part.paused = False
                 resume = [TopicPartition(*tp)]
                 self._commands.put(lambda c, r=resume: c.resume(r))  # type: ignore[misc]
@@ -581,25 +588,37 @@ class Worker:
         self._dispatch()
 
     def _launch(self, slot: _Slot) -> None:
-        """Start one job that holds a slot (counted by the caller)."""
-        task = asyncio.get_running_loop().create_task(self._run_job(slot))
-        slot.part.tasks.add(task)
-
-    async def _run_job(self, slot: _Slot) -> None:
-        tp, part, msg = slot.tp, slot.part, slot.msg
+        """Start one job that holds a slot (counted by the caller): inline where the executor can run it so (no task
+        unless the job has to wait: ``JobExecutor.run_inline``), else as a task."""
+        loop = asyncio.get_running_loop()
         released = False
 
         def release_slot() -> None:
             nonlocal released
             if not released:
                 released = True
-                self._free_slot(slot)
+                # On the next turn of the loop: a job that ends inside _dispatch would otherwise start the next one
+                # from there, and that one the next, a stack frame deeper each time.
+                loop.call_soon(self._free_slot, slot)
 
+        if self.executor.run_inline(slot.msg, release_slot, lambda: self._job_finished(slot),
+                                    lambda rest, context: slot.part.tasks.add(loop.create_task(
+                                        self._run_job(slot, rest, release_slot), context=context))):
+            waits = self.executor.unsettled(*slot.tp)
+            if waits is not None:
+                slot.part.tasks.add(loop.create_task(self._run_job(slot, waits, None)))
+            return
+        slot.part.tasks.add(loop.create_task(self._run_job(
+            slot, lambda: self.executor.process(slot.msg, release_slot), release_slot)))
+
+    async def _run_job(self, slot: _Slot, job: Rest, release_slot: Callable[[], None] | None) -> None:
+        """Await ``job``, a job's run (or its rest), and finish its offset; without ``release_slot``, ``job`` is the
+        delivery of the partition's inline results, which the partition's tasks stand for while it lasts."""
+        tp, part, msg = slot.tp, slot.part, slot.msg
         try:
-            await self.executor.process(msg, release_slot)
-            part.offsets.finish(coordinates(msg)[2])
-            self._dirty.add(tp)
-            self._commit_wake.set()
+            await job()
+            if release_slot is not None:
+                self._job_finished(slot)
         except asyncio.CancelledError:
             pass  # abandoned on revoke/shutdown: stays uncommitted and is replayed by the next owner
         except Exception as e:
@@ -611,7 +630,8 @@ class Worker:
             task = asyncio.current_task()
             if task is not None:
                 part.tasks.discard(task)
-            release_slot()
+            if release_slot is not None:
+                release_slot()
 
     # ---- event loop: commits ------------------------------------------------------------------------------
 
@@ -680,3 +700,8 @@ class Worker:
     def _loop_later(self, delay: float, callback: Callable[[], object]) -> None:
         if self._loop is not None:
             self._loop.call_later(delay, callback)
+
+    def _job_finished(self, slot: _Slot) -> None:
+        slot.part.offsets.finish(coordinates(slot.msg)[2])
+        self._dirty.add(slot.tp)
+        self._commit_wake.set()
