@@ -37,6 +37,10 @@ class WorkerMetrics:
                                   "Unfinished jobs on assigned partitions (lag minus jobs finished ahead).")
         self.assigned_partitions = gauge("kiln_assigned_partitions", "Partitions assigned to this worker.")
         self.paused_partitions = gauge("kiln_paused_partitions", "Assigned partitions paused for back-pressure.")
+        self.readahead_bytes = gauge("kiln_readahead_bytes", "Bytes of requests buffered ahead of running jobs "
+                                     "(records counted with a fixed overhead; bounded by KILN_READAHEAD_BYTES).")
+        self.queued_clients = gauge("kiln_queued_clients", "Clients with jobs buffered or running on this worker "
+                                    "(fair queueing shares the slots between them).")
         completions_last_minute = Gauge("kiln_completions_last_minute", "Jobs finished in the last 60 s.",
                                         list(labels), registry=self.registry).labels(**labels)
         completions_last_minute.set_function(self.completions_last_minute)

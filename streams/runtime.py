@@ -290,6 +290,8 @@ class Worker:
         self.metrics.queue_length.set(total)
         self.metrics.assigned_partitions.set(len(self._parts))
         self.metrics.paused_partitions.set(sum(1 for p in self._parts.values() if p.paused))
+        self.metrics.readahead_bytes.set(self._buffered_bytes)
+        self.metrics.queued_clients.set(self._queue.clients)
 
     # ---- consumer thread: commits -------------------------------------------------------------------------
 
