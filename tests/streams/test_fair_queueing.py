@@ -37,6 +37,27 @@ async def test_a_light_client_behind_a_flood_on_its_partition_is_served_next(  #
     assert flood_done < 150, f"the light client waited behind {flood_done} of the flood's 300 jobs"
 
 
+async def test_a_weighted_client_gets_its_weight_in_slot_time(  # type: ignore[no-untyped-def]
+        kafka: KilnSettings, topics, unique: str) -> None:
+    """``KILN_CLIENT_WEIGHTS``: with one slot and both clients backlogged, weight 3 gets three jobs to the other's
+    one (equal weights would finish both together; no weights at all, in arrival order)."""
+    request_topic, results = topics(partitions=1)
+    weights = {"KILN_CLIENT_WEIGHTS": f'{{"heavy-{unique}": 3}}'}
+    with WorkerProcess("sleep", kafka, request_topic, slots=1, env=weights) as worker:
+        worker.wait_assigned()
+        async with KilnClient(kafka, f"heavy-{unique}", results_topic=results, max_in_flight=1000) as heavy, \
+                KilnClient(kafka, f"plain-{unique}", results_topic=results, max_in_flight=1000) as plain:
+            jobs = SleepRequest(seconds=0.02)
+            plain_jobs, heavy_jobs = [], []
+            for _ in range(60):  # interleaved, so arrival order alone would alternate them
+                plain_jobs.append(await plain.submit("sleep", jobs, topic=request_topic))
+                heavy_jobs.append(await heavy.submit("sleep", jobs, topic=request_topic))
+            await asyncio.wait_for(asyncio.gather(*heavy_jobs), 60)
+            plain_done = sum(f.done() for f in plain_jobs)
+            await asyncio.wait_for(asyncio.gather(*plain_jobs), 60)
+    assert 10 <= plain_done <= 35, f"{plain_done} of the plain client's 60 jobs ran beside the weighted client's 60"
+
+
 def _committed(settings: KilnSettings, group: str, topic: str) -> TopicPartition:
     consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group})
     try:
