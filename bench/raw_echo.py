@@ -1,9 +1,12 @@
 """The dispatch bench's baseline: a bare confluent-kafka echo loop with kiln's message sizes, acks and partitions.
 
-``python -m bench.raw_echo serve REQUESTS RESULTS`` is the echo server (its own process, as a kiln worker is): a
-consumer group member that answers every request record with a result-sized record and lets the client library
-commit in the background. ``round_trips()`` is the client: one producer, one consumer thread, a bound on records
-in flight, closed loop. Batching and linger are tuned for throughput (the baseline at its best).
+``python -m bench.raw_echo serve REQUESTS RESULTS SERVERS [after-delivery]`` is the echo server (its own process,
+as a kiln worker is): a consumer group member that answers every request record with a result-sized record. By
+default it lets the client library commit in the background (auto-commit: a request can be committed before its
+reply is delivered, so a crash loses it); ``after-delivery`` gives kiln's guarantee instead: a request's offset is
+committed only once its reply is delivered and every request below it on its partition is too (commits coalesced
+every few milliseconds, as kiln's). ``round_trips()`` is the client: one producer, one consumer thread, a bound on
+records in flight, closed loop. Batching and linger are tuned for throughput (the baseline at its best).
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ import sys
 import threading
 import time
 import uuid
+from collections import defaultdict, deque
+from functools import partial
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from kiln.schemas.builtin import EchoRequest, EchoResult
 from kiln.schemas.envelope import ReplyTo, RequestEnvelope, ResultEnvelope
@@ -34,25 +39,55 @@ def sample_sizes(results: str) -> tuple[bytes, bytes]:
     return request.model_dump_json().encode(), result.model_dump_json().encode()
 
 
-def serve(settings: KilnSettings, requests: str, results: str) -> None:
+def serve(settings: KilnSettings, requests: str, results: str, after_delivery: bool) -> None:
     _, reply = sample_sizes(results)
+    commits = {"enable.auto.commit": False} if after_delivery else {"enable.auto.commit": True,
+                                                                    "auto.commit.interval.ms": 1000}
     consumer = Consumer(settings.kafka(**{"group.id": f"raw-echo-{requests}", "auto.offset.reset": "earliest",
-                                          "enable.auto.commit": True, "auto.commit.interval.ms": 1000}))
+                                          **commits}))
     producer = Producer(settings.kafka(**TUNED))
     consumer.subscribe([requests])
+    consumed: dict[int, deque[int]] = defaultdict(deque)  # per request partition, in order
+    delivered: dict[int, set[int]] = defaultdict(set)
+
+    def on_delivery(partition: int, offset: int, err: KafkaError | None, _msg: Message) -> None:
+        if err is None:  # a failed reply is never committed past (and this bench then never ends)
+            delivered[partition].add(offset)
+
+    next_commit = 0.0
     print("ready", flush=True)
     while True:
         for msg in consumer.consume(1000, 0.05):
-            if msg.error() is None:
+            if msg.error() is not None:
+                continue
+            if not after_delivery:
                 producer.produce(results, reply, key=msg.key())
+                continue
+            partition, offset = msg.partition(), msg.offset()
+            assert partition is not None and offset is not None
+            consumed[partition].append(offset)
+            producer.produce(results, reply, key=msg.key(), on_delivery=partial(on_delivery, partition, offset))
         producer.poll(0)
+        if after_delivery and time.monotonic() >= next_commit:
+            next_commit = time.monotonic() + 0.005
+            positions = []
+            for partition, offsets in consumed.items():
+                done, last = delivered[partition], None
+                while offsets and offsets[0] in done:
+                    last = offsets.popleft()
+                    done.discard(last)
+                if last is not None:
+                    positions.append(TopicPartition(requests, partition, last + 1))
+            if positions:
+                consumer.commit(offsets=positions, asynchronous=True)
 
 
 class RawEchoServer:
-    def __init__(self, settings: KilnSettings, requests: str, results: str) -> None:
+    def __init__(self, settings: KilnSettings, requests: str, results: str, after_delivery: bool = False) -> None:
         root = Path(__file__).resolve().parents[1]
         self.proc = subprocess.Popen([sys.executable, "-m", "bench.raw_echo", "serve", requests, results,
-                                      settings.bootstrap_servers], cwd=root, stdout=subprocess.PIPE, text=True)
+                                      settings.bootstrap_servers, *(["after-delivery"] if after_delivery else [])],
+                                     cwd=root, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
 
     def stop(self) -> None:
@@ -98,4 +133,4 @@ def round_trips(settings: KilnSettings, requests: str, results: str, jobs: int, 
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["serve"]:
-    serve(KilnSettings(bootstrap_servers=sys.argv[4]), sys.argv[2], sys.argv[3])
+    serve(KilnSettings(bootstrap_servers=sys.argv[4]), sys.argv[2], sys.argv[3], sys.argv[5:6] == ["after-delivery"])

@@ -11,6 +11,8 @@ import asyncio
 import base64
 import collections
 import contextlib
+import contextvars
+import functools
 import json
 import logging
 import os
@@ -38,7 +40,15 @@ from kiln.streams.errors import (
     MalformedRequest,
 )
 from kiln.streams.metrics import WorkerMetrics
-from kiln.streams.middleware import Job, Middleware, Outcome, default_middleware, error_info, stage_chain
+from kiln.streams.middleware import (
+    InlineChain,
+    Job,
+    Middleware,
+    Outcome,
+    default_middleware,
+    error_info,
+    stage_chain,
+)
 from kiln.streams.offsets import coordinates
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import JobContext, Stage, stage_specs
@@ -133,14 +143,47 @@ def producer_config(settings: KilnSettings, **extra: Any) -> dict[str, Any]:
                              "message.timeout.ms": 120000, **extra})
 
 
-def _settle(batch: list[tuple[asyncio.Future[None], KilnError | None]]) -> None:
+Settle = Callable[[KilnError | None], None]
+"""What a delivery report settles on the loop: a produce's future, or an inline job's publication."""
+
+
+def _settle(batch: list[tuple[asyncio.Future[None] | Settle, KilnError | None]]) -> None:
     for done, error in batch:
-        if done.done():
+        if not isinstance(done, asyncio.Future):
+            done(error)
+        elif done.done():
             continue
-        if error is None:
+        elif error is None:
             done.set_result(None)
         else:
             done.set_exception(error)
+
+
+Rest = Callable[[], Awaitable[object]]
+"""The rest of a job that started inline, to run as a task: awaiting it ends the job as ``process()`` would."""
+Resume = Callable[[Rest, contextvars.Context], None]
+
+
+class _Publication:
+    """An inline job's result, produced: its delivery report finishes the job, or (a failure) hands it to the
+    retrying path as a task."""
+
+    __slots__ = ("executor", "finished", "retry", "source")
+
+    def __init__(self, executor: JobExecutor, source: tuple[str, int], finished: Callable[[], None],
+                 retry: Callable[[], None]) -> None:
+        self.executor, self.source, self.finished, self.retry = executor, source, finished, retry
+
+    def on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+        """(The delivery thread.)"""
+        self.executor._settled.append((self.settle, None if err is None else delivery_error(err, "reply")))
+
+    def settle(self, error: KilnError | None) -> None:
+        if error is None:
+            self.finished()
+        else:
+            self.retry()
+        self.executor._delivered(self.source)
 
 
 class JobExecutor:
@@ -155,8 +198,13 @@ class JobExecutor:
         self.worker_id = worker_id
         self.dlq_topic = dlq_topic
         self.blob_store = blob_store
-        self._chain = stage_chain(stage, middleware or default_middleware(metrics, settings.job_timeout_s),
-                                  blob_store)
+        policies = middleware or default_middleware(metrics, settings.job_timeout_s)
+        self._chain = stage_chain(stage, policies, blob_store)
+        self._inline = InlineChain.of(stage, policies, blob_store)
+        # Inline jobs per source partition whose results are produced and not yet delivered (a revoke waits for
+        # them as for running jobs: ``unsettled``), and what waits for them.
+        self._unsettled: dict[tuple[str, int], int] = {}
+        self._unsettled_waiters: dict[tuple[str, int], asyncio.Future[None]] = {}
         self._producer: Producer | None = None
         self._topic_partitions: dict[str, int] = {}  # reply topics seen to exist, with their partition counts
         self._vanished: dict[str, float] = {}  # reply topics found missing, waited for: since when (monotonic)
@@ -170,7 +218,7 @@ class JobExecutor:
         self._delivery_thread: threading.Thread | None = None
         # Delivery reports, filled by librdkafka callbacks in whichever thread polls, handed to the loop in batches:
         # one wake-up of the loop per poll, not one per record.
-        self._settled: collections.deque[tuple[asyncio.Future[None], KilnError | None]] = collections.deque()
+        self._settled: collections.deque[tuple[asyncio.Future[None] | Settle, KilnError | None]] = collections.deque()
 
     async def start(self, loop: asyncio.AbstractEventLoop, slots: int) -> None:
         """Start the producer, then the stage's own setup (sized to the worker's ``slots``)."""
@@ -212,22 +260,120 @@ class JobExecutor:
         """
         started = datetime.now(UTC)
         try:
-            envelope = codec.decode_request(msg.value())
-            if envelope.kind != self.stage.name:
-                raise MalformedRequest(f"kind {envelope.kind!r} sent to stage {self.stage.name!r}")
-            self._check_reply_address(envelope.reply_to)
+            envelope = self._decode(msg)
         except MalformedRequest as e:
             release_slot()
-            await self.dead_letter(msg, error_info(e, False), attempts=0)
-            await self.reply_error(msg, error_info(e, False))
+            await self._reject(msg, e)
             return None
+        job = self._job(msg, envelope)
+        return await self._complete(msg, envelope, started, await self._chain(job), release_slot)
+
+    def run_inline(self, msg: Message, release_slot: Callable[[], None], finished: Callable[[], None],
+                   resume: Resume) -> bool:
+        """Start the job in ``msg`` without a task where the stage allows it (a non-blocking handler, policies that
+        apply inline, no claim check): decoded, its policies and the handler's first step applied, its result
+        produced. False: nothing was done (``process()`` it). True: the job is under way and ends in one of two
+        ways: ``finished()`` once its result is delivered, or ``resume(rest, context)``, the rest of the job to run
+        as a task in ``context`` (the handler waited or raised, the input was malformed, the result needs a claim
+        check or a destination not yet looked up, its delivery failed). ``release_slot`` is called once the
+        handler is done, as in ``process()``."""
+        if self._inline is None:
+            return False
+        started = datetime.now(UTC)
+        try:
+            envelope = self._decode(msg)
+        except MalformedRequest as e:
+            release_slot()
+            resume(functools.partial(self._reject, msg, e), contextvars.copy_context())
+            return True
+        if envelope.claim_check is not None:
+            return False  # fetching it is blob-store I/O
+        job = self._job(msg, envelope)
+        context = contextvars.copy_context()  # what the handler sets stays with its job, also if it goes on as a task
+        outcome = context.run(self._inline.attempt, job)
+        if not isinstance(outcome, Outcome):
+            underway, inline = outcome, self._inline
+            resume(lambda: self._complete(msg, envelope, started, inline.resume(job, underway), release_slot), context)
+            return True
+        release_slot()
+        value = self._fast_reply(envelope, outcome, started)
+        if value is None:
+            resume(lambda: self._complete(msg, envelope, started, outcome, release_slot), context)
+            return True
+        reply_to = envelope.reply_to
+        assert reply_to is not None and self._producer is not None  # checked by _decode; started
+        source = coordinates(msg)[:2]
+        publication = _Publication(self, source, finished, lambda: resume(
+            lambda: self._complete(msg, envelope, started, outcome, release_slot), context))
+        kwargs: dict[str, Any] = {"key": reply_to.key, "headers": codec.result_headers(envelope.request_id),
+                                  "on_delivery": publication.on_delivery}
+        if reply_to.partition is not None:
+            kwargs["partition"] = reply_to.partition
+        try:
+            self._producer.produce(reply_to.topic, value, **kwargs)
+        except Exception:  # a full local queue, a refusal: the retrying path tells them apart
+            publication.retry()
+            return True
+        self._unsettled[source] = self._unsettled.get(source, 0) + 1
+        return True
+
+    def _fast_reply(self, envelope: RequestEnvelope, outcome: Outcome, started: datetime) -> bytes | None:
+        """The result record of an inline job, when it can go straight out: no dead letter, no event to publish,
+        no claim check, a destination already seen to exist; else None (the retrying path sends it)."""
+        reply_to = envelope.reply_to
+        if (outcome.dead_letter or self.stage.spec.events_topic is not None or reply_to is None
+                or not self._destination_known(reply_to.topic, reply_to.partition)):
+            return None
+        value = self._result_value(envelope, outcome, started)
+        return value if len(value) <= self.settings.claim_check_bytes or self.blob_store is None else None
+
+    def _delivered(self, source: tuple[str, int]) -> None:
+        left = self._unsettled[source] - 1
+        if left:
+            self._unsettled[source] = left
+            return
+        del self._unsettled[source]
+        waiter = self._unsettled_waiters.pop(source, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def unsettled(self, topic: str, partition: int) -> Rest | None:
+        """What a revoke of the source partition waits for besides its tasks: its inline jobs' results still being
+        delivered; None when none are, or something waits for them already (once per such period)."""
+        source = (topic, partition)
+        if source not in self._unsettled or source in self._unsettled_waiters:
+            return None
+        assert self._loop is not None
+        waiter = self._unsettled_waiters[source] = self._loop.create_future()
+        return lambda: asyncio.shield(waiter)
+
+    def _decode(self, msg: Message) -> RequestEnvelope:
+        """The request in ``msg``, for this stage, with a reply address; else ``MalformedRequest``."""
+        envelope = codec.decode_request(msg.value())
+        if envelope.kind != self.stage.name:
+            raise MalformedRequest(f"kind {envelope.kind!r} sent to stage {self.stage.name!r}")
+        self._check_reply_address(envelope.reply_to)
+        return envelope
+
+    def _job(self, msg: Message, envelope: RequestEnvelope) -> Job:
         topic, partition, offset = coordinates(msg)
         raw_key = msg.key()
         ctx = JobContext(envelope=envelope, attempt=0, worker_id=self.worker_id, topic=topic,
                          partition=partition, offset=offset,
                          key=raw_key.decode(errors="replace") if raw_key is not None else None,
                          expires_at=job_expiry(envelope, msg))
-        outcome = await self._chain(Job(self.stage, ctx))
+        return Job(self.stage, ctx)
+
+    async def _reject(self, msg: Message, e: MalformedRequest) -> None:
+        await self.dead_letter(msg, error_info(e, False), attempts=0)
+        await self.reply_error(msg, error_info(e, False))
+
+    async def _complete(self, msg: Message, envelope: RequestEnvelope, started: datetime,
+                        outcome: Outcome | Awaitable[Outcome], release_slot: Callable[[], None]) -> Outcome:
+        """The job from its outcome on (awaited first while it is under way): the slot released, the dead letter,
+        the reply and the event."""
+        if not isinstance(outcome, Outcome):
+            outcome = await outcome
         release_slot()
         dead_lettered = outcome.dead_letter and outcome.error is not None
         if dead_lettered and outcome.error is not None:
@@ -363,23 +509,22 @@ class JobExecutor:
         if partition is not None and partition >= count:
             raise DeliveryRefused(f"reply topic {_shown(topic)} has no partition {partition}")
 
+    def _result_value(self, envelope: RequestEnvelope, outcome: Outcome, started: datetime) -> bytes:
+        return codec.result_json(envelope, outcome.status, outcome.result, outcome.error, outcome.attempts,
+                                 self.worker_id, started, datetime.now(UTC))
+
     async def _reply(self, envelope: RequestEnvelope, outcome: Outcome, started: datetime) -> None:
         if envelope.reply_to is None:
             return
-        result = ResultEnvelope(
-            request_id=envelope.request_id, kind=envelope.kind, client_id=envelope.client_id,
-            status=outcome.status, result=outcome.result.model_dump(mode="json") if outcome.result else None,
-            error=outcome.error, attempts=outcome.attempts, worker=self.worker_id, started_at=started,
-            redriven_from=envelope.redriven_from,
-        )
-        value = result.model_dump_json().encode()
+        value = self._result_value(envelope, outcome, started)
         if len(value) > self.settings.claim_check_bytes and self.blob_store is not None:
             # A claim check is blob-store I/O: off the event loop (a small result skips the thread hop).
+            result = codec.decode_result(value)
             value = await asyncio.to_thread(codec.encode, result, self.blob_store, self.settings.claim_check_bytes)
         if not self._destination_known(envelope.reply_to.topic, envelope.reply_to.partition):
             await self._check_destination(envelope.reply_to.topic, envelope.reply_to.partition)
         await self.produce(envelope.reply_to.topic, value, key=envelope.reply_to.key,
-                           partition=envelope.reply_to.partition, headers=codec.result_headers(result.request_id))
+                           partition=envelope.reply_to.partition, headers=codec.result_headers(envelope.request_id))
 
     async def _publish_event(self, msg: Message, outcome: Outcome) -> None:
         topic = self.stage.spec.events_topic
