@@ -125,6 +125,7 @@ class Worker:
         self._lane_running: dict[str, int] = dict.fromkeys(self.lanes, 0)
         self.readahead_bytes = settings.readahead_bytes
         self._buffered_bytes = 0  # in the fair queue, all partitions
+        self._dispatching = False
         self._queue: FairQueue[Message] = FairQueue(settings.client_weights, keyed=stage.spec.ordering == "keyed")
         self.grace_s = settings.grace_s if grace_s is None else grace_s
         self.worker_id = worker_id or new_worker_id()
@@ -519,15 +520,22 @@ class Worker:
         part.buffered_bytes = 0
 
     def _dispatch(self) -> None:
-        if self._stopping.is_set():
-            return
+        if self._stopping.is_set() or self._dispatching:
+            return  # (re-entered from a job that ended inside the loop below: that loop sees the freed slot)
+        self._dispatching = True
+        try:
+            self._start_jobs()
+        finally:
+            self._dispatching = False
+
+    def _start_jobs(self) -> None:
         if time.monotonic() - self._polled_at > FREEZE_S:
             self._unconfirmed.set()  # the loop resumed first: the consumer thread confirms before any start
         if self._unconfirmed.is_set():
             return
-        now = time.monotonic()
         share = self._readahead_share()
         while self._running < self.slots and self._queue.size:
+            now = time.monotonic()
             picked = self._queue.pick(now, self._partition_open, self._startable)
             if picked is None:
                 return
