@@ -21,6 +21,8 @@ CLOCK_SKEW = timedelta(days=1)
 MAX_DEADLINE = timedelta(days=366)
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_DIGIT_PAIRS = [high + low for high in _CROCKFORD for low in _CROCKFORD]
+_PAIR_SHIFTS = range(120, -1, -10)  # 13 pairs: 130 bits, the top two zero
 _id_lock = threading.Lock()
 _last_ms = 0
 _counter = 0
@@ -37,7 +39,8 @@ def new_request_id() -> str:
         else:
             _last_ms, _counter = ms, int.from_bytes(os.urandom(8), "big") >> 24
         value = (ms << 80) | ((_counter & ((1 << 40) - 1)) << 40) | int.from_bytes(os.urandom(5), "big")
-    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+    # Two digits (10 bits) at a time: a digit at a time cost a client a sixth of its time per request.
+    return "".join([_DIGIT_PAIRS[(value >> shift) & 1023] for shift in _PAIR_SHIFTS])
 
 
 def request_id_value(request_id: str) -> int | None:

@@ -101,6 +101,7 @@ class _ProcessState:
         self.queue_producer: Producer | None = None
         self.consumer: Consumer | None = None
         self.partition = 0
+        self.reply_to: ReplyTo | None = None  # where this process's results go (built once: every request says it)
         self.offsets: PartitionOffsets | None = None
         self.commit_to: TopicPartition | None = None  # latest wanted commit not sent yet; the I/O thread sends it
         self.wanted: TopicPartition | None = None  # latest wanted commit, sent or not: the final commit re-sends it
@@ -243,11 +244,19 @@ class KilnClient:
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
 
+    def _current(self) -> _ProcessState | None:
+        """The state of this process and the running loop, once started (``_ready`` starts it)."""
+        state = self._state
+        if state is not None and state.pid == os.getpid() and state.loop is asyncio.get_running_loop():
+            return state
+        return None
+
     async def _ready(self) -> _ProcessState:
         loop = asyncio.get_running_loop()
-        state = self._state
-        if state is not None and state.pid == os.getpid() and state.loop is loop:
+        state = self._current()
+        if state is not None:
             return state
+        state = self._state
         if os.getpid() != self._owner_pid:
             # Forked child: the parent's librdkafka threads did not survive fork(); never touch its handles.
             self.client_id = self._child_client_id(self.client_id, os.getpid())
@@ -305,6 +314,7 @@ class KilnClient:
             return committed
 
         start = await asyncio.to_thread(_retrying, position)
+        state.reply_to = ReplyTo(topic=self.results_topic, key=state.client_id, partition=state.partition)
         state.topic_id = await asyncio.to_thread(self._results_topic_id, state)
         state.next_topic_check = time.monotonic() + RESULTS_CHECK_S
         state.offsets = PartitionOffsets(start.offset, decode_done(start.offset, start.metadata))
@@ -360,7 +370,7 @@ class KilnClient:
         ``deadline_s`` is the request's time budget: a worker answers 'expired' instead of starting it once that
         long has passed since the broker took the request (measured on the broker's and the worker's clocks, so
         this client's may be off). A request the producer refuses raises ``RequestRefused``; it holds no slot."""
-        state = await self._ready()
+        state = self._current() or await self._ready()
         spec = self.spec(kind)
         request_topic = topic or (spec.request_topic if spec else None)
         if request_topic is None:
@@ -368,7 +378,7 @@ class KilnClient:
         body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload)
         envelope = RequestEnvelope(
             kind=kind, client_id=state.client_id, payload=body, created_at=datetime.fromtimestamp(self._clock(), UTC),
-            reply_to=ReplyTo(topic=self.results_topic, key=state.client_id, partition=state.partition), lane=lane,
+            reply_to=state.reply_to, lane=lane,
             **({"request_id": request_id} if request_id else {}),
         )
         if deadline_s is not None:
@@ -383,8 +393,11 @@ class KilnClient:
         state.pending[envelope.request_id] = fut
         fut.add_done_callback(lambda _f: state.slots.release())
         try:
-            await self._produce(state, self.settings.topic(request_topic), value, msg_key, envelope.request_id,
-                                partition, codec.request_headers(state.client_id, lane))
+            while True:
+                if self._produce(state, self.settings.topic(request_topic), value, msg_key, envelope.request_id,
+                                 partition, codec.request_headers(state.client_id, lane)):
+                    break
+                await asyncio.sleep(0.005)  # the local queue is full: the I/O thread drains it
         except BaseException:
             # Not sent: nothing will resolve the future, so it must not keep its slot or count as pending.
             state.pending.pop(envelope.request_id, None)
@@ -468,9 +481,10 @@ class KilnClient:
         self._sweep_unclaimed(state)
         state.loop.call_later(min(1.0, self.unclaimed_max_age_s / 2), self._schedule_sweeps, state)
 
-    async def _produce(self, state: _ProcessState, topic: str, value: bytes, key: str, request_id: str,
-                       partition: int | None = None, headers: list[tuple[str, bytes]] | None = None) -> None:
-        """Queue the request without waiting for the broker: a failed delivery fails the request's future."""
+    def _produce(self, state: _ProcessState, topic: str, value: bytes, key: str, request_id: str,
+                 partition: int | None = None, headers: list[tuple[str, bytes]] | None = None) -> bool:
+        """Queue the request without waiting for the broker (a failed delivery fails the request's future); False
+        while the local queue is full."""
         assert state.producer is not None and state.queue_producer is not None
         producer = state.queue_producer if topic in self._queue_topics else state.producer
 
@@ -483,20 +497,19 @@ class KilnClient:
             if kind == TIMESTAMP_LOG_APPEND_TIME and broker_ms > 0:
                 self._note_clock(state, broker_ms, either_way=True)
 
-        while True:
-            try:
-                extra: dict[str, Any] = {"headers": headers} if headers else {}
-                if partition is not None:
-                    extra["partition"] = partition
-                producer.produce(topic, value, key=key, on_delivery=on_delivery, **extra)
-                return
-            except BufferError:  # local queue full: the I/O thread drains it
-                await asyncio.sleep(0.005)
-            except (KafkaException, ValueError, RuntimeError, TypeError) as e:
-                # Refused locally (too large, an invalid topic or partition): this record can never be sent.
-                reason = e.args[0].str() if isinstance(e, KafkaException) and e.args and isinstance(
-                    e.args[0], KafkaError) else f"{type(e).__name__}: {e}"
-                raise RequestRefused(f"request {request_id} to {topic[:100]!r} refused: {reason}") from None
+        try:
+            extra: dict[str, Any] = {"headers": headers} if headers else {}
+            if partition is not None:
+                extra["partition"] = partition
+            producer.produce(topic, value, key=key, on_delivery=on_delivery, **extra)
+            return True
+        except BufferError:
+            return False
+        except (KafkaException, ValueError, RuntimeError, TypeError) as e:
+            # Refused locally (too large, an invalid topic or partition): this record can never be sent.
+            reason = e.args[0].str() if isinstance(e, KafkaException) and e.args and isinstance(
+                e.args[0], KafkaError) else f"{type(e).__name__}: {e}"
+            raise RequestRefused(f"request {request_id} to {topic[:100]!r} refused: {reason}") from None
 
     def _note_clock(self, state: _ProcessState, broker_ms: int, either_way: bool) -> None:
         """Compare this client's clock with a broker timestamp just seen: a delivery report's (the broker stamped

@@ -63,6 +63,15 @@ def read_all(settings: KilnSettings, topic: str, expect: int = 0, timeout: float
         consumer.close()
 
 
+def committed(settings: KilnSettings, group: str, topic: str, partition: int = 0) -> int:
+    """The offset ``group`` has committed on ``topic``'s ``partition`` (negative: none)."""
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group})
+    try:
+        return int(consumer.committed([TopicPartition(topic, partition)], timeout=10)[0].offset)
+    finally:
+        consumer.close()
+
+
 def journal_events(path: Path) -> list[tuple[str, str, str]]:
     if not path.exists():
         return []

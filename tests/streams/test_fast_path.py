@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from pydantic import BaseModel
 
 from kiln.schemas.builtin import EchoRequest, EchoResult
@@ -22,7 +22,7 @@ from kiln.streams.middleware import InlineChain, MetricsMiddleware, default_midd
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import JobContext, Stage
 from kiln.workers.builtin import echo
-from tests.streams.harness import read_all, running_worker
+from tests.streams.harness import committed, read_all, running_worker
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 
@@ -48,14 +48,6 @@ def test_result_json_is_the_result_envelope_pydantic_would_write(status: Any, re
 def _request(results: str, data: Any) -> bytes:
     return RequestEnvelope(kind="echo", client_id="c", reply_to=ReplyTo(topic=results, key="c", partition=0),
                            payload={"data": data}).model_dump_json().encode()
-
-
-def _committed(settings: KilnSettings, group: str, topic: str) -> int:
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group})
-    try:
-        return int(consumer.committed([TopicPartition(topic, 0)], timeout=10)[0].offset)
-    finally:
-        consumer.close()
 
 
 async def test_a_malformed_record_in_an_inline_batch_is_dead_lettered_and_the_rest_succeed(
@@ -88,7 +80,7 @@ async def test_a_malformed_record_in_an_inline_batch_is_dead_lettered_and_the_re
     assert len(dlq) == 2 and set(reasons) == {20, 21}
     assert reasons[20].startswith(b"not a request envelope") and b"invalid echo payload" in reasons[21]
     # Commit after finish: the stop waited for the last results' delivery and committed past every record.
-    assert _committed(kafka, f"g-{request_topic}", request_topic) == len(records)
+    assert committed(kafka, f"g-{request_topic}", request_topic) == len(records)
 
 
 async def test_inline_jobs_that_raise_or_wait_keep_retries_timeouts_and_dead_letters(
@@ -127,7 +119,7 @@ async def test_inline_jobs_that_raise_or_wait_keep_retries_timeouts_and_dead_let
     hung = next(r for r in replies.values() if r["error"] and "exceeded" in r["error"]["message"])
     assert hung["attempts"] == 2 and [a for a, _ in seen["hangs"]] == [1, 2]
     assert sorted(dict(m.headers())["kiln-attempts"] for m in dlq) == [b"1", b"2"]
-    assert _committed(kafka, f"g-{request_topic}", request_topic) == 5
+    assert committed(kafka, f"g-{request_topic}", request_topic) == 5
 
 
 def test_a_stage_is_inline_only_when_it_says_its_handler_never_waits() -> None:
