@@ -10,7 +10,15 @@ import zstandard
 from pydantic import BaseModel, ValidationError
 from pydantic_core import to_json
 
-from kiln.schemas.envelope import SCHEMA_VERSION, ClaimCheck, ErrorInfo, RequestEnvelope, ResultEnvelope, ResultStatus
+from kiln.schemas.envelope import (
+    SCHEMA_VERSION,
+    ClaimCheck,
+    ErrorInfo,
+    ReplyTo,
+    RequestEnvelope,
+    ResultEnvelope,
+    ResultStatus,
+)
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import MalformedRequest
 
@@ -89,6 +97,18 @@ def decode_request(raw: bytes | None) -> RequestEnvelope:
     if (envelope.payload is None) == (envelope.claim_check is None):
         raise MalformedRequest("not a request envelope: exactly one of payload and claim_check is required")
     return envelope
+
+
+def request_json(request_id: str, kind: str, client_id: str, created_at: datetime, reply_to: ReplyTo | None,
+                 payload: BaseModel | dict[str, Any]) -> bytes:
+    """The JSON of a ``RequestEnvelope`` with these fields (and no deadline, lane or redrive), serialised without
+    building one, for a client sending a registered stage's request with its own id, clock and reply address. The
+    same bytes as ``RequestEnvelope(...).model_dump_json()`` (tests/streams/test_fast_path.py holds them to it)."""
+    return to_json({
+        "request_id": request_id, "kind": kind, "schema_version": SCHEMA_VERSION, "created_at": created_at,
+        "deadline": None, "attempt": 0, "client_id": client_id, "reply_to": reply_to, "payload": payload,
+        "claim_check": None, "lane": None, "redriven_from": None,
+    }, by_alias=False)
 
 
 def result_json(request: RequestEnvelope, status: ResultStatus, result: BaseModel | None, error: ErrorInfo | None,

@@ -607,8 +607,9 @@ class Worker:
             nonlocal released
             if not released:
                 released = True
-                # On the next turn of the loop: a job that ends inside _dispatch would otherwise start the next one
-                # from there, and that one the next, a stack frame deeper each time.
+                # On the next turn of the loop: freed at once, a slot of a job that ends inline would go to the next
+                # job in the same _dispatch, and so on through the whole backlog in one turn, with delivery reports
+                # and commits waiting behind it; this way a turn starts at most `slots` jobs.
                 loop.call_soon(self._free_slot, slot)
 
         if self.executor.run_inline(slot.msg, release_slot, lambda: self._job_finished(slot),

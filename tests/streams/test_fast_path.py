@@ -45,6 +45,17 @@ def test_result_json_is_the_result_envelope_pydantic_would_write(status: Any, re
     assert fast == reference.model_dump_json().encode()
 
 
+@pytest.mark.parametrize("payload", [EchoRequest(data={"ü": [1, 2.5, None, "\"q\"\n"]}), {"data": None, "at": NOW}])
+def test_request_json_is_the_request_envelope_pydantic_would_write(payload: BaseModel | dict[str, Any]) -> None:
+    reply_to = ReplyTo(topic="res", key="clïent", partition=3)
+    fast = codec.request_json("01ID", "echo", "clïent", NOW, reply_to, payload)
+    body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+    reference = RequestEnvelope(request_id="01ID", kind="echo", client_id="clïent", created_at=NOW,
+                                reply_to=reply_to, payload=body)
+    assert fast == reference.model_dump_json().encode()
+    assert codec.decode_request(fast).payload == json.loads(fast)["payload"]  # and it passes the edge's checks
+
+
 def _request(results: str, data: Any) -> bytes:
     return RequestEnvelope(kind="echo", client_id="c", reply_to=ReplyTo(topic=results, key="c", partition=0),
                            payload={"data": data}).model_dump_json().encode()
