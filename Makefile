@@ -6,7 +6,7 @@ DEPS = $(shell cat .venv/.kiln-deps)
 
 demo:
 	bash infra/bootstrap.sh
-	.venv/bin/kiln setup kafka
+	.venv/bin/kiln setup kafka docker lean
 	.venv/bin/kiln demo
 
 test:

@@ -29,10 +29,12 @@ def free_port() -> int:
 
 
 class WorkerProcess:
-    """One ``kiln worker STAGE`` process consuming ``topic`` with group ``g-<topic>``; its output goes to ``log``."""
+    """One ``kiln worker STAGE`` process consuming ``topic`` with group ``group`` (default ``g-<topic>``); its
+    output goes to ``log``."""
 
     def __init__(self, stage: str, settings: KilnSettings, topic: str, *, slots: int, journal: Path | None = None,
-                 grace_s: float = 30.0, extra: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+                 grace_s: float = 30.0, extra: list[str] | None = None, env: dict[str, str] | None = None,
+                 group: str | None = None) -> None:
         proc_env = {**os.environ, "KILN_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "KILN_GRACE_S": str(grace_s),
                     "KILN_BLOB_STORE": f"file://{settings.cache / 'blobs'}", **(env or {})}
         if journal is not None:
@@ -40,7 +42,7 @@ class WorkerProcess:
         self.log = Path(tempfile.gettempdir()) / f"kiln-worker-{topic}-{time.monotonic_ns()}.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kiln.streams.cli", "worker", stage, "--slots", str(slots), "--topic", topic,
-             "--group", f"g-{topic}", *(extra or [])],
+             "--group", group or f"g-{topic}", *(extra or [])],
             env=proc_env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
         )
 

@@ -27,7 +27,7 @@ COMMANDS = [
     ["dlq", "ls"], ["dlq", "show", "0", "--stage", "sleep"], ["dlq", "redrive", "--stage", "sleep", "--all"],
     ["autoscale", "run", "sleep"], ["stats", "serve"], ["builds", "submit", "some-repo"], ["builds", "failures"],
     ["saucer", "ingest", "some-repo", "/nowhere"], ["saucer", "rewrite", "b", "a", "--truncate", "HEAD"],
-    ["rl", "train"], ["rl", "actor"], ["gateway", "serve"], ["demo"],
+    ["rl", "train"], ["rl", "actor"], ["gateway", "serve"], ["demo"], ["demo", "basics"],
 ]
 LIBRDKAFKA_LINE = re.compile(r"%\d\|\d+\.\d+\||rdkafka|FAIL\|")
 

@@ -1,5 +1,5 @@
-"""``kiln demo`` (contributed through the ``kiln.commands`` entry point): the built-in stages end to end through the
-broker, results printed as they arrive."""
+"""``kiln demo basics``: the runtime's tour — echo and sleep workers, a mix of jobs (a retry, a dead letter, a claim
+check) through the broker, results printed as they arrive."""
 
 from __future__ import annotations
 
@@ -8,17 +8,15 @@ import json
 import random
 import time
 
-import typer
 from rich.console import Console
 from rich.table import Table
 
 from kiln.schemas.builtin import EchoRequest, SleepRequest
 from kiln.schemas.envelope import ResultEnvelope
-from kiln.streams import admin
 from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.runtime import Worker
-from kiln.streams.settings import KilnSettings, get_settings
+from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import load_stage
 
 
@@ -62,18 +60,3 @@ async def run_demo(settings: KilnSettings, console: Console) -> int:
     await asyncio.gather(*tasks)
     console.print("[green]demo ok[/]" if not mismatches else f"[red]{mismatches} unexpected results[/]")
     return mismatches
-
-
-app = typer.Typer(help="Run echo and sleep workers, submit a mix of jobs, print results as they arrive.",
-                  invoke_without_command=True)
-
-
-@app.callback()
-def demo() -> None:
-    """Run echo and sleep workers, submit a mix of jobs through the broker, print results as they arrive."""
-    settings = get_settings()
-    console = Console()
-    admin.wait_for_broker(settings)
-    admin.create_topics(settings)
-    if asyncio.run(run_demo(settings, console)):
-        raise typer.Exit(1)
