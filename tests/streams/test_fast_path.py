@@ -10,13 +10,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Message, Producer
 from pydantic import BaseModel
 
 from kiln.schemas.builtin import EchoRequest, EchoResult
 from kiln.schemas.envelope import ErrorInfo, ReplyTo, RequestEnvelope, ResultEnvelope
 from kiln.streams import codec
 from kiln.streams.errors import PermanentJobError, TransientJobError
+from kiln.streams.executor import JobExecutor
 from kiln.streams.metrics import WorkerMetrics
 from kiln.streams.middleware import InlineChain, MetricsMiddleware, default_middleware
 from kiln.streams.settings import KilnSettings
@@ -131,6 +132,32 @@ async def test_inline_jobs_that_raise_or_wait_keep_retries_timeouts_and_dead_let
     assert hung["attempts"] == 2 and [a for a, _ in seen["hangs"]] == [1, 2]
     assert sorted(dict(m.headers())["kiln-attempts"] for m in dlq) == [b"1", b"2"]
     assert committed(kafka, f"g-{request_topic}", request_topic) == 5
+
+
+async def test_an_inline_job_finishes_when_its_result_is_delivered_and_a_revoke_waits_for_that(
+        kafka: KilnSettings, topics) -> None:  # type: ignore[no-untyped-def]
+    request_topic, results = topics(partitions=1, results_partitions=1)
+    executor = JobExecutor(echo.stage, kafka, WorkerMetrics("echo", f"w-{uuid.uuid4().hex[:6]}"), "w",
+                           f"{request_topic}.dlq")
+    await executor.start(asyncio.get_running_loop(), 4)
+    finished: list[int] = []
+    resumed: list[object] = []
+    try:
+        assert await executor.partitions(results) == 1  # a destination seen once: no lookup on the job's path
+        for offset in range(3):
+            msg = Message(topic=request_topic, partition=0, offset=offset, value=_request(results, offset))
+            assert executor.run_inline(msg, lambda: None, lambda o=offset: finished.append(o),  # type: ignore[misc]
+                                       lambda rest, context: resumed.append(rest))
+        waits = executor.unsettled(request_topic, 0)
+        assert waits is not None and executor.unsettled(request_topic, 0) is None  # one waiter per period
+        assert finished == []  # produced, not yet delivered: not finished (its offset is not committed)
+        await asyncio.wait_for(waits(), 30)
+        assert sorted(finished) == [0, 1, 2] and resumed == []
+        assert executor.unsettled(request_topic, 0) is None  # nothing left to wait for
+    finally:
+        await executor.close()
+    replies = [json.loads(m.value()) for m in await asyncio.to_thread(read_all, kafka, results, 3)]
+    assert sorted(r["result"]["data"] for r in replies) == [0, 1, 2]
 
 
 def test_a_stage_is_inline_only_when_it_says_its_handler_never_waits() -> None:
