@@ -296,7 +296,10 @@ class JobExecutor:
             resume(lambda: self._complete(msg, envelope, started, inline.resume(job, underway), release_slot), context)
             return True
         release_slot()
-        value = self._fast_reply(envelope, outcome, started)
+        try:
+            value = self._fast_reply(envelope, outcome, started)
+        except Exception:  # e.g. a result that does not serialise: the retrying path dead-letters it, with why
+            value = None
         if value is None:
             resume(lambda: self._complete(msg, envelope, started, outcome, release_slot), context)
             return True

@@ -111,27 +111,33 @@ async def test_inline_jobs_that_raise_or_wait_keep_retries_timeouts_and_dead_let
             await asyncio.sleep(0.05)
         if what == "hangs":
             await asyncio.Event().wait()
+        if what == "unserialisable":
+            return EchoResult(data=object())
         return EchoResult(data=what)
 
     stage = Stage(echo.stage.spec, handle, nonblocking=True, job_timeout_s=0.5, max_attempts=2)
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
-    for what in ("transient", "permanent", "waits", "hangs", "fine"):
+    for what in ("transient", "permanent", "waits", "hangs", "fine", "unserialisable"):
         producer.produce(request_topic, _request(results, what))
     producer.flush(10)
     async with running_worker(stage, kafka, request_topic, slots=8):
         replies = {(r := json.loads(m.value()))["request_id"]: r
-                   for m in await asyncio.to_thread(read_all, kafka, results, 5)}
-        dlq = await asyncio.to_thread(read_all, kafka, f"{request_topic}.dlq", 2)
+                   for m in await asyncio.to_thread(read_all, kafka, results, 6)}
+        dlq = await asyncio.to_thread(read_all, kafka, f"{request_topic}.dlq", 3)
     by_data = {r["result"]["data"] if r["result"] else r["error"]["message"]: r for r in replies.values()}
-    assert len(replies) == 5
+    assert len(replies) == 6
     assert by_data["transient"]["attempts"] == 2 and seen["transient"][0] == (1, True)
     assert by_data["waits"]["status"] == "ok" and by_data["waits"]["attempts"] == 1
     assert by_data["fine"]["attempts"] == 1 and seen["fine"] == [(1, True)]
     assert by_data["never works"]["status"] == "error" and by_data["never works"]["attempts"] == 1
     hung = next(r for r in replies.values() if r["error"] and "exceeded" in r["error"]["message"])
     assert hung["attempts"] == 2 and [a for a, _ in seen["hangs"]] == [1, 2]
-    assert sorted(dict(m.headers())["kiln-attempts"] for m in dlq) == [b"1", b"2"]
-    assert committed(kafka, f"g-{request_topic}", request_topic) == 5
+    unsent = next(r for r in replies.values() if r["error"] and r["error"]["type"] == "ReplyDeliveryFailed")
+    assert seen["unserialisable"] == [(1, True)] and "unserialisable" not in by_data
+    assert sorted(dict(m.headers())["kiln-attempts"] for m in dlq) == [b"1", b"1", b"2"]
+    assert {dict(m.headers())["kiln-error-type"] for m in dlq} == {b"PermanentJobError", b"TransientJobError",
+                                                                    b"ReplyDeliveryFailed"} and unsent
+    assert committed(kafka, f"g-{request_topic}", request_topic) == 6
 
 
 async def test_an_inline_job_finishes_when_its_result_is_delivered_and_a_revoke_waits_for_that(
