@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import shlex
 import shutil
 import subprocess
@@ -198,7 +197,7 @@ class Story:
         table = Table("candidate patch", "tests passed / failed", "reward", "why", box=None, padding=(0, 2))
         for candidate, verdict in zip(CANDIDATES, verdicts, strict=True):
             counts = f"{verdict.passed} / {verdict.failed}" if verdict.passed is not None else "not run"
-            why = verdict.reason or str(verdict.details.get("stage", "")) or "the share of the tests that pass"
+            why = verdict.reason or str(verdict.details.get("stage", "")) or "share of tests passing"
             table.add_row(candidate.label, counts, f"{verdict.reward:.2f}", why[:60])
         self.console.print(table)
 
@@ -215,46 +214,29 @@ class Story:
                  f"[dim]({outcome.expanded} states tried)[/]")
 
     async def _learning(self) -> Path:
-        from kiln.workers.rollout.local import LearningRun, RunConfig
-        from kiln.workers.rollout.report import write_report
-
+        """``kiln rl learn`` as a process of its own, its evaluations shown as they are measured."""
         d = self.demo
-        config = RunConfig(name="demo", steps=d.steps, target=d.target, deadline_s=d.deadline_s, eval_every_s=10)
-        run = LearningRun(self.settings, config, workdir=self.work / "learning")
-        shutil.rmtree(run.workdir, ignore_errors=True)
-        run.workdir.mkdir(parents=True)
-        progress = _Progress(self.console)
-        run_log = logging.getLogger("kiln.rl.run")
-        run_log.addHandler(progress)
-        run_log.setLevel(logging.INFO)
+        picture = self.work / "rl-report.png"
+        shutil.rmtree(self.work / "learning", ignore_errors=True)  # each run its own logs and checkpoints
         self.console.print("[bold]learning[/]: a 0.1M-parameter model learns 1-digit addition from the rollout "
-                           "stage's rewards (server, 2 rollout workers, trainer, actor: one process each); held-out "
-                           f"greedy accuracy every {config.eval_every_s:.0f} s, until {d.target} or "
-                           f"{d.deadline_s:.0f} s")
-        try:
-            with self.console.status("[bold]learning[/]: starting the server, workers, trainer and actor …"):
-                record = await run.run()
-        finally:
-            run_log.removeHandler(progress)
-        first, last = record.evaluations[0], record.evaluations[-1]
-        best = max(e.accuracy for e in record.evaluations)
-        self.console.print(f"[green]✓[/] [bold]learning[/]: held-out accuracy {first.accuracy:.2f} → "
-                           f"{last.accuracy:.2f} (best {best:.2f}) in {record.wall_s:.0f} s ({last.version} trainer "
-                           f"steps, {record.rollouts} rollout groups)")
-        (self.work / "learning-record.json").write_text(record.model_dump_json())
-        return write_report([record], self.work / "rl-report.png")
-
-
-class _Progress(logging.Handler):
-    """The learning run's evaluations, as they happen, on the terminal."""
-
-    def __init__(self, console: Console) -> None:
-        super().__init__(logging.INFO)
-        self.console = console
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "greedy accuracy" in (message := record.getMessage()):
-            self.console.print(f"    {message.removeprefix('demo: ')}", highlight=False)
+                           "stage's rewards (`kiln rl learn`: server, 2 rollout workers, trainer, actor, one process "
+                           f"each); held-out greedy accuracy every 10 s, until {d.target} or {d.deadline_s:.0f} s")
+        learn = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "kiln"), "rl", "learn", "--out", str(picture), "--steps", str(d.steps),
+            "--target", str(d.target), "--deadline-s", str(d.deadline_s), "--workdir", str(self.work / "learning"),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        assert learn.stdout is not None
+        said = []
+        with self.console.status("[bold]learning[/] …"):
+            async for raw in learn.stdout:
+                said.append(line := raw.decode(errors="replace").rstrip())
+                if "greedy accuracy" in line:
+                    self.say(line)
+        if await learn.wait() != 0 or not picture.exists():
+            raise InfraError("the learning run failed:\n" + "\n".join(said[-20:]))
+        summary = next(line for line in reversed(said) if line.startswith("held-out accuracy"))
+        self.console.print(f"[green]✓[/] [bold]learning[/]: {summary.replace(' -> ', ' → ')}", highlight=False)
+        return picture
 
 
 async def tell(settings: KilnSettings, console: Console) -> Path:

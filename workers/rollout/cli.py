@@ -1,5 +1,6 @@
 """``kiln rl serve`` (the inference server, settings ``KILN_RL_*``), ``kiln rl train`` (the trainer on ``rollouts``,
-settings ``KILN_TRAIN_*``) and ``kiln rl actor`` (rollout requests, ``KILN_ACTOR_*``)."""
+settings ``KILN_TRAIN_*``), ``kiln rl actor`` (rollout requests, ``KILN_ACTOR_*``), ``kiln rl learn`` (a short
+learning run of all of them on this machine) and ``kiln rl report`` (its picture)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import logging
 import os
 from pathlib import Path
+from typing import Annotated
 
 import typer
 import uvicorn
@@ -109,6 +111,45 @@ def actor(groups: int | None = None, digits: int = 1, sync: bool = False, exec_i
         await runner.run(groups)
 
     asyncio.run(run())
+
+
+class _Evaluations(logging.Handler):
+    """The learning run's evaluations on stdout as they are measured (the rest of its log stays in the log)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "greedy accuracy" in (message := record.getMessage()):
+            typer.echo(message.partition(": ")[2] or message)
+
+
+@app.command()
+def learn(
+    out: Path = Path("rl-report.png"),
+    steps: Annotated[int, typer.Option(help="Trainer steps at most (64 groups of 8 samples each).")] = 150,
+    target: Annotated[float, typer.Option(help="Stop once held-out greedy accuracy reaches it.")] = 0.3,
+    deadline_s: Annotated[float, typer.Option(help="Stop after this long, reached or not.")] = 150.0,
+    workdir: Annotated[Path | None, typer.Option(help="Logs, checkpoints and the run's record (default: a temp "
+                                                      "dir).")] = None,
+) -> None:
+    """A short learning run on this machine: a tiny model learns 1-digit addition from the rollout stage's rewards
+    (``LearningRun``: inference server, rollout workers, trainer and actor, each its own process). Prints held-out
+    greedy accuracy as it is measured, writes the run's record and the report picture ``out``."""
+    from kiln.streams.settings import get_settings
+    from kiln.workers.rollout.local import LearningRun, RunConfig
+    from kiln.workers.rollout.report import write_report
+
+    config = RunConfig(name="learn", steps=steps, target=target, deadline_s=deadline_s, eval_every_s=10)
+    run = LearningRun(get_settings(), config, workdir=workdir)
+    run.workdir.mkdir(parents=True, exist_ok=True)
+    log = logging.getLogger("kiln.rl.run")
+    log.setLevel(logging.INFO)
+    log.addHandler(_Evaluations())
+    record = asyncio.run(run.run())
+    (run.workdir / "record.json").write_text(record.model_dump_json())
+    first, last = record.evaluations[0], record.evaluations[-1]
+    typer.echo(f"held-out accuracy {first.accuracy:.2f} -> {last.accuracy:.2f} (best "
+               f"{max(e.accuracy for e in record.evaluations):.2f}) in {record.wall_s:.0f} s, {last.version} trainer "
+               f"steps, {record.rollouts} rollout groups; record {run.workdir / 'record.json'}")
+    typer.echo(f"report: {write_report([record], out)}")
 
 
 @app.command()
