@@ -10,9 +10,11 @@ Usage: python -m bench.builder
 
 ``--real``: the real-repository corpus instead (``bench/corpus/projects.toml``, fetched by ``bench/corpus.py``):
 each project ingested through Saucer and built cold by the rules alone (``--agent``: the deterministic agent on what
-the rules could not build). A project counts as usable only when kiln's image ran its tests with ≥ 1 passing and
-kiln executed ≥ 80 % of the tests its human-known command runs (that command run in the same image, its count read
-from the tool's own summary; a summary that does not parse counts as not usable). Every project of the corpus is
+the rules could not build). A project counts as usable only when kiln's image ran its tests with per-test results
+(``tests_not_itemised`` never counts), ≥ 1 passing, and kiln executed ≥ 80 % of the tests its human-known command
+runs (that command run in the same image, its count read from the runner's own summary — every system has one,
+make-driven and npm suites through ``reports.runner_summary``; a summary that does not parse counts as not usable;
+the human count is taken whenever the image built). Every project of the corpus is
 in the denominator, those rejected before the build (fetch or checksum failures) included. Prints
 ``build_success_rate_real`` (overall, per system, rules vs agent), failures per class, and the per-project table.
 """
@@ -46,6 +48,7 @@ from kiln.workers.builder.agent import AgentConfig
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits, docker_client, run_sandboxed
+from kiln.workers.common.reports import runner_summary
 from tests.workers.builder.projects import PROJECTS
 
 BASES = BaseImages("kiln/base:latest", "kiln/toolchain:latest")
@@ -56,15 +59,19 @@ SUMMARIES = {  # the tool's own summary of what ran: (pattern, which groups coun
     "python": re.compile(r"(\d+) (passed|failed)"),
     "cargo": re.compile(r"test result: \w+\. (\d+) (passed); (\d+) (failed)"),
     "go": re.compile(r"^\s*--- (PASS|FAIL)", re.MULTILINE),
-    "npm": re.compile(r"^# (pass|fail) +(\d+)", re.MULTILINE),
     "cmake": re.compile(r"tests passed, \d+ tests failed out of (\d+)"),
     "autotools": re.compile(r"^(PASS|FAIL|XFAIL|XPASS): ", re.MULTILINE),
 }
 
 
 def human_count(system: str, output: str) -> int:
-    """How many tests the human-known command executed, from its own summary lines."""
-    pattern = SUMMARIES[system]
+    """How many tests the human-known command executed, from its own summary lines: npm runners (mocha, jest,
+    vitest, ava, TAP, node) and make-driven suites by their runner's summary line (``47 passing``, ``Tests:  46
+    passed, 47 total``, ``# pass 3``, ``Tests passed: 349``, GoogleTest's and Unity's)."""
+    pattern = SUMMARIES.get(system)
+    if pattern is None:
+        summary = runner_summary(output)
+        return sum(summary) if summary else 0
     if system == "python":  # the last "=== N passed, M failed ... in Xs ===" line
         lines = [ln for ln in output.splitlines() if re.search(r"(passed|failed).* in [\d.]+s", ln)]
         return sum(int(m.group(1)) for m in pattern.finditer(lines[-1])) if lines else 0
@@ -72,8 +79,6 @@ def human_count(system: str, output: str) -> int:
         return sum(int(m.group(1)) + int(m.group(3)) for m in pattern.finditer(output))
     if system in ("go", "autotools"):
         return len(pattern.findall(output))
-    if system == "npm":
-        return sum(int(m.group(2)) for m in pattern.finditer(output))
     match = pattern.search(output)
     return int(match.group(1)) if match else 0
 
@@ -113,7 +118,7 @@ async def build_real(project: Project, source: Path, store: SaucerStore, client:
     event = await build_revision(BuildRequest(repository=f"corpus/{project.slug}", force=True), store, client,
                                  BASES, work, limits, agent=agent)
     seconds, human = time.monotonic() - started, 0
-    if event.usable and event.image:
+    if event.image:  # built: the human count, also for a run kiln could not itemise
         command = project.test.replace("go test", "go test -v") if project.system == "go" else project.test
         env = json.loads(client.images.get(event.image).labels.get("kiln.env", "{}"))
         # As a person would in this image: the project's virtualenv (Python) first on PATH.

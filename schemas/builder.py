@@ -10,7 +10,7 @@ from kiln.schemas.ingest import REPO_NAME
 from kiln.schemas.reports import TestReport
 
 FailureClass = Literal["no_rule_matched", "dependency_install_failed", "compile_failed", "tests_did_not_run",
-                       "timeout", "infrastructure"]
+                       "tests_not_itemised", "timeout", "infrastructure"]
 
 
 class BuildRequest(BaseModel):
@@ -46,7 +46,8 @@ class BuildEvent(BaseModel):
     commit: str | None = None
     rules_version: int
     status: Literal["built", "failed"]
-    usable: bool = Field(False, description="It built and its test suite ran (whatever the tests' verdicts).")
+    usable: bool = Field(False, description="It built, and its suite gave per-test results with >= 1 passing test "
+                                           "that agree with the runner's own summary (whatever the other verdicts).")
     system: str | None = Field(None, description="Build system chosen: python, cargo, go, npm, cmake, make.")
     recipe: Literal["rules", "dockerfile", "agent"] | None = Field(
         None, description="What produced the image: the build-system rules, the repository's Dockerfile, or the "

@@ -45,3 +45,8 @@ class TestReport(BaseModel):
     errors: int = 0
     cases: list[TestCaseResult] = Field(default_factory=list)
     coverage: CoverageReport | None = None
+    itemised: bool = Field(True, description="Per-test results were read. False: the runner left none kiln can "
+                                             "read (``cases`` empty, the counts 0); its summary, if any, below.")
+    summary_passed: int | None = Field(None, description="Tests passed by the runner's own summary line, if it "
+                                                         "printed one (checked against the per-test results).")
+    summary_failed: int | None = Field(None, description="Tests failed by the runner's own summary line.")

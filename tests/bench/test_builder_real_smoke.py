@@ -38,6 +38,12 @@ def test_human_counts_come_from_each_tool_summary() -> None:
     assert human_count("npm", "TAP version 13\n# tests 9\n# pass  8\n# fail  1\n") == 9
     assert human_count("cmake", "100% tests passed, 0 tests failed out of 7\n") == 7
     assert human_count("autotools", "PASS: a\nFAIL: b\nSKIP: c\n# TOTAL: 3\n") == 2
+    # npm runners and make-driven suites: the runner's own summary line, whichever runner it is.
+    assert human_count("npm", "  calc\n    \u2713 adds\n\n  46 passing (12ms)\n  1 failing\n") == 47
+    assert human_count("npm", "Tests:       1 failed, 46 passed, 47 total\n") == 47
+    assert human_count("make", "cc -o t t.c\n./t\nTests passed: 349\n") == 349
+    assert human_count("make", "[  PASSED  ] 2 tests.\n[  FAILED  ] 1 test, listed below:\n") == 3
+    assert human_count("make", "nothing to count\n") == 0
 
 
 def test_a_build_counts_usable_only_against_a_parsed_human_count() -> None:

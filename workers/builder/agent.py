@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from kiln.schemas.builder import Decision
-from kiln.workers.builder.rules import ci_commands, readme_commands
+from kiln.workers.builder.rules import REPORTS, ci_commands, readme_commands
 from kiln.workers.builder.sandbox import BuildSandbox
 from kiln.workers.common.containers import exec_capped, kill_on_cancel
 
@@ -105,6 +105,18 @@ def run_loop(plan: AgentPlan, run: Runner, root: Path, budget: int,
     decisions, last output). Each executed command costs one step of ``budget``."""
     decisions = list(plan.decisions)
     steps, output = 0, ""
+    if model is None and not (plan.setup or plan.build or plan.test):
+        return False, None, decisions, "the agent found no command to try: no shell block in the README, no CI step"
+    tried: list[str] = []
+
+    def step(command: str) -> tuple[int, str]:
+        code, out = run(command)
+        tried.append(f"$ {command}  (exit {code})")
+        return code, out
+
+    def gave_up(why: str, last: str) -> tuple[bool, str | None, list[Decision], str]:
+        return False, None, decisions, f"agent: {why}; tried:\n" + "\n".join(tried) + f"\n--- last output:\n{last}"
+
     if model is not None:
         readme = "\n".join(readme_commands(root))
         history: list[str] = []
@@ -114,42 +126,50 @@ def run_loop(plan: AgentPlan, run: Runner, root: Path, budget: int,
             phase, command = proposal.get("phase", "done"), proposal.get("command", "")
             if phase == "done" or not command:
                 break
-            code, output = run(command)
+            code, output = step(command)
             steps += 1
             decisions.append(Decision(topic=f"agent {phase}", choice=command, reason=f"model, exit {code}"))
             history.append(f"$ {command}  (exit {code})")
             if phase == "test" and code == 0:
                 return True, command, decisions, output
-        return False, None, decisions, output
+        return gave_up("the model's commands did not reach a passing test command", output)
     for command in plan.setup + plan.build:
         while steps < budget:
-            code, output = run(command)
+            code, output = step(command)
             steps += 1
             if code == 0:
                 break
             fixed = repair(command, output, root)
             if fixed is None:
-                return False, None, decisions, output
+                return gave_up(f"{command!r} failed and no repair applies", output)
             decisions.append(Decision(topic="agent repair", choice=fixed, reason=f"{command!r} failed: "
                                       f"{output.strip().splitlines()[-1][:200] if output.strip() else 'no output'}"))
             command = fixed
         else:
-            return False, None, decisions, output
-    for tried, command in enumerate(plan.test):
-        if steps >= budget or tried >= MAX_FAILED_TESTS:
+            return gave_up(f"the budget of {budget} commands ran out in setup and build", output)
+    for failures, command in enumerate(plan.test):
+        if steps >= budget or failures >= MAX_FAILED_TESTS:
             break
-        code, output = run(command)
+        code, output = step(command)
         steps += 1
         if code == 0:
             return True, command, decisions, output
         fixed = repair(command, output, root)
         if fixed is not None and steps < budget:
-            code, output = run(fixed)
+            code, output = step(fixed)
             steps += 1
             if code == 0:
                 decisions.append(Decision(topic="agent repair", choice=fixed, reason=f"{command!r} failed"))
                 return True, fixed, decisions, output
-    return False, None, decisions, output
+    return gave_up("no test command passed" if plan.test else "no README or CI command looks like a test command",
+                   output)
+
+
+def test_command(test: str) -> str:
+    """The agent's test command as an image runs it: its output kept in the reports directory, where the per-test
+    lines and the runner's summary are read from (no reporter of kiln's choosing is known for it)."""
+    return (f"mkdir -p {REPORTS} && cd /work && {{ {test}\n}} 2>&1 | tee {REPORTS}/test-output.txt; "
+            "exit ${PIPESTATUS[0]}")
 
 
 def agent_image(client: Any, toolchain: str, checkout: Path, tag: str, labels: dict[str, str], budget: int,
@@ -178,8 +198,7 @@ def agent_image(client: Any, toolchain: str, checkout: Path, tag: str, labels: d
         if built and test is not None:
             run("chown -R 1000:1000 /work")
             container.commit(repository=tag.rsplit(":", 1)[0], tag=tag.rsplit(":", 1)[1],
-                             conf={"Labels": {**labels, "kiln.test": f"mkdir -p /tmp/kiln-reports && cd /work && "
-                                                                      f"{test}"},
+                             conf={"Labels": {**labels, "kiln.test": test_command(test)},
                                    "Cmd": ["bash"], "WorkingDir": "/work"})
         return built, test, decisions, output
     finally:

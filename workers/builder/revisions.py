@@ -104,7 +104,9 @@ async def build_layered(request: BuildRequest, store: SaucerStore, client: Any, 
                                       collect=REPORTS, limits=limits, env=json.loads(labels.get("kiln.env") or "{}"))
         tests = reports.parse_results(labels.get("kiln.system", ""), run.exit_code, run.files,
                                       labels.get("kiln.module", ""))
-        if tests is None:
-            return event.model_copy(update={"failure": "tests_did_not_run", "detail": run.output[-4000:]})
+        problem = reports.unusable_reason(tests) if tests else ("tests_did_not_run", "no test results")
+        if problem is not None:
+            return event.model_copy(update={"failure": problem[0], "tests": tests,
+                                            "detail": f"{problem[1]}:\n{run.output}"[-4000:]})
         event = event.model_copy(update={"usable": True, "tests": tests})
     return event.model_copy(update={"durations_s": {"total": round(time.monotonic() - started, 3)}})

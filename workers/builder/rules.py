@@ -25,7 +25,7 @@ from kiln.schemas.builder import Decision
 from kiln.workers.builder.dockerfile import confine
 from kiln.workers.builder.errors import PlanError
 
-RULES_VERSION = 4
+RULES_VERSION = 5
 REPORTS = "/tmp/kiln-reports"
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
 LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time
@@ -332,6 +332,41 @@ def _python_test_dependencies(root: Path, doc: dict[str, Any], p: Plan) -> list[
     return deps
 
 
+_PYTEST_LINE = re.compile(r"(?:^|\s)(?:python\d?(?:\.\d+)? -m |coverage run (?:\S+ )*?-m )?(?:pytest|py\.test)\b(.*)$")
+_NOX_PYTEST = re.compile(r"session\.run\(\s*(?:[\"']python[\"']\s*,\s*[\"']-m[\"']\s*,\s*)?[\"']pytest[\"']((?:\s*,\s*"
+                         r"[\"'][^\"']*[\"'])*)")
+
+
+def task_runner_pytest(root: Path) -> tuple[str, str] | None:
+    """(pytest arguments, where they come from) for a project tested through tox or nox: the pytest line of tox's
+    ``[testenv] commands`` (tox.ini, setup.cfg's ``[testenv]``, pyproject's ``legacy_tox_ini``), else the
+    ``session.run("pytest", …)`` of noxfile.py; substitutions (``{posargs}``) dropped."""
+    sources: list[tuple[str, str]] = []
+    for name in ("tox.ini", "setup.cfg"):
+        if (root / name).is_file():
+            sources.append((name, (root / name).read_text(errors="replace")))
+    if (root / "pyproject.toml").is_file():
+        with contextlib.suppress(tomllib.TOMLDecodeError):
+            legacy = tomllib.loads((root / "pyproject.toml").read_text()).get("tool", {}).get("tox", {})
+            if isinstance(legacy.get("legacy_tox_ini"), str):
+                sources.append(("pyproject.toml [tool.tox]", legacy["legacy_tox_ini"]))
+    for name, text in sources:
+        cfg = configparser.ConfigParser(interpolation=None, strict=False)
+        with contextlib.suppress(configparser.Error):
+            cfg.read_string(text)
+            for line in cfg.get("testenv", "commands", fallback="").splitlines():
+                m = _PYTEST_LINE.search(line.strip())
+                if m:
+                    args = re.sub(r"\{[^}]*\}", "", m.group(1)).strip()
+                    return args, f"{name}'s testenv runs {line.strip()!r}"
+    if (root / "noxfile.py").is_file():
+        m = _NOX_PYTEST.search((root / "noxfile.py").read_text(errors="replace"))
+        if m:
+            args = " ".join(shlex.quote(a) for a in re.findall(r"[\"']([^\"']*)[\"']", m.group(1)))
+            return args, f"noxfile.py runs pytest {args}".strip()
+    return None
+
+
 def _vcs_version(root: Path, p: Plan, version: str) -> None:
     build_files = [root / m for m in ("pyproject.toml", "setup.py", "setup.cfg") if (root / m).is_file()]
     tool = next((m.group(0) for f in build_files for m in [VCS_VERSIONED.search(f.read_text(errors="replace"))] if m),
@@ -377,18 +412,26 @@ def _python(root: Path, p: Plan, ci: CiJobs) -> None:
     p.lint_script = "/opt/venv/bin/ruff check --output-format=json --exit-zero --no-cache ."
     p.build_script = "/opt/venv/bin/pip install -q --no-build-isolation -e . || /opt/venv/bin/pip install -q -e ."
     args = ""
-    from_ci = _ci_test(ci, r"\bpytest\b")
-    if from_ci:
-        args = from_ci[0].split("pytest", 1)[1].strip()
+    from_ci = _ci_test(ci, r"\b(pytest|py\.test|tox|nox)\b")
+    runner = task_runner_pytest(root) if from_ci and not re.search(r"\b(pytest|py\.test)\b", from_ci[0]) else None
+    if from_ci and runner is None and re.search(r"\b(pytest|py\.test)\b", from_ci[0]):
+        args = re.split(r"\b(?:pytest|py\.test)\b", from_ci[0], maxsplit=1)[1].strip()
         p.decide("test command", f"pytest {args}".strip(), from_ci[1])
+    elif from_ci and runner is not None:
+        args = runner[0]
+        p.decide("test command", f"pytest {args}".strip(), f"{from_ci[1]}; {runner[1]} (run in kiln's environment, "
+                                                           "the task runner's own virtualenvs need the network)")
     else:
-        p.decide("test command", "pytest", "pyproject/setup.py project; pytest also runs unittest suites")
+        p.decide("test command", "pytest", "pyproject/setup.py project; pytest also runs unittest suites"
+                 + (f" ({from_ci[1]}, whose configuration names no pytest command)" if from_ci else ""))
     py = "$(command -v /opt/venv/bin/python || command -v python3)"
+    # A module that does not import (a task's new tests before the fix) must not hide the others' results; the
+    # collection error still makes the run unusable for a build (reports.unusable_reason).
+    pytest = f"-m pytest -q -p no:cacheprovider --continue-on-collection-errors --junitxml={REPORTS}/junit.xml {args}"
     p.test_script = (f"PY={py}; if $PY -c 'import coverage' 2>/dev/null; then "
                      f"$PY -m coverage run --source=. --omit='tests/*,*/tests/*,test_*.py,*/test_*.py,*_test.py' "
-                     f"-m pytest -q -p no:cacheprovider --junitxml={REPORTS}/junit.xml {args}; rc=$?; "
-                     f"$PY -m coverage json -q -o {REPORTS}/coverage-py.json; exit $rc; "
-                     f"else $PY -m pytest -q -p no:cacheprovider --junitxml={REPORTS}/junit.xml {args}; fi")
+                     f"{pytest}; rc=$?; $PY -m coverage json -q -o {REPORTS}/coverage-py.json; exit $rc; "
+                     f"else $PY {pytest}; fi")
 
 
 def go_module_path(root: Path) -> tuple[str, str]:
@@ -584,10 +627,72 @@ def _npm(root: Path, p: Plan, ci: CiJobs) -> None:
         raise PlanError("package.json has no test script")
     # pretest/posttest hooks lint and audit (audits need the network): the suite is scripts.test itself.
     command = f"{manager} test" + (" --ignore-scripts" if manager == "npm" else "")
-    p.decide("test command", command, "package.json scripts.test, without its pre/post hooks (lint, audit)")
+    found = npm_runner(scripts)
+    if found is not None:
+        runner, segment = found
+        command = f"env PATH=$PWD/node_modules/.bin:$PATH {with_reporter(runner, segment)}"
+        p.decide("test command", segment, f"the {runner} command of scripts.test, run with a reporter writing "
+                                          "per-test results to a file kiln reads (lint and other steps left out)")
+    else:
+        p.decide("test command", command, "package.json scripts.test, without its pre/post hooks (lint, audit); "
+                                          "no runner kiln can give a reporter: per-test lines read from its output")
     p.test_script = (f"/opt/c8/bin/c8 --reporter=json --report-dir={REPORTS} --exclude='test/**' "
                      f"--exclude='**/*.test.*' {command} 2>&1 | tee {REPORTS}/test-output.txt; "
                      f"exit ${{PIPESTATUS[0]}}")
+
+
+NPM_RUNNERS = ("mocha", "jest", "vitest", "node")
+_SCRIPT_CALL = re.compile(r"^(?:npm run(?:-script)?|yarn run|yarn|pnpm run|pnpm)\s+(?:--silent\s+)?([\w:.-]+)\s*$")
+_WRAPPERS = re.compile(r"^(?:(?:[A-Z_][A-Z0-9_]*=\S*|cross-env|npx|nyc|c8|--\S+)\s+)+")
+
+
+def npm_runner(scripts: dict[str, Any], name: str = "test", seen: frozenset[str] = frozenset()) -> \
+        tuple[str, str] | None:
+    """(runner, command) for the first step of ``scripts[name]`` (``npm run`` chains followed) that runs mocha,
+    jest, vitest or ``node --test``, its environment assignments kept, coverage wrappers (nyc, c8) dropped; None when
+    there is none or a step is too complex to rewrite (pipes, subshells, globs kiln would change)."""
+    script = scripts.get(name)
+    if not isinstance(script, str) or name in seen or re.search(r"[|`$()<>]|\|\|", script):
+        return None
+    for step in (x.strip() for x in re.split(r"&&|;", script) if x.strip()):
+        call = _SCRIPT_CALL.match(step)
+        if call and call.group(1) != "test":
+            found = npm_runner(scripts, call.group(1), seen | {name})
+            if found:
+                return found
+            continue
+        wrapped = _WRAPPERS.match(step)
+        prefix = wrapped.group(0) if wrapped else ""
+        env = " ".join(re.findall(r"(?:^|\s)([A-Z_][A-Z0-9_]*=\S*)", prefix))
+        rest = step[len(prefix):]
+        words = rest.split()
+        if not words:
+            continue
+        runner = words[0]
+        if runner == "node" and "--test" not in words:
+            continue
+        if runner in NPM_RUNNERS:
+            return runner, f"{env} {rest}".strip()
+    return None
+
+
+_REPORTER_OPTIONS = re.compile(r"\s(?:--reporter|-R|--reporter-options?|-O|--reporters|--outputFile|--json|"
+                               r"--test-reporter|--test-reporter-destination)(?:[= ](?!-)\S+)?(?=\s|$)")
+
+
+def with_reporter(runner: str, command: str) -> str:
+    """``command`` with its own reporter options removed and kiln's added: a report file in the reports directory
+    (mocha's xunit, jest's and vitest's JSON, node's TAP) next to the human output."""
+    bare = _REPORTER_OPTIONS.sub("", f" {command}").strip()
+    if runner == "mocha":
+        return f"{bare} --reporter xunit --reporter-option output={REPORTS}/mocha.xml"
+    if runner == "jest":
+        return f"{bare} --ci --json --outputFile={REPORTS}/jest.json"
+    if runner == "vitest":
+        run = "" if re.search(r"\bvitest (run|--run)\b", bare) else " --run"
+        return f"{bare}{run} --reporter=default --reporter=json --outputFile.json={REPORTS}/vitest.json"
+    return bare.replace("node ", f"node --test-reporter=tap --test-reporter-destination={REPORTS}/node-tap.txt "
+                                 "--test-reporter=spec --test-reporter-destination=stdout ", 1)
 
 
 C_COVERAGE_ENV = {"CFLAGS": "--coverage -O0 -g", "CXXFLAGS": "--coverage -O0 -g", "LDFLAGS": "--coverage"}
@@ -611,6 +716,7 @@ def _cmake(root: Path, p: Plan, ci: CiJobs) -> None:
 
 
 _TEST_BINARY = re.compile(r"(?:^|&&|;)\s*(\./[\w./-]*test[\w.-]*)(?:\s|$)", re.IGNORECASE)
+_BINARY_TARGET = re.compile(r"[\w-]*(?:test|check)[\w-]*", re.IGNORECASE)  # a file target, no extension
 
 
 def _make(root: Path, p: Plan, ci: CiJobs) -> None:
@@ -622,6 +728,10 @@ def _make(root: Path, p: Plan, ci: CiJobs) -> None:
     from_ci = _ci_test(ci, r"(^|\s)make\s+(test|check|tests|unittests?|runtests?)\b")
     commands = [c for _job, job_commands in ci for c in job_commands] + readme_commands(root)
     binary = next((m.group(1) for c in commands for m in [_TEST_BINARY.search(c)] if m), None)
+    links = r"\s*:[^\n]*\n(?:\t[^\n]*\n)*?\t[^\n]*-o\s+(?:\$@|{0})(?=\s|$)"  # its recipe links it (-o $@)
+    built = next((t for t in targets if _BINARY_TARGET.fullmatch(t)
+                  and re.search("^" + re.escape(t) + links.format(re.escape(t)), text, re.MULTILINE)), None)
+    p.build_script = "make"
     if from_ci:
         target = from_ci[0].split("make", 1)[1].split()[0]
         p.decide("test command", f"make {target}", from_ci[1])
@@ -629,10 +739,14 @@ def _make(root: Path, p: Plan, ci: CiJobs) -> None:
         p.decide("test command", f"make {target}", f"the Makefile has a '{target}' target")
     elif binary:
         p.decide("test command", f"make && {binary}", f"no test target; the README or CI runs the built {binary}")
+    elif built:
+        binary, p.build_script = f"./{built}", f"make {built}"
+        p.decide("test command", f"make {built} && ./{built}", f"no test target, and neither CI nor the README "
+                 f"names one; the Makefile's target {built!r} links a test binary (-o $@): it is the suite")
     else:
-        raise PlanError("the Makefile has no test target, and neither CI nor the README names one or a test binary")
+        raise PlanError("the Makefile has no test target, no target that links a test binary, and neither CI nor "
+                        "the README names one or a test binary")
     p.env = dict(C_COVERAGE_ENV)
-    p.build_script = "make"
     p.lint_script = C_LINT
     run = f"make {target}" if target else shlex.quote(binary or "false")
     p.test_script = f"{run} 2>&1 | tee {REPORTS}/make-check.txt; rc=${{PIPESTATUS[0]}}; {GCOV}; exit $rc"

@@ -21,6 +21,7 @@ from kiln.streams.cancel import in_thread
 from kiln.streams.errors import BlobNotFound, InfraError
 from kiln.workers.builder import images
 from kiln.workers.builder.agent import AgentConfig, agent_image
+from kiln.workers.builder.agent import test_command as agent_test_command
 from kiln.workers.builder.errors import PlanError, StepFailed
 from kiln.workers.builder.rules import REPORTS, RULES_VERSION, Plan, describe, plan
 from kiln.workers.common import reports
@@ -135,9 +136,9 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
                 tests = reports.parse_results(the_plan.system, run.exit_code, run.files, module)
             except reports.ReportError as e:
                 tests, run.output = None, f"{e}\n{run.output}"
-            not_run = "no test results" if tests is None else reports.not_run_reason(tests)
-            if not_run is not None:
-                return _remember(store, failed("tests_did_not_run", f"{not_run}; exit {run.exit_code}:\n{run.output}",
+            problem = reports.unusable_reason(tests) if tests else ("tests_did_not_run", "no test results")
+            if problem is not None:
+                return _remember(store, failed(problem[0], f"{problem[1]}; exit {run.exit_code}:\n{run.output}",
                                                durations_s=_rounded(durations), tests=tests))
             event = event.model_copy(update={"usable": True, "tests": tests})
         durations["total"] = time.monotonic() - started
@@ -196,12 +197,13 @@ async def _with_agent(rules_failed: BuildEvent, request: BuildRequest, client: A
         "status": "built", "failure": None, "detail": None, "system": "agent", "recipe": "agent",
         "decisions": decisions, "image": tag, "image_id": str(client.images.get(tag).id)})
     if request.run_tests:
-        run = await in_thread(run_sandboxed, client, tag, f"mkdir -p {REPORTS} && cd /work && {test}",
-                                      role="build-test", collect=REPORTS, limits=limits)
+        run = await in_thread(run_sandboxed, client, tag, agent_test_command(test), role="build-test",
+                              collect=REPORTS, limits=limits)
         tests = reports.parse_results("agent", run.exit_code, run.files)
-        if tests is None or reports.not_run_reason(tests) is not None:
-            return event.model_copy(update={"usable": False, "failure": "tests_did_not_run",
-                                            "detail": run.output[-4000:]})
+        problem = reports.unusable_reason(tests) if tests else ("tests_did_not_run", "no test results")
+        if problem is not None:
+            return event.model_copy(update={"usable": False, "failure": problem[0], "tests": tests,
+                                            "detail": f"{problem[1]}:\n{run.output}"[-4000:]})
         event = event.model_copy(update={"usable": True, "tests": tests})
     return event.model_copy(update={"durations_s": {"agent": round(time.monotonic() - started, 3)}})
 

@@ -1,9 +1,19 @@
 """Parsers from each ecosystem's test and coverage output to kiln's unified ``TestReport`` / ``CoverageReport``.
 
-Test results: JUnit XML (pytest, CTest), ``go test -json``, ``cargo test`` text, automake's ``make check`` lines,
-TAP (``node --test`` and others). Coverage: coverage.py JSON, Go cover profiles, gcov JSON (GCC), istanbul JSON
-(c8/nyc), lcov (llvm-cov, for Rust). Every parser raises ``ReportError`` on malformed input and nothing else;
-paths are made relative to the project root.
+Test results: JUnit XML (pytest, CTest, mocha's xunit reporter), ``go test -json``, ``cargo test`` text, jest's
+and vitest's JSON, TAP (``node --test`` to a file, ava, tap), and the lines make-driven suites and test binaries
+print per test (automake, GoogleTest, Unity, ``PASS name`` / ``name ... ok``), each with the runner's own summary
+line when it prints one (``47 passing``, ``Tests passed: 349``, ``# pass 3``, ``[  PASSED  ] 12 tests``). A run
+whose per-test results cannot be read is a report with ``itemised=False`` (and the summary's counts), never one
+pseudo-test. Coverage: coverage.py JSON, Go cover profiles, gcov JSON (GCC), istanbul JSON (c8/nyc), lcov
+(llvm-cov, for Rust). Every parser raises ``ReportError`` on malformed input and nothing else; paths are made
+relative to the project root.
+
+What is trusted: files a runner's reporter writes into the reports directory (JUnit, JSON, ``go test -json``) are
+preferred; stdout is parsed only where kiln cannot choose a reporter (make suites, test binaries, ``npm test``
+scripts kiln cannot re-run with a reporter). The judged code shares both with the runner, so it could print or
+write fake lines: a report counts only when its per-test results agree with the runner's summary, and the exit
+status (measured outside the sandbox) stays the arbiter of a failed run (``exec.stage.checked_report``).
 """
 
 from __future__ import annotations
@@ -11,12 +21,15 @@ from __future__ import annotations
 import json
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
+from kiln.schemas.builder import FailureClass
 from kiln.schemas.exec import LintFinding
 from kiln.schemas.reports import CoverageReport, FileCoverage, TestCaseResult, TestReport
 from kiln.streams.errors import KilnError
+
+Outcome = Literal["passed", "failed", "skipped", "error"]
 
 
 class ReportError(KilnError):
@@ -31,10 +44,12 @@ def _relative(path: str, roots: Iterable[str]) -> str:
     return path[2:] if path.startswith("./") else path
 
 
-def tally(runner: str, cases: list[TestCaseResult]) -> TestReport:
+def tally(runner: str, cases: list[TestCaseResult], summary: tuple[int, int] | None = None) -> TestReport:
+    """The counts of ``cases``; ``summary``: (passed, failed) by the runner's own summary line, when it has one."""
     count = {o: sum(1 for c in cases if c.outcome == o) for o in ("passed", "failed", "skipped", "error")}
     return TestReport(runner=runner, passed=count["passed"], failed=count["failed"], skipped=count["skipped"],
-                      errors=count["error"], cases=cases)
+                      errors=count["error"], cases=cases, summary_passed=summary[0] if summary else None,
+                      summary_failed=summary[1] if summary else None)
 
 
 def coverage_report(tool: str, files: dict[str, tuple[set[int], set[int]]]) -> CoverageReport:
@@ -44,7 +59,8 @@ def coverage_report(tool: str, files: dict[str, tuple[set[int], set[int]]]) -> C
                           lines_covered=sum(len(f.covered_lines) for f in entries))
 
 
-def junit(xml_text: str, runner: str) -> TestReport:
+def junit(xml_text: str, runner: str, summary: bool = False) -> TestReport:
+    """``summary``: the root suite's own counts are the runner's summary (mocha's xunit reporter writes them)."""
     try:
         root = ET.fromstring(xml_text)
     except ET.ParseError as e:
@@ -63,7 +79,17 @@ def junit(xml_text: str, runner: str) -> TestReport:
         except ValueError:
             duration = None
         cases.append(TestCaseResult(name=name, outcome=outcome, duration_s=duration, message=message))
-    return tally(runner, cases)
+    return tally(runner, cases, _suite_summary(root) if summary else None)
+
+
+def _suite_summary(root: ET.Element) -> tuple[int, int] | None:
+    """(passed, failed) from the ``tests``/``failures``/``errors``/``skipped`` attributes of the root suite."""
+    try:
+        total, failures, errors, skipped = (int(root.get(a) or 0) for a in ("tests", "failures", "errors",
+                                                                             "skipped"))
+    except ValueError:
+        return None
+    return (total - failures - errors - skipped, failures + errors) if root.get("tests") is not None else None
 
 
 def go_test_json(text: str) -> TestReport:
@@ -89,27 +115,23 @@ _CARGO_SUMMARY = re.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed; (\
 
 
 def cargo_test(text: str) -> TestReport:
-    """One case per ``test NAME ... ok`` line (doc tests' names have spaces); the counts are checked against the
-    ``test result:`` summary of every test binary, which wins when they disagree (``-q`` prints no names)."""
+    """One case per ``test NAME ... ok`` line (doc tests' names have spaces); the ``test result:`` lines of every
+    test binary, summed, are the summary they are checked against (``-q`` prints no names: not itemised)."""
     outcome = {"ok": "passed", "FAILED": "failed", "ignored": "skipped"}
-    report = tally("cargo test", [TestCaseResult(name=m.group(1), outcome=outcome[m.group(2)])
-                                  for m in _CARGO.finditer(text)])
     summaries = [tuple(int(x) for x in m.groups()) for m in _CARGO_SUMMARY.finditer(text)]
-    if summaries:
-        passed, failed, ignored = (sum(s[i] for s in summaries) for i in range(3))
-        if (passed, failed, ignored) != (report.passed, report.failed, report.skipped):
-            report = report.model_copy(update={"passed": passed, "failed": failed, "skipped": ignored})
-    return report
+    summary = (sum(s[0] for s in summaries), sum(s[1] for s in summaries)) if summaries else None
+    return tally("cargo test", [TestCaseResult(name=m.group(1), outcome=outcome[m.group(2)])
+                                for m in _CARGO.finditer(text)], summary)
 
 
 _AUTOMAKE = re.compile(r"^(PASS|FAIL|XFAIL|XPASS|SKIP|ERROR): (.+?)\s*$", re.MULTILINE)
+_AUTOMAKE_OUTCOME: dict[str, Outcome] = {"PASS": "passed", "XFAIL": "passed", "FAIL": "failed", "XPASS": "failed",
+                                          "SKIP": "skipped", "ERROR": "error"}
 
 
 def automake(text: str) -> TestReport:
     """The lines automake's test harness prints per test (``make check``)."""
-    outcome = {"PASS": "passed", "XFAIL": "passed", "FAIL": "failed", "XPASS": "failed", "SKIP": "skipped",
-               "ERROR": "error"}
-    return tally("make check", [TestCaseResult(name=m.group(2), outcome=outcome[m.group(1)])
+    return tally("make check", [TestCaseResult(name=m.group(2), outcome=_AUTOMAKE_OUTCOME[m.group(1)])
                                 for m in _AUTOMAKE.finditer(text)])
 
 
@@ -124,6 +146,93 @@ def tap(text: str, runner: str) -> TestReport:
         outcome = "skipped" if m.group(3) else ("passed" if m.group(1) == "ok" else "failed")
         cases.append(TestCaseResult(name=(m.group(2) or "").strip() or "unnamed", outcome=outcome))
     return tally(runner, cases)
+
+
+def jest_json(text: str, runner: str) -> TestReport:
+    """jest's ``--json`` report (vitest's ``json`` reporter writes the same shape): one case per assertion result;
+    ``numPassedTests``/``numFailedTests`` are the runner's summary."""
+    doc = _json(text, f"{runner} JSON")
+    outcome: dict[str, Outcome] = {"passed": "passed", "failed": "failed", "pending": "skipped",
+                                   "skipped": "skipped", "todo": "skipped", "disabled": "skipped"}
+    cases = []
+    try:
+        for suite in doc["testResults"]:
+            for result in suite["assertionResults"]:
+                name = str(result.get("fullName") or " ".join([*result.get("ancestorTitles", []),
+                                                                result.get("title", "")]).strip() or "unnamed")
+                cases.append(TestCaseResult(name=name, outcome=outcome.get(result["status"], "error"),
+                                            duration_s=(result.get("duration") or 0) / 1000,
+                                            message="\n".join(result.get("failureMessages") or [])[:2000]))
+        summary = (int(doc["numPassedTests"]), int(doc["numFailedTests"]))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ReportError(f"{runner} JSON lacks {e}") from None
+    return tally(runner, cases, summary)
+
+
+# Per-test lines of test binaries and make-driven suites, one pattern per convention: (regex, name group, outcome
+# group); the convention that reads the most cases wins.
+_OUTCOME: dict[str, Outcome] = {"pass": "passed", "passed": "passed", "ok": "passed", "fail": "failed",
+                                 "failed": "failed", "skip": "skipped", "skipped": "skipped", "ignore": "skipped",
+                                 "error": "error"}
+_PER_TEST = (
+    # GoogleTest: "[       OK ] Suite.Name (0 ms)", "[  FAILED  ] Suite.Name (1 ms)" (the final list has no time).
+    (re.compile(r"^\[\s*(OK|FAILED|SKIPPED)\s*\] (\S+) \(\d+ ms\)\s*$", re.MULTILINE), 2, 1),
+    # Unity: "test/test_calc.c:12:test_adds:PASS", ":FAIL: message", ":IGNORE".
+    (re.compile(r"^[^\s:]+:\d+:(\w+):(PASS|FAIL|IGNORE)\b", re.MULTILINE), 1, 2),
+    # "PASS: name", "[PASS] name", "FAILED name" (automake's and many hand-written harnesses').
+    (re.compile(r"^[ \t]*\[?(PASS|PASSED|FAIL|FAILED|SKIP|SKIPPED|ERROR)\]?:?[ \t]+(?!\d+ tests?\b)(\S.*?)[ \t]*$",
+                re.MULTILINE), 2, 1),
+    # "name ... ok", "name: PASSED", "name ... FAILED".
+    (re.compile(r"^[ \t]*(\S.*?)[ \t]*(?:\.{2,}|:)[ \t]*(ok|PASS|PASSED|FAIL|FAILED|SKIP|SKIPPED|ERROR)[ \t]*$",
+                re.MULTILINE | re.IGNORECASE), 1, 2),
+)
+
+
+def per_test_lines(text: str, runner: str) -> TestReport:
+    """Per-test results from a suite's printed lines: TAP, or the per-test convention (above) with the most cases;
+    a name seen twice keeps its last outcome. The runner's summary line, if any, is attached."""
+    best = tap(text, runner).cases
+    for pattern, name_group, outcome_group in _PER_TEST:
+        found: dict[str, TestCaseResult] = {}
+        for m in pattern.finditer(text):
+            found[m.group(name_group)] = TestCaseResult(name=m.group(name_group),
+                                                        outcome=_OUTCOME[m.group(outcome_group).lower()])
+        if len(found) > len(best):
+            best = list(found.values())
+    return tally(runner, best, runner_summary(text))
+
+
+def _count(pattern: str, text: str) -> int | None:
+    found = re.findall(pattern, text, re.MULTILINE | re.IGNORECASE)
+    return sum(int(x) for x in found) if found else None
+
+
+# Summary lines, one family per runner convention: (passed pattern, failed pattern), each with one count group;
+# matches of a family are summed (one summary per test binary or file). The first family that matches is the
+# runner's.
+_SUMMARIES = (
+    (r"^\s*(\d+) passing\b", r"^\s*(\d+) failing\b"),  # mocha's spec/dot reporters
+    (r"^Tests:.*?\b(\d+) passed\b.*\btotal\s*$", r"^Tests:.*?\b(\d+) failed\b.*\btotal\s*$"),  # jest
+    (r"^\s*Tests\s+.*?\b(\d+) passed\b.*\(\d+\)\s*$", r"^\s*Tests\s+.*?\b(\d+) failed\b.*\(\d+\)\s*$"),  # vitest
+    (r"^(?:#|\u2139)\s*pass\s+(\d+)\s*$", r"^(?:#|\u2139)\s*fail\s+(\d+)\s*$"),  # TAP, node --test (info sign)
+    (r"^\[\s*PASSED\s*\]\s+(\d+) tests?\b", r"^\[\s*FAILED\s*\]\s+(\d+) tests?,"),  # GoogleTest
+    (r"^# (?:PASS|XFAIL):\s+(\d+)\s*$", r"^# (?:FAIL|XPASS|ERROR):\s+(\d+)\s*$"),  # automake
+    (r"^\s*Tests? passed:\s*(\d+)\b", r"^\s*Tests? failed:\s*(\d+)\b"),  # "Tests passed: 349"
+    (r"^\s*(\d+) tests? passed\b", r"^\s*(\d+) tests? failed\b"),  # ava, many harnesses
+)
+_UNITY = re.compile(r"^(\d+) Tests (\d+) Failures (\d+) Ignored\s*$", re.MULTILINE)
+
+
+def runner_summary(text: str) -> tuple[int, int] | None:
+    """(passed, failed) from the runner's own summary line(s), or None when it printed none kiln knows."""
+    unity = _UNITY.findall(text)
+    if unity:
+        return (sum(max(0, int(t) - int(f) - int(i)) for t, f, i in unity), sum(int(f) for _t, f, _i in unity))
+    for passed, failed in _SUMMARIES:
+        p, f = _count(passed, text), _count(failed, text)
+        if p is not None or f is not None:
+            return p or 0, f or 0
+    return None
 
 
 def _json(text: str, what: str) -> Any:
@@ -227,38 +336,62 @@ def istanbul(text: str, roots: Iterable[str] = ("/work",)) -> CoverageReport:
     return coverage_report("c8", files)
 
 
-def not_run_reason(report: TestReport) -> str | None:
-    """Why a report shows the suite did not really run (collection errors, nothing executed), or None."""
+def unusable_reason(report: TestReport) -> tuple[FailureClass, str] | None:
+    """Why a report cannot be trusted for per-test rewards — (failure class, reason) — or None: per-test results
+    with >= 1 passing test that agree with the runner's own summary when it printed one."""
+    if not report.itemised:
+        said = (f"; the runner's summary says {report.summary_passed} passed, {report.summary_failed} failed"
+                if report.summary_passed is not None else "; the runner printed no summary kiln knows")
+        return "tests_not_itemised", f"the runner's per-test results could not be read{said}"
     collection = [c for c in report.cases if c.outcome == "error" and "collection" in c.message.lower()]
     if collection:
-        return f"{len(collection)} test modules failed to collect (e.g. {collection[0].name})"
-    if report.passed + report.failed == 0:
-        return "no test was executed"
+        return "tests_did_not_run", f"{len(collection)} test modules failed to collect (e.g. {collection[0].name})"
+    if report.passed + report.failed + report.errors == 0:
+        return "tests_did_not_run", "no test was executed"
+    if report.passed == 0:
+        return "tests_did_not_run", f"no test passed ({report.failed + report.errors} failed)"
+    if report.summary_passed is not None and (report.summary_passed, report.summary_failed) != (
+            report.passed, report.failed + report.errors):
+        return "tests_not_itemised", (f"the per-test results ({report.passed} passed, {report.failed + report.errors} "
+                                      f"failed) disagree with the runner's summary ({report.summary_passed} passed, "
+                                      f"{report.summary_failed} failed)")
     return None
+
+
+# Report files a test command leaves in the reports directory, most trusted first: what a reporter kiln chose
+# wrote, then the output kiln tee'd (parsed line by line).
+_STRUCTURED: tuple[tuple[str, Callable[[str, str], TestReport]], ...] = (
+    ("junit.xml", lambda t, _m: junit(t, "pytest")), ("ctest.xml", lambda t, _m: junit(t, "ctest")),
+    ("go-test.json", lambda t, _m: go_test_json(t)), ("cargo-test.txt", lambda t, _m: cargo_test(t)),
+    ("mocha.xml", lambda t, _m: junit(t, "mocha", summary=True)), ("jest.json", lambda t, _m: jest_json(t, "jest")),
+    ("vitest.json", lambda t, _m: jest_json(t, "vitest")), ("node-tap.txt", lambda t, _m: tap(t, "node --test")),
+)
+_PRINTED = ("make-check.txt", "test-output.txt")
 
 
 def parse_results(system: str, exit_code: int | None, files: dict[str, bytes], module: str = "") -> TestReport | None:
     """The test report (with coverage) from the files a test run left in the reports directory; None when the
-    suite did not run (no per-test results and a failing exit, or a missing command)."""
+    suite did not run (a missing command; or a failing exit with neither per-test results nor a summary). A run
+    without per-test results is a report with ``itemised=False`` (see ``unusable_reason``)."""
     text = {name: data.decode(errors="replace") for name, data in files.items()}
     report: TestReport | None = None
-    if "junit.xml" in text:
-        report = junit(text["junit.xml"], "pytest")
-    elif "ctest.xml" in text:
-        report = junit(text["ctest.xml"], "ctest")
-    elif "go-test.json" in text:
-        report = go_test_json(text["go-test.json"])
-    elif "cargo-test.txt" in text:
-        report = cargo_test(text["cargo-test.txt"])
-    elif "make-check.txt" in text:
-        report = automake(text["make-check.txt"])
-    elif "test-output.txt" in text:
-        report = tap(text["test-output.txt"], f"{system} test")
+    for name, parse in _STRUCTURED:
+        if name in text:
+            report = parse(text[name], module)
+            if report.cases:
+                break
+    printed = next((text[n] for n in _PRINTED if n in text), "")
+    if (report is None or not report.cases) and printed:
+        report = per_test_lines(printed, "make check" if system in ("make", "autotools") else f"{system} test")
+    if exit_code in (None, 126, 127):
+        return None
     if report is None or not report.cases:
-        if exit_code is None or exit_code in (126, 127) or exit_code != 0:
+        summary = runner_summary(printed) if printed else None
+        if summary is None and exit_code != 0:
             return None
-        # The runner gives no per-test results and succeeded: the suite is one case.
-        report = tally(system, [TestCaseResult(name=f"{system} test suite", outcome="passed")])
+        report = TestReport(runner=report.runner if report else system, itemised=False,
+                            summary_passed=summary[0] if summary else None,
+                            summary_failed=summary[1] if summary else None)
     coverage = None
     if "coverage-py.json" in text:
         coverage = coverage_py(text["coverage-py.json"])

@@ -186,12 +186,105 @@ def go_without_module_project(path: Path) -> Builder:
     return b
 
 
+# Issue 34: suites whose per-test results a build must read, or say it could not.
+MOCHA_TEST = """const assert = require('assert');
+const { add } = require('../calc.js');
+describe('calc', () => {
+  it('adds', () => { assert.strictEqual(add(2, 3), 5); });
+  it('adds zero', () => { assert.strictEqual(add(0, 3), 3); });
+  it.skip('adds strings', () => {});
+});
+"""
+
+
+def mocha_project(path: Path) -> Builder:
+    """A mocha suite behind a lint step (real: the npm projects that folded into one "npm test suite"): kiln runs
+    mocha itself with its xunit reporter writing to a file; the spec output would print a forgeable "2 passing"."""
+    b = Builder(path)
+    write(path, "package.json", '{"name": "calc", "version": "1.0.0", "scripts": {"lint": "exit 3", '
+                                '"test": "npm run lint && mocha --reporter spec"}, '
+                                '"devDependencies": {"mocha": "10.8.2"}}\n')
+    write(path, "calc.js", "module.exports = { add: (a, b) => a + b };\n")
+    write(path, "test/calc.test.js", MOCHA_TEST)
+    b.commit("a mocha suite")
+    return b
+
+
+SUMMARY_ONLY_C = """#include <stdio.h>
+int add(int a, int b);
+int main(void) {
+    int passed = 0;
+    for (int i = 0; i < 349; i++) passed += add(i, 1) == i + 1;
+    printf("Tests passed: %d\\n", passed);
+    return passed == 349 ? 0 : 1;
+}
+"""
+PER_TEST_C = """#include <stdio.h>
+int add(int a, int b);
+static int passed, failed;
+static void check(const char *name, int ok) {
+    printf("%s: %s\\n", name, ok ? "PASSED" : "FAILED");
+    ok ? passed++ : failed++;
+}
+int main(void) {
+    check("adds", add(2, 3) == 5);
+    check("adds_zero", add(0, 3) == 3);
+    check("adds_negatives", add(-2, -3) == -5);
+    printf("%d tests passed\\n", passed);
+    return failed != 0;
+}
+"""
+
+
+def summary_only_project(path: Path) -> Builder:
+    """A C project whose ``make test`` prints only "Tests passed: 349": no per-test results, so not usable — the
+    summary is in the event."""
+    b = Builder(path)
+    write(path, "calc.c", "int add(int a, int b) {\n  return a + b;\n}\n")
+    write(path, "test_calc.c", SUMMARY_ONLY_C)
+    write(path, "Makefile", "test_calc: calc.o test_calc.o\n\t$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS)\n\n"
+                            "test: test_calc\n\t./test_calc\n\n.PHONY: test\n")
+    b.commit("a suite that prints only its count")
+    return b
+
+
+def binary_target_project(path: Path) -> Builder:
+    """A Makefile whose only target is the test binary, which prints one line per test; the README is silent (was
+    ``no_rule_matched`` with an empty agent detail)."""
+    b = Builder(path)
+    write(path, "calc.c", "int add(int a, int b) {\n  return a + b;\n}\n")
+    write(path, "calc_test.c", PER_TEST_C)
+    write(path, "Makefile", "calc_test: calc.o calc_test.o\n\t$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS)\n")
+    write(path, "README.md", "# calc\n\nA small adder.\n")
+    b.commit("a Makefile whose target is the test binary")
+    return b
+
+
+def tox_project(path: Path) -> Builder:
+    """CI's only ``pytest`` line is a benchmark job; the test job runs tox, whose testenv runs ``pytest tests``
+    (real: a Python project whose tests were never run). The benchmarks fail here (no plugin)."""
+    b = Builder(path)
+    write(path, "pyproject.toml", PYPROJECT)
+    write(path, "calc/__init__.py", CALC_PY)
+    write(path, "tests/test_calc.py", TEST_CALC_PY)
+    write(path, "benchmarks/test_speed.py", "def test_speed(benchmark):\n    benchmark(sum, [1, 2])\n")
+    write(path, "tox.ini", "[tox]\nenvlist = py311\n\n[testenv]\ndeps = pytest\ncommands = pytest tests "
+                           "{posargs}\n")
+    write(path, ".github/workflows/ci.yml", "jobs:\n  benchmarks:\n    steps:\n      - run: pytest benchmarks "
+                                            "--benchmark-only\n  tests:\n    steps:\n      - run: pip install tox"
+                                            "\n      - run: tox -e py311\n")
+    b.commit("tested through tox")
+    return b
+
+
 CLASS_PROJECTS = {
     "npm-prepare": npm_prepare_project, "cargo-dev-deps": cargo_dev_deps_project,
     "scm-version": scm_version_project, "test-group": test_group_project,
     "collection-error": collection_error_project, "unusable-dockerfile": unusable_dockerfile_project,
     "test-binary": test_binary_project, "make-task-runner": make_task_runner_project,
     "go-without-module": go_without_module_project, "npm-dev-tools": npm_dev_tools_project,
+    "mocha": mocha_project, "summary-only": summary_only_project, "binary-target": binary_target_project,
+    "tox": tox_project,
 }
 # name -> (usable, failure class, tests passed)
 EXPECTED_OUTCOME: dict[str, tuple[bool, str | None, int | None]] = {
@@ -199,4 +292,6 @@ EXPECTED_OUTCOME: dict[str, tuple[bool, str | None, int | None]] = {
     "test-group": (True, None, 1), "collection-error": (False, "tests_did_not_run", None),
     "unusable-dockerfile": (True, None, 1), "test-binary": (True, None, 1), "make-task-runner": (True, None, 2),
     "go-without-module": (True, None, 2), "npm-dev-tools": (True, None, 1),
+    "mocha": (True, None, 2), "summary-only": (False, "tests_not_itemised", None), "binary-target": (True, None, 3),
+    "tox": (True, None, 2),
 }

@@ -98,8 +98,13 @@ int sub(int a, int b) {
 }
 """
 
-TEST_C = """int add(int a, int b);
-int main(void) { return add(2, 3) == 5 ? 0 : 1; }
+TEST_C = """#include <stdio.h>
+int add(int a, int b);
+int main(void) {
+    int ok = add(2, 3) == 5;
+    printf("%s: adds\\nTests passed: %d\\n", ok ? "PASS" : "FAIL", ok);
+    return ok ? 0 : 1;
+}
 """
 
 # llvm-cov counts function and body lines: add (1-3), sub (5-7, never called), the two tests (12-14, 17-19).

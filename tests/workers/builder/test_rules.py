@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kiln.workers.builder.agent import AgentPlan, classify, run_loop
-from kiln.workers.builder.rules import describe, plan, readme_commands
+from kiln.workers.builder.errors import PlanError
+from kiln.workers.builder.rules import describe, npm_runner, plan, readme_commands, with_reporter
 from tests.ingest.gitrepos import write
 
 
@@ -119,8 +122,12 @@ def test_without_a_model_the_agent_stops_after_a_few_failing_tests(tmp_path: Pat
         tried.append(command)
         return 1, "error: no such thing\n"
 
-    built, test, _decisions, _output = run_loop(AgentPlan(test=[f"t{i}" for i in range(8)]), run, tmp_path, 20)
+    built, test, _decisions, output = run_loop(AgentPlan(test=[f"t{i}" for i in range(8)]), run, tmp_path, 20)
     assert not built and test is None and tried == ["t0", "t1", "t2"]
+    # What the agent tried is in its answer (the event's detail), never an empty string.
+    assert output.startswith("agent: no test command passed; tried:\n$ t0  (exit 1)\n$ t1  (exit 1)")
+    nothing = run_loop(AgentPlan(), run, tmp_path, 20)
+    assert nothing[3] == "the agent found no command to try: no shell block in the README, no CI step"
 
 
 def test_a_makefile_without_a_test_target_runs_the_test_binary_the_readme_names(tmp_path: Path) -> None:
@@ -154,3 +161,58 @@ def test_what_release_artefacts_look_like(tmp_path: Path) -> None:
     tox = plan(checkout(tmp_path / "t", {"pyproject.toml": PYPROJECT, "tox.ini": "[testenv]\ndeps =\n  attrs\n"
                                          "  coverage: coverage\n  main: git+https://example.invalid/x.git\n"}))
     assert "attrs" in tox.deps_script and "coverage:" not in tox.deps_script and "git+" not in tox.deps_script
+
+
+def test_a_makefile_whose_only_target_is_the_test_binary_runs_it(tmp_path: Path) -> None:
+    makefile = ("CFLAGS = -O2\nall: calc_test\n\ncalc_test: calc.o test.o\n\t$(CC) $(CFLAGS) -o $@ $^\n\n"
+                "clean:\n\trm -f *.o\n")
+    p = plan(checkout(tmp_path / "a", {"Makefile": makefile}))
+    assert (p.build_script, p.test_script.split(" 2>&1")[0]) == ("make calc_test", "./calc_test")
+    assert "target 'calc_test' links a test binary" in p.decisions[-1].reason
+    # A target named like a test that does not link anything is not a binary to run.
+    with pytest.raises(PlanError, match="no target that links a test binary"):
+        plan(checkout(tmp_path / "b", {"Makefile": "all:\n\tcc -o app app.c\ncheckstyle:\n\tindent *.c\n"}))
+
+
+@pytest.mark.parametrize(("scripts", "expected"), [
+    ({"test": "mocha --reporter spec test/*.js"},
+     "mocha test/*.js --reporter xunit --reporter-option output=/tmp/kiln-reports/mocha.xml"),
+    ({"test": "npm run lint && npm run unit", "lint": "eslint .", "unit": "NODE_ENV=test nyc -x x jest"},
+     None),
+    ({"test": "npm run lint && npm run unit", "lint": "eslint .", "unit": "NODE_ENV=test nyc jest --coverage"},
+     "NODE_ENV=test jest --coverage --ci --json --outputFile=/tmp/kiln-reports/jest.json"),
+    ({"test": "vitest"}, "vitest --run --reporter=default --reporter=json --outputFile.json=/tmp/kiln-reports/"
+                         "vitest.json"),
+    ({"test": "node --test test/"}, "node --test-reporter=tap --test-reporter-destination=/tmp/kiln-reports/"
+                                    "node-tap.txt --test-reporter=spec --test-reporter-destination=stdout "
+                                    "--test test/"),
+    ({"test": "tape test/*.js | tap-spec"}, None),
+    ({"test": "npm test"}, None),
+])
+def test_npm_runners_get_a_reporter_writing_to_a_file(scripts: dict[str, str], expected: str | None) -> None:
+    found = npm_runner(scripts)
+    assert (with_reporter(*found) if found else None) == expected
+
+
+def test_npm_plan_runs_the_runner_with_its_reporter(tmp_path: Path) -> None:
+    pkg = '{"name": "x", "scripts": {"test": "eslint . && mocha"}, "devDependencies": {"mocha": "10"}}'
+    p = plan(checkout(tmp_path, {"package.json": pkg}))
+    assert "env PATH=$PWD/node_modules/.bin:$PATH mocha --reporter xunit" in p.test_script
+    assert next(d for d in p.decisions if d.topic == "test command").choice == "mocha"
+
+
+@pytest.mark.parametrize(("files", "command"), [
+    ({"tox.ini": "[tox]\nenvlist = py311\n[testenv]\ndeps = pytest\ncommands =\n    python -m pytest tests/unit "
+                 "{posargs}\n"}, "pytest tests/unit"),
+    ({"pyproject.toml": PYPROJECT + '[tool.tox]\nlegacy_tox_ini = """\n[testenv]\n'
+                                    'commands = pytest -x {posargs}\n"""\n'}, "pytest -x"),
+    ({"noxfile.py": "import nox\n@nox.session\ndef tests(session):\n    session.install('.')\n"
+                    "    session.run('pytest', 'tests', '-q', *session.posargs)\n"}, "pytest tests -q"),
+])
+def test_ci_calling_tox_or_nox_runs_the_pytest_line_of_their_config(tmp_path: Path, files: dict[str, str],
+                                                                    command: str) -> None:
+    ci = ("jobs:\n  bench:\n    steps:\n      - run: pytest benchmarks --benchmark-only\n"
+          "  test:\n    steps:\n      - run: pip install tox nox\n      - run: tox -e py\n      - run: nox\n")
+    p = plan(checkout(tmp_path, {"pyproject.toml": PYPROJECT, **files, ".github/workflows/ci.yml": ci}))
+    decision = next(d for d in p.decisions if d.topic == "test command")
+    assert decision.choice == command and "ci.yml:test" in decision.reason, decision

@@ -19,12 +19,15 @@ from kiln.workers.common.reports import (
     go_cover_profile,
     go_test_json,
     istanbul,
+    jest_json,
     junit,
     lcov,
     lint_findings,
-    not_run_reason,
     parse_results,
+    per_test_lines,
+    runner_summary,
     tap,
+    unusable_reason,
 )
 
 # cargo test of a crate with a unit-test binary, an integration-test binary and doc tests.
@@ -68,9 +71,11 @@ test result: ok. 35 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; fin
 def test_cargo_counts_equal_the_summaries_doc_tests_included() -> None:
     report = cargo_test(CARGO_OUTPUT)
     assert (report.passed, report.failed, report.skipped) == (5, 1, 1)
+    assert (report.summary_passed, report.summary_failed) == (5, 1) and unusable_reason(report) is None
     assert "src/lib.rs - Widget::new (line 40)" in {c.name for c in report.cases}
-    quiet = cargo_test(CARGO_QUIET)
-    assert (quiet.passed, quiet.failed, quiet.skipped) == (37, 0, 1)
+    quiet = cargo_test(CARGO_QUIET)  # -q: no names, only the summaries; not per-test results
+    assert (quiet.passed, quiet.summary_passed, quiet.summary_failed) == (0, 37, 0)
+    assert (unusable_reason(quiet) or ("", ""))[0] == "tests_did_not_run"
 
 
 @given(st.text())
@@ -81,8 +86,8 @@ def test_cargo_parser_takes_any_text(text: str) -> None:
     report = cargo_test(noise + "\n" + CARGO_OUTPUT)
     assert (report.passed, report.failed, report.skipped, len(report.cases)) == (5, 1, 1, 7)
     assert cargo_test(CARGO_OUTPUT + "\n" + noise).model_dump() == cargo_test(CARGO_OUTPUT).model_dump()
-    quiet = cargo_test(noise + "\n" + CARGO_QUIET + "\n" + noise)  # -q: only the summaries count
-    assert (quiet.passed, quiet.failed, quiet.skipped) == (37, 0, 1)
+    quiet = cargo_test(noise + "\n" + CARGO_QUIET + "\n" + noise)  # -q: only the summaries
+    assert (quiet.summary_passed, quiet.summary_failed, len(quiet.cases)) == (37, 0, 0)
 
 
 COLLECTION_ERROR = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1"
@@ -98,10 +103,10 @@ EMPTY = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 def test_collection_errors_and_empty_runs_did_not_run() -> None:
     collected = junit(COLLECTION_ERROR, "pytest")
     assert collected.passed == 1  # a usable-looking run, but a module never ran
-    assert "failed to collect (e.g. tests.test_api)" in (not_run_reason(collected) or "")
-    assert not_run_reason(junit(EMPTY, "pytest")) == "no test was executed"
+    assert "failed to collect (e.g. tests.test_api)" in (unusable_reason(collected) or ("", ""))[1]
+    assert unusable_reason(junit(EMPTY, "pytest")) == ("tests_did_not_run", "no test was executed")
     fine = junit(COLLECTION_ERROR.replace('message="collection failure"', 'message="boom"'), "pytest")
-    assert not_run_reason(fine) is None
+    assert unusable_reason(fine) is None
 
 
 @given(st.text())
@@ -228,9 +233,14 @@ def test_parse_results_picks_the_runner_file_and_its_coverage() -> None:
     report = parse_results("cargo", 101, {"cargo-test.txt": CARGO_OUTPUT.encode(), "lcov.info": lcov_text})
     assert report is not None and (report.runner, report.failed) == ("cargo test", 1)
     assert report.coverage is not None and report.coverage.lines_covered == 1
-    # No per-test output: a succeeding run is one passing case, a failing or missing command is no report.
-    whole = parse_results("make", 0, {})
-    assert whole is not None and [(c.name, c.outcome) for c in whole.cases] == [("make test suite", "passed")]
+    # No per-test output: a succeeding run is a report that is not itemised (never one pseudo-test), with the
+    # runner's summary when it printed one; a failing run without any, or a missing command, is no report.
+    whole = parse_results("make", 0, {"make-check.txt": b"cc -o t t.c\n./t\nTests passed: 349\n"})
+    assert whole is not None and (whole.itemised, whole.cases, whole.summary_passed) == (False, [], 349)
+    assert unusable_reason(whole) == ("tests_not_itemised", "the runner's per-test results could not be read; "
+                                      "the runner's summary says 349 passed, 0 failed")
+    silent = parse_results("make", 0, {})
+    assert silent is not None and not silent.itemised and silent.summary_passed is None
     assert parse_results("make", 2, {}) is None and parse_results("make", 127, {}) is None
     assert parse_results("go", 0, {"go-test.json": b"not json\n"}) is not None  # non-JSON lines are output
 
@@ -245,3 +255,120 @@ def test_lint_findings_from_ruff_json_and_plain_lines() -> None:
         ("src/x.c", 10, 5, "warning: unused variable"), ("src/y.c", 2, None, "note")]
     with pytest.raises(ReportError):
         lint_findings('[{"filename": "a.py"}]')
+
+
+# What each runner prints or writes, cut from real runs: its per-test lines and its own summary.
+MOCHA_XUNIT = """<?xml version="1.0" encoding="UTF-8"?>
+<testsuite name="Mocha Tests" tests="4" failures="0" errors="1" skipped="1" timestamp="Thu" time="0.01">
+<testcase classname="calc" name="adds" time="0.001"/>
+<testcase classname="calc" name="subtracts" time="0"/>
+<testcase classname="calc" name="divides" time="0"><failure>expected 1 to equal 2</failure></testcase>
+<testcase classname="calc" name="later" time="0"><skipped/></testcase>
+</testsuite>"""
+JEST = {"numPassedTests": 2, "numFailedTests": 1, "numPendingTests": 1, "numTotalTests": 4, "testResults": [
+    {"name": "/work/calc.test.js", "assertionResults": [
+        {"fullName": "calc adds", "status": "passed", "duration": 3, "failureMessages": []},
+        {"fullName": "calc subs", "status": "passed", "duration": None, "failureMessages": []},
+        {"fullName": "calc divs", "status": "failed", "duration": 1, "failureMessages": ["Expected: 2"]},
+        {"fullName": "calc todo", "status": "todo", "failureMessages": []}]}]}
+GTEST = """[==========] Running 3 tests from 1 test suite.
+[ RUN      ] Calc.Adds
+[       OK ] Calc.Adds (0 ms)
+[ RUN      ] Calc.Subs
+[       OK ] Calc.Subs (0 ms)
+[ RUN      ] Calc.Divs
+calc_test.cc:12: Failure
+[  FAILED  ] Calc.Divs (1 ms)
+[==========] 3 tests from 1 test suite ran. (1 ms total)
+[  PASSED  ] 2 tests.
+[  FAILED  ] 1 test, listed below:
+[  FAILED  ] Calc.Divs
+"""
+UNITY = """test/test_calc.c:10:test_adds:PASS
+test/test_calc.c:15:test_subs:PASS
+test/test_calc.c:20:test_divs:FAIL: Expected 2 Was 1
+test/test_calc.c:25:test_big:IGNORE
+
+-----------------------
+4 Tests 1 Failures 1 Ignored
+FAIL
+"""
+HAND_WRITTEN = "cc -o calc_test calc.c test.c\n./calc_test\nPASS: adds\nPASS: subtracts\nFAIL: divides\n" \
+               "Tests passed: 2\nTests failed: 1\n"
+
+
+def test_reporter_files_give_cases_and_the_runners_summary() -> None:
+    mocha = parse_results("npm", 1, {"mocha.xml": MOCHA_XUNIT.encode(), "test-output.txt": b"ok 1 - forged\n"})
+    assert mocha is not None and mocha.runner == "mocha" and mocha.itemised
+    assert (mocha.passed, mocha.failed, mocha.skipped, mocha.summary_passed, mocha.summary_failed) == (2, 1, 1, 2, 1)
+    assert unusable_reason(mocha) is None
+    jest = jest_json(json.dumps(JEST), "jest")
+    assert [(c.name, c.outcome) for c in jest.cases] == [("calc adds", "passed"), ("calc subs", "passed"),
+                                                         ("calc divs", "failed"), ("calc todo", "skipped")]
+    assert (jest.summary_passed, jest.summary_failed, jest.cases[2].message) == (2, 1, "Expected: 2")
+    with pytest.raises(ReportError):
+        jest_json(json.dumps({"testResults": [{}]}), "jest")
+    vitest = parse_results("npm", 0, {"vitest.json": json.dumps(JEST).encode()})
+    assert vitest is not None and (vitest.runner, vitest.passed) == ("vitest", 2)
+
+
+@pytest.mark.parametrize(("text", "cases", "summary"), [
+    (GTEST, [("Calc.Adds", "passed"), ("Calc.Subs", "passed"), ("Calc.Divs", "failed")], (2, 1)),
+    (UNITY, [("test_adds", "passed"), ("test_subs", "passed"), ("test_divs", "failed"), ("test_big", "skipped")],
+     (2, 1)),
+    (HAND_WRITTEN, [("adds", "passed"), ("subtracts", "passed"), ("divides", "failed")], (2, 1)),
+    ("test_add ... ok\ntest_div ... FAILED\nparse: PASSED\n", [("test_add", "passed"), ("test_div", "failed"),
+                                                              ("parse", "passed")], None),
+    ("  calc\n    \u2713 adds\n\n  47 passing (12ms)\n  2 failing\n", [], (47, 2)),
+    ("Tests:       1 failed, 46 passed, 47 total\n", [], (46, 1)),
+    (" Test Files  3 passed (3)\n      Tests  1 failed | 46 passed (47)\n", [], (46, 1)),
+    ("TAP version 13\nok 1 - a\nnot ok 2 - b\n# pass 1\n# fail 1\n", [("a", "passed"), ("b", "failed")], (1, 1)),
+    ("\u2714 adds\n\u2139 tests 3\n\u2139 pass 3\n\u2139 fail 0\n", [], (3, 0)),
+    ("  47 tests passed\n", [], (47, 0)),
+    ("PASS: t/a\n# TOTAL: 1\n# PASS:  1\n# FAIL:  0\n", [("t/a", "passed")], (1, 0)),
+])
+def test_printed_suites_give_per_test_lines_and_the_summary(text: str, cases: list[tuple[str, str]],
+                                                            summary: tuple[int, int] | None) -> None:
+    report = per_test_lines(text, "make check")
+    assert [(c.name, c.outcome) for c in report.cases] == cases
+    assert runner_summary(text) == summary
+    assert (report.summary_passed, report.summary_failed) == (summary or (None, None))
+
+
+def test_per_test_results_that_disagree_with_the_summary_are_not_trusted() -> None:
+    # A test printing fake "PASS:" lines in a suite whose runner counts 2 passes: the count gives it away.
+    forged = per_test_lines(HAND_WRITTEN + "PASS: forged1\nPASS: forged2\n", "make check")
+    assert forged.passed == 4
+    kind, why = unusable_reason(forged) or ("", "")
+    assert kind == "tests_not_itemised" and "disagree with the runner's summary (2 passed, 1 failed)" in why
+    failing = per_test_lines("FAIL: a\nFAIL: b\n", "make check")
+    assert unusable_reason(failing) == ("tests_did_not_run", "no test passed (2 failed)")
+
+
+_NAME = st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True)
+
+
+@given(st.lists(st.tuples(_NAME, st.booleans()), min_size=1, max_size=30, unique_by=lambda t: t[0]),
+       st.sampled_from(["PASS: {n}", "[PASS] {n}", "{n} ... ok", "x.c:1:{n}:PASS", "[       OK ] {n} (0 ms)"]),
+       st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=200))
+def test_printed_per_test_lines_round_trip(tests: list[tuple[str, bool]], style: str, noise: str) -> None:
+    failed = {"PASS: {n}": "FAIL: {n}", "[PASS] {n}": "[FAIL] {n}", "{n} ... ok": "{n} ... FAILED",
+              "x.c:1:{n}:PASS": "x.c:1:{n}:FAIL", "[       OK ] {n} (0 ms)": "[  FAILED  ] {n} (0 ms)"}[style]
+    lines = [(style if ok else failed).format(n=name) for name, ok in tests]
+    passed = sum(ok for _n, ok in tests)
+    # Noise without line structure a convention could read (no newline, no colon, no dots, no brackets).
+    quiet = "".join(c for c in noise if c not in "\n\r:.[]#\u2139\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+    text = "\n".join([f"x{quiet}", *lines, f"Tests passed: {passed}", f"Tests failed: {len(tests) - passed}"])
+    report = per_test_lines(text, "make check")
+    assert [(c.name, c.outcome == "passed") for c in report.cases] == tests
+    assert (report.summary_passed, report.summary_failed) == (passed, len(tests) - passed)
+    assert unusable_reason(report) == (None if passed else ("tests_did_not_run",
+                                                            f"no test passed ({len(tests)} failed)"))
+
+
+@given(st.text())
+def test_stdout_parsers_take_any_text(text: str) -> None:
+    report = per_test_lines(text, "make check")
+    assert report.passed + report.failed + report.skipped + report.errors == len(report.cases)
+    summary = runner_summary(text)
+    assert summary is None or min(summary) >= 0
