@@ -6,6 +6,7 @@ BuildError
 │                image that cannot be had): ``no_rule_matched``
 └── StepFailed   a build step (docker build, dependency install, compile, a revision layer's rebuild) failed;
                  carries the step's log and whether it ran out of time
+TaskPatchFailed  a repository task's test or gold patch does not apply to its revision (``kiln tasks validate``)
 """
 
 from __future__ import annotations
@@ -28,3 +29,7 @@ class StepFailed(BuildError):
         super().__init__(log[-2000:])
         self.log = log
         self.timed_out = timed_out
+
+
+class TaskPatchFailed(KilnError):
+    """A patch of a repository task does not apply to the revision's tree; the message says which and why."""

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import random
-from typing import Protocol
+from typing import Any, Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from kiln.schemas.rl import RolloutTask as Task
-from kiln.workers.verifiers import exact_match
+from kiln.workers.common.swe import TaskValidation
+from kiln.workers.verifiers import InvalidTask, exact_match
 
 __all__ = ["Addition", "Problem", "Propositions", "RepositoryTasks", "TaskSource", "exact_match"]
 
@@ -100,11 +101,23 @@ class Propositions:
 
 
 class Problem(BaseModel):
-    """One repository task: what to do, and the tests that say it is done (applied after the candidate patch)."""
+    """One repository task: what to do, and the tests that say it is done (applied after the candidate patch):
+    FAIL_TO_PASS / PASS_TO_PASS as ``kiln tasks validate`` found them (``Problem.validated``); a problem without
+    them is judged by its test command's exit status and the tests its test patch adds."""
 
     problem_id: str
     statement: str
     test_patch: str = ""
+    fail_to_pass: list[str] = Field(default_factory=list)
+    pass_to_pass: list[str] = Field(default_factory=list)
+
+    @classmethod
+    def validated(cls, problem_id: str, statement: str, test_patch: str, validation: TaskValidation) -> Problem:
+        """A problem carrying a validation's FAIL_TO_PASS / PASS_TO_PASS; an invalid task is refused."""
+        if not validation.valid:
+            raise InvalidTask(f"task {problem_id} is not valid: {validation.reason}")
+        return cls(problem_id=problem_id, statement=statement, test_patch=test_patch,
+                   fail_to_pass=validation.fail_to_pass, pass_to_pass=validation.pass_to_pass)
 
 
 class RepositoryTasks:
@@ -119,8 +132,10 @@ class RepositoryTasks:
         self._rng = random.Random(seed)
 
     def task(self, problem: Problem) -> Task:
-        check: dict[str, str] = {"image": self.image, "test_patch": problem.test_patch}
-        if self.test_command is not None:
+        check: dict[str, Any] = {"image": self.image, "test_patch": problem.test_patch}
+        if problem.fail_to_pass:
+            check.update(fail_to_pass=problem.fail_to_pass, pass_to_pass=problem.pass_to_pass)
+        elif self.test_command is not None:
             check["test_command"] = self.test_command
         prompt = (f"Repository {self.repository}. {problem.statement}\n"
                   "Run commands as <run>command</run>; answer with <patch>unified diff</patch>.\n")

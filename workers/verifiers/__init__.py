@@ -13,7 +13,8 @@ A library (no spec): the rollout stage and the ``verify`` stage both use it, one
   on that proof state, concurrently; a sample that mentions ``sorry``/``admit`` scores 0 without running.
 
 - ``swe``: a repository task (``SWECheck``): each completion's patch and the task's test patch applied to the
-  repository's built tree, its test command's exit status as the reward — one ``run_once`` call per completion.
+  repository's built tree — one ``run_once`` call per completion; with FAIL_TO_PASS / PASS_TO_PASS (``kiln tasks
+  validate``) the reward is 1 exactly when every test of both lists passes in the image's per-test results.
 
 A user plugs in their own through the ``kiln.verifiers`` entry point group: ``name = "module:factory"``, the factory
 takes a ``VerifierContext`` and returns a ``Verifier``. ``RolloutTask.check`` carries what the verifier needs; each
@@ -33,11 +34,12 @@ from typing import Annotated, Any, Literal, Protocol, TypeVar, get_args
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from kiln.schemas.exec import RunStep, SessionLimits
+from kiln.schemas.reports import TestReport
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import ClientError, RequestFailed, RoutineJobError, TransientJobError
 from kiln.workers.common.patches import APPLY_EXCLUDES, patch_text, protected_paths
-from kiln.workers.common.reports import ReportError, junit
+from kiln.workers.common.reports import ReportError, junit, unusable_reason
 from kiln.workers.exec.client import ExecClient
 from kiln.workers.lean.client import LeanClient
 
@@ -302,8 +304,12 @@ class SWECheck(BaseModel):
 
     image: str = Field(min_length=1)
     test_patch: str = ""
-    test_command: str = "python -m pytest -q -p no:cacheprovider"
+    test_command: str = Field("python -m pytest -q -p no:cacheprovider", description="Without FAIL_TO_PASS only.")
     timeout_s: float = Field(300.0, gt=0, le=600)
+    fail_to_pass: list[str] = Field(default_factory=list, description="Tests that fail before the fix and pass "
+                                    "after it (``kiln tasks validate``): with them, the image's own test command "
+                                    "and per-test results decide, not ``test_command``.")
+    pass_to_pass: list[str] = Field(default_factory=list, description="Tests that pass before and after the fix.")
 
 
 class SWEVerifier:
@@ -312,7 +318,12 @@ class SWEVerifier:
     command also writes a JUnit report, and the reward is 1 only when the run exits 0 *and* the report shows every
     test the test patch adds passing with no failure — code that ends the test process early (``os._exit(0)`` on
     import) leaves no such report. A patch that touches the tests or the test runner's configuration scores 0 unrun
-    (``kiln.workers.common.patches``)."""
+    (``kiln.workers.common.patches``).
+
+    A task with FAIL_TO_PASS (the SWE-bench contract, ``kiln.workers.common.swe``) runs the image's recorded test
+    command (kiln's reporters) instead: reward 1 exactly when every FAIL_TO_PASS and PASS_TO_PASS test passes in
+    per-test results kiln trusts (itemised, agreeing with the runner's summary); a run whose exit status (measured
+    outside the sandbox) failed while its report shows no failing test scores 0, as a forged report would."""
 
     def __init__(self, context: VerifierContext) -> None:
         self.exec = ExecClient(context.kiln)
@@ -335,13 +346,18 @@ class SWEVerifier:
                                                ".kiln-task/completion.diff")]
         if check.test_patch.strip():
             steps.append(RunStep(name="test-patch", command="git apply --whitespace=nowarn .kiln-task/test.diff"))
-        pytest = "pytest" in check.test_command
-        command = f"{check.test_command} --junitxml={_JUNIT}" if pytest else check.test_command
-        steps.append(RunStep(name="tests", command=f"rm -rf .kiln-task; {command}", timeout_s=check.timeout_s))
+        pytest = not check.fail_to_pass and "pytest" in check.test_command
+        if check.fail_to_pass:  # the image's own test command, its per-test results parsed by the exec stage
+            steps.append(RunStep(name="clean", command="rm -rf .kiln-task"))
+        else:
+            command = f"{check.test_command} --junitxml={_JUNIT}" if pytest else check.test_command
+            steps.append(RunStep(name="tests", command=f"rm -rf .kiln-task; {command}", timeout_s=check.timeout_s))
         try:
             async with self._calls:
-                result = await self.exec.run_once(check.image, steps=steps, fetch=[_JUNIT], files={
-                    ".kiln-task/completion.diff": patch, ".kiln-task/test.diff": check.test_patch})
+                result = await self.exec.run_once(
+                    check.image, steps=steps, fetch=[_JUNIT] if pytest else [], tests=bool(check.fail_to_pass),
+                    timeout_s=check.timeout_s, files={".kiln-task/completion.diff": patch,
+                                                      ".kiln-task/test.diff": check.test_patch})
         except RequestFailed as e:
             if self.failures_as_verdicts:
                 return Verdict(0.0, {"error": e.reason[:500]}, "sandbox_error")
@@ -352,6 +368,8 @@ class SWEVerifier:
             return Verdict(0.0, {**detail, "stage": f"{last.name} does not apply"})
         if last.timed_out:
             return Verdict(0.0, detail, "timeout")
+        if check.fail_to_pass:
+            return _contract(check, result.tests, last.exit_code, detail)
         if last.exit_code != 0:
             return Verdict(0.0, detail)
         if not pytest:
@@ -371,6 +389,25 @@ class SWEVerifier:
 
     async def close(self) -> None:
         pass
+
+
+def _contract(check: SWECheck, report: TestReport | None, exit_code: int | None,
+              detail: dict[str, Any]) -> Verdict:
+    """1 exactly when every FAIL_TO_PASS and PASS_TO_PASS test passed in per-test results kiln trusts."""
+    problem = unusable_reason(report) if report else ("tests_did_not_run", "no test results")
+    if report is None or (problem is not None and problem[0] == "tests_not_itemised"):
+        return Verdict(0.0, {**detail, "stage": "report", "error": problem[1] if problem else ""})
+    failing = [c.name for c in report.cases if c.outcome in ("failed", "error")]
+    if exit_code != 0 and not failing:
+        return Verdict(0.0, {**detail, "stage": "report", "error": "the run failed but its report shows no "
+                                                                    "failing test"})
+    passed = {c.name for c in report.cases if c.outcome == "passed"}
+    fail_to_pass = [t for t in check.fail_to_pass if t not in passed]
+    pass_to_pass = [t for t in check.pass_to_pass if t not in passed]
+    if fail_to_pass or pass_to_pass:
+        return Verdict(0.0, {**detail, "stage": "report", "fail_to_pass_not_passing": fail_to_pass[:10],
+                             "pass_to_pass_not_passing": pass_to_pass[:10]})
+    return Verdict(1.0, {**detail, "passed": len(passed)})
 
 
 _JUNIT = "/tmp/kiln-reports/swe-junit.xml"
