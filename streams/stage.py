@@ -31,9 +31,10 @@ REDRIVES_TOPIC = "kiln.redrives"
 HEARTBEATS_TOPIC = "kiln.heartbeats"
 """Worker heartbeats (``schemas.ops.WorkerHeartbeat``), compacted: the latest state of each worker, by worker id."""
 LEGACY_HEARTBEATS_TOPIC = "kiln.workers"
-"""The heartbeat topic's name before 0.2 (it collided with the package ``kiln.workers``). Read, never written, for
-one release by the stats app and the status page where it exists, so workers not yet upgraded stay visible during a
-rolling upgrade; delete it once every worker runs 0.2 (docs/operations.md, "Heartbeats")."""
+"""The heartbeat topic's name in earlier releases (it collided with the package ``kiln.workers``). Read, never
+written, for one release by the stats app and the status page where it exists, so workers not yet upgraded stay
+visible during a rolling upgrade; delete it once every worker publishes to ``kiln.heartbeats`` (docs/operations.md,
+"Heartbeats")."""
 STATS_TOPIC = "kiln.stats"
 """The stats stream's per-stage numbers (``schemas.ops.StageStats``), compacted: the latest, by stage."""
 
