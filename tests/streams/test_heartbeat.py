@@ -12,6 +12,7 @@ from confluent_kafka import Producer
 
 from kiln.schemas.ops import WorkerHeartbeat
 from kiln.streams import admin
+from kiln.streams.processes import StatsProcess
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import COMPACTED, HEARTBEATS_TOPIC, LEGACY_HEARTBEATS_TOPIC, TopicSpec
 from kiln.streams.status.view import OpsView
@@ -63,3 +64,16 @@ def test_the_status_view_still_reads_heartbeats_from_the_legacy_topic(
         assert sorted(b.worker for b in view.alive()) == ["new-worker", "old-worker"]
     finally:
         view.stop()
+
+
+def test_the_stats_stream_counts_workers_beating_on_the_legacy_topic(
+        ops_topics: Callable[..., KilnSettings], stats_process: Callable[..., StatsProcess]) -> None:
+    settings = ops_topics(("sleep.requests", 1))
+    admin.create_topics(settings, [TopicSpec(LEGACY_HEARTBEATS_TOPIC, 1, COMPACTED)])  # there before the app starts
+    beat = WorkerHeartbeat(worker="old-worker", stage="sleep", topic=settings.topic("sleep.requests"),
+                           group="kiln.sleep", slots=3, busy=1, state="ok", interval_s=60, at=time.time())
+    producer = Producer(settings.kafka())
+    producer.produce(settings.topic(LEGACY_HEARTBEATS_TOPIC), beat.model_dump_json().encode(), key=b"old-worker")
+    assert producer.flush(30) == 0
+    numbers = stats_process(settings).wait("sleep", lambda s: s["workers_now"] == 1)
+    assert numbers["slots_now"] == 3 and numbers["busy_now"] == 1
