@@ -357,7 +357,8 @@ def task_runner_pytest(root: Path) -> tuple[str, str] | None:
             for line in cfg.get("testenv", "commands", fallback="").splitlines():
                 m = _PYTEST_LINE.search(line.strip())
                 if m:
-                    args = re.sub(r"\{[^}]*\}", "", m.group(1)).strip()
+                    # {posargs:tests} runs tests when none are given; other substitutions are tox's business.
+                    args = re.sub(r"\{[^}]*\}", "", re.sub(r"\{posargs:([^}]*)\}", r"\1", m.group(1))).strip()
                     return args, f"{name}'s testenv runs {line.strip()!r}"
     if (root / "noxfile.py").is_file():
         m = _NOX_PYTEST.search((root / "noxfile.py").read_text(errors="replace"))
@@ -413,14 +414,14 @@ def _python(root: Path, p: Plan, ci: CiJobs) -> None:
     p.build_script = "/opt/venv/bin/pip install -q --no-build-isolation -e . || /opt/venv/bin/pip install -q -e ."
     args = ""
     from_ci = _ci_test(ci, r"\b(pytest|py\.test|tox|nox)\b")
-    runner = task_runner_pytest(root) if from_ci and not re.search(r"\b(pytest|py\.test)\b", from_ci[0]) else None
+    runner = None if from_ci and re.search(r"\b(pytest|py\.test)\b", from_ci[0]) else task_runner_pytest(root)
     if from_ci and runner is None and re.search(r"\b(pytest|py\.test)\b", from_ci[0]):
         args = re.split(r"\b(?:pytest|py\.test)\b", from_ci[0], maxsplit=1)[1].strip()
         p.decide("test command", f"pytest {args}".strip(), from_ci[1])
-    elif from_ci and runner is not None:
+    elif runner is not None:
         args = runner[0]
-        p.decide("test command", f"pytest {args}".strip(), f"{from_ci[1]}; {runner[1]} (run in kiln's environment, "
-                                                           "the task runner's own virtualenvs need the network)")
+        p.decide("test command", f"pytest {args}".strip(), f"{from_ci[1] if from_ci else 'no CI test job'}; "
+                 f"{runner[1]} (run in kiln's environment, the task runner's own virtualenvs need the network)")
     else:
         p.decide("test command", "pytest", "pyproject/setup.py project; pytest also runs unittest suites"
                  + (f" ({from_ci[1]}, whose configuration names no pytest command)" if from_ci else ""))

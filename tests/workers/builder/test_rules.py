@@ -202,8 +202,8 @@ def test_npm_plan_runs_the_runner_with_its_reporter(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("files", "command"), [
-    ({"tox.ini": "[tox]\nenvlist = py311\n[testenv]\ndeps = pytest\ncommands =\n    python -m pytest tests/unit "
-                 "{posargs}\n"}, "pytest tests/unit"),
+    ({"tox.ini": "[tox]\nenvlist = py311\n[testenv]\ndeps = pytest\ncommands =\n    python -m pytest -q "
+                 "{posargs:tests/unit}\n"}, "pytest -q tests/unit"),
     ({"pyproject.toml": PYPROJECT + '[tool.tox]\nlegacy_tox_ini = """\n[testenv]\n'
                                     'commands = pytest -x {posargs}\n"""\n'}, "pytest -x"),
     ({"noxfile.py": "import nox\n@nox.session\ndef tests(session):\n    session.install('.')\n"
@@ -213,6 +213,10 @@ def test_ci_calling_tox_or_nox_runs_the_pytest_line_of_their_config(tmp_path: Pa
                                                                     command: str) -> None:
     ci = ("jobs:\n  bench:\n    steps:\n      - run: pytest benchmarks --benchmark-only\n"
           "  test:\n    steps:\n      - run: pip install tox nox\n      - run: tox -e py\n      - run: nox\n")
-    p = plan(checkout(tmp_path, {"pyproject.toml": PYPROJECT, **files, ".github/workflows/ci.yml": ci}))
+    p = plan(checkout(tmp_path / "ci", {"pyproject.toml": PYPROJECT, **files, ".github/workflows/ci.yml": ci}))
     decision = next(d for d in p.decisions if d.topic == "test command")
     assert decision.choice == command and "ci.yml:test" in decision.reason, decision
+    # A release artefact ships tox.ini or noxfile.py without its CI: they still say what runs the tests.
+    bare = plan(checkout(tmp_path / "sdist", {"pyproject.toml": PYPROJECT, **files}))
+    decision = next(d for d in bare.decisions if d.topic == "test command")
+    assert decision.choice == command and decision.reason.startswith("no CI test job; "), decision
