@@ -75,7 +75,9 @@ pth_file="$(site_of "$VENV/bin/python")/_kiln_shared_deps.pth"
 # later are found without a reinstall.
 meta=$(sha256sum "$ROOT/pyproject.toml" | cut -c1-12)
 if [[ ! -f $VENV/.kiln-installed || $(cat "$VENV/.kiln-installed") != "$meta" ]]; then
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT" >&2
+  # setuptools' deprecation notices about kiln's own metadata are for kiln's maintainers, not for whoever runs this.
+  PYTHONWARNINGS=ignore "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+    --no-build-isolation -e "$ROOT" >&2
   # setuptools leaves kiln.egg-info in the checkout: anything run from here (cwd on sys.path) would read its entry
   # points, stale after the next edit, instead of the installed ones.
   rm -rf "$ROOT/kiln.egg-info"

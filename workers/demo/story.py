@@ -106,10 +106,12 @@ class Story:
         try:
             with self.step("workers: ingest, build, exec, verify, lean — each a `kiln worker` process"):
                 await self._start_workers()
+            self.say(f"their logs: {self.workers[0].log.parent}/kiln-worker-*.log")
+            checkout = self._checkout()
             async with KilnClient(self.settings, client_id="kiln-demo") as kiln:
-                image = await self._repository_to_image(kiln)
+                image = await self._repository_to_image(kiln, checkout)
                 await self._tests_in_a_session(kiln, image)
-                await self._rewards(kiln, image)
+                await self._rewards(kiln, image, checkout)
                 await self._lean(kiln)
         finally:
             WorkerProcess.stop_all(self.workers, 30)
@@ -129,7 +131,6 @@ class Story:
                                               group=f"kiln-demo.{stage}",
                                               env={**env, "KILN_METRICS_PORT": str(free_port())}))
         await asyncio.gather(*(asyncio.to_thread(w.wait_assigned, 120) for w in self.workers))
-        self.say(f"worker logs: {self.workers[0].log.parent}/kiln-worker-*.log")
 
     def _checkout(self) -> Path:
         """The shipped repository as a git repository with one deterministic commit (same content, same id)."""
@@ -154,11 +155,9 @@ class Story:
         finally:
             target.write_text(original)
 
-    async def _repository_to_image(self, kiln: KilnClient) -> str:
-        self.checkout = self._checkout()
-        with self.step(f"repository → Saucer: `{NAME}` from {self.checkout}"):
-            ingested = await SaucerClient(kiln).ingest_repository(IngestRequest(name=NAME,
-                                                                                location=str(self.checkout)))
+    async def _repository_to_image(self, kiln: KilnClient, checkout: Path) -> str:
+        with self.step(f"repository → Saucer: `{NAME}` from {checkout}"):
+            ingested = await SaucerClient(kiln).ingest_repository(IngestRequest(name=NAME, location=str(checkout)))
         if ingested.status != "ingested":
             raise InfraError(f"ingesting {NAME} failed: {ingested.status}")
         self.say(f"stored: {ingested.commits} commit, {ingested.objects} objects, refs {sorted(ingested.refs)}; "
@@ -188,8 +187,8 @@ class Story:
         outcomes = ", ".join(f"{c.name} {c.outcome}" for c in report.cases)
         self.say(f"{report.passed} passed, {report.failed} failed: {outcomes}")
 
-    async def _rewards(self, kiln: KilnClient, image: str) -> None:
-        patches = [self._patch(self.checkout, c) for c in CANDIDATES]
+    async def _rewards(self, kiln: KilnClient, image: str, checkout: Path) -> None:
+        patches = [self._patch(checkout, c) for c in CANDIDATES]
         task = RolloutTask(task_id="calc-mul", prompt="Fix calc.mul.", verifier="tests", check={"image": image})
         with self.step(f"{len(patches)} candidate patches → rewards: each applied to the image, its tests run "
                        "(verify stage → exec)"):
