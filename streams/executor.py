@@ -160,7 +160,8 @@ def _settle(batch: list[tuple[asyncio.Future[None] | Settle, KilnError | None]])
 
 
 Rest = Callable[[], Awaitable[object]]
-"""The rest of a job that started inline, to run as a task: awaiting it ends the job as ``process()`` would."""
+"""What a task runs for a job: its whole run, the rest of one started inline (awaiting it ends the job as
+``process()`` would), or a wait for deliveries (``unsettled``)."""
 Resume = Callable[[Rest, contextvars.Context], None]
 
 
@@ -174,9 +175,9 @@ class _Publication:
                  retry: Callable[[], None]) -> None:
         self.executor, self.source, self.finished, self.retry = executor, source, finished, retry
 
-    def on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         """(The delivery thread.)"""
-        self.executor._settled.append((self.settle, None if err is None else delivery_error(err, "reply")))
+        self.executor._settled.append((self.settle, None if err is None else delivery_error(err, msg.topic() or "")))
 
     def settle(self, error: KilnError | None) -> None:
         if error is None:
