@@ -95,7 +95,7 @@ async def test_a_malformed_record_in_an_inline_batch_is_dead_lettered_and_the_re
     assert committed(kafka, f"g-{request_topic}", request_topic) == len(records)
 
 
-async def test_inline_jobs_that_raise_or_wait_keep_retries_timeouts_and_dead_letters(
+async def test_inline_jobs_that_raise_wait_or_expire_keep_retries_timeouts_deadlines_and_dead_letters(
         kafka: KilnSettings, topics) -> None:  # type: ignore[no-untyped-def]
     request_topic, results = topics(partitions=1, results_partitions=1)
     seen: dict[str, list[tuple[int, bool]]] = {}
@@ -119,13 +119,19 @@ async def test_inline_jobs_that_raise_or_wait_keep_retries_timeouts_and_dead_let
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
     for what in ("transient", "permanent", "waits", "hangs", "fine", "unserialisable"):
         producer.produce(request_topic, _request(results, what))
+    past = datetime.now(UTC) - timedelta(seconds=10)
+    producer.produce(request_topic, RequestEnvelope(
+        kind="echo", client_id="c", reply_to=ReplyTo(topic=results, key="c", partition=0), payload={"data": "late"},
+        created_at=past, deadline=past + timedelta(seconds=1)).model_dump_json().encode())
     producer.flush(10)
     async with running_worker(stage, kafka, request_topic, slots=8):
         replies = {(r := json.loads(m.value()))["request_id"]: r
-                   for m in await asyncio.to_thread(read_all, kafka, results, 6)}
+                   for m in await asyncio.to_thread(read_all, kafka, results, 7)}
         dlq = await asyncio.to_thread(read_all, kafka, f"{request_topic}.dlq", 3)
     by_data = {r["result"]["data"] if r["result"] else r["error"]["message"]: r for r in replies.values()}
-    assert len(replies) == 6
+    assert len(replies) == 7
+    expired = next(r for r in replies.values() if r["status"] == "expired")
+    assert expired["attempts"] == 0 and "late" not in seen  # answered, never run
     assert by_data["transient"]["attempts"] == 2 and seen["transient"][0] == (1, True)
     assert by_data["waits"]["status"] == "ok" and by_data["waits"]["attempts"] == 1
     assert by_data["fine"]["attempts"] == 1 and seen["fine"] == [(1, True)]
@@ -137,7 +143,7 @@ async def test_inline_jobs_that_raise_or_wait_keep_retries_timeouts_and_dead_let
     assert sorted(dict(m.headers())["kiln-attempts"] for m in dlq) == [b"1", b"1", b"2"]
     assert {dict(m.headers())["kiln-error-type"] for m in dlq} == {b"PermanentJobError", b"TransientJobError",
                                                                     b"ReplyDeliveryFailed"} and unsent
-    assert committed(kafka, f"g-{request_topic}", request_topic) == 6
+    assert committed(kafka, f"g-{request_topic}", request_topic) == 7
 
 
 async def test_an_inline_job_finishes_when_its_result_is_delivered_and_a_revoke_waits_for_that(
