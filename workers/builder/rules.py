@@ -677,8 +677,8 @@ def npm_runner(scripts: dict[str, Any], name: str = "test", seen: frozenset[str]
     return None
 
 
-_REPORTER_OPTIONS = re.compile(r"\s(?:--reporter|-R|--reporter-options?|-O|--reporters|--outputFile|--json|"
-                               r"--test-reporter|--test-reporter-destination)(?:[= ](?!-)\S+)?(?=\s|$)")
+_REPORTER_OPTIONS = re.compile(r"\s(?:(?:--reporter|-R|--reporter-options?|-O|--reporters|--outputFile(?:\.\w+)?|"
+                               r"--test-reporter|--test-reporter-destination)(?:[= ](?!-)\S+)?|--json)(?=\s|$)")
 
 
 def with_reporter(runner: str, command: str) -> str:

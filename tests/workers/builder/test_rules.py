@@ -186,6 +186,9 @@ def test_a_makefile_whose_only_target_is_the_test_binary_runs_it(tmp_path: Path)
     ({"test": "node --test test/"}, "node --test-reporter=tap --test-reporter-destination=/tmp/kiln-reports/"
                                     "node-tap.txt --test-reporter=spec --test-reporter-destination=stdout "
                                     "--test test/"),
+    ({"test": "jest --json tests/"}, "jest tests/ --ci --json --outputFile=/tmp/kiln-reports/jest.json"),
+    ({"test": "mocha -R dot -O foo=bar test"},
+     "mocha test --reporter xunit --reporter-option output=/tmp/kiln-reports/mocha.xml"),
     ({"test": "tape test/*.js | tap-spec"}, None),
     ({"test": "npm test"}, None),
 ])
