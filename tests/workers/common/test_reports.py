@@ -372,3 +372,15 @@ def test_stdout_parsers_take_any_text(text: str) -> None:
     assert report.passed + report.failed + report.skipped + report.errors == len(report.cases)
     summary = runner_summary(text)
     assert summary is None or min(summary) >= 0
+
+
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=20), st.sampled_from(["passed", "failed", "pending", "todo"])),
+                max_size=20))
+def test_jest_json_round_trips_every_assertion(results: list[tuple[str, str]]) -> None:
+    doc = {"numPassedTests": sum(s == "passed" for _n, s in results),
+           "numFailedTests": sum(s == "failed" for _n, s in results),
+           "testResults": [{"assertionResults": [{"fullName": n, "status": s} for n, s in results]}]}
+    report = jest_json(json.dumps(doc), "jest")
+    assert [c.outcome for c in report.cases] == [{"pending": "skipped", "todo": "skipped"}.get(s, s)
+                                                 for _n, s in results]
+    assert (report.passed, report.failed) == (report.summary_passed, report.summary_failed)
