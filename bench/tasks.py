@@ -45,7 +45,8 @@ from kiln.workers.exec.client import ExecClient
 # (name, older release, newer release): PyPI projects of the corpus, consecutive releases.
 PAIRS = [("toolz", "0.12.0", "0.12.1"), ("idna", "3.6", "3.7"), ("pluggy", "1.4.0", "1.5.0"),
          ("six", "1.15.0", "1.16.0"), ("colorama", "0.4.5", "0.4.6"), ("more-itertools", "10.2.0", "10.3.0")]
-SKIP = ("/.git/", "PKG-INFO", ".egg-info/")
+# Metadata, and the version module setuptools-scm writes at build time (the built tree has its own).
+SKIP = ("/.git/", "PKG-INFO", ".egg-info/", "/_version.py")
 
 
 def _texts(root: Path) -> dict[str, str]:

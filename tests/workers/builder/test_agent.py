@@ -107,3 +107,13 @@ async def test_an_openai_compatible_model_drives_the_agent(docker_engine: Any, t
     assert event.usable and event.recipe == "agent", event.detail
     assert [d.reason.split(",")[0] for d in event.decisions if d.topic.startswith("agent ")][-2:] == ["model", "model"]
     assert "README and CI commands" in asked[0] and len(asked) == 2
+
+
+async def test_when_no_rule_fits_the_agents_attempt_is_in_the_event(docker_engine: Any, tmp_path: Path) -> None:
+    b = Builder(tmp_path / "src")
+    write(tmp_path / "src", "README.md", "# widget\n\nA widget.\n")
+    write(tmp_path / "src", "widget.txt", "a widget\n")
+    b.commit("nothing to build and nothing said")
+    event = await build(tmp_path, docker_engine, AgentConfig(budget=4))
+    assert (event.status, event.failure, event.usable) == ("failed", "no_rule_matched", False)
+    assert "--- agent fallback failed too:\nthe agent found no command to try" in (event.detail or ""), event.detail
