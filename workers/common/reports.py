@@ -383,11 +383,9 @@ def parse_results(system: str, exit_code: int | None, files: dict[str, bytes], m
     printed = next((text[n] for n in _PRINTED if n in text), "")
     if (report is None or not report.cases) and printed:
         report = per_test_lines(printed, "make check" if system in ("make", "autotools") else f"{system} test")
-    if exit_code in (None, 126, 127):
-        return None
     if report is None or not report.cases:
         summary = runner_summary(printed) if printed else None
-        if summary is None and exit_code != 0:
+        if exit_code in (None, 126, 127) or (summary is None and exit_code != 0):
             return None
         report = TestReport(runner=report.runner if report else system, itemised=False,
                             summary_passed=summary[0] if summary else None,
