@@ -189,9 +189,10 @@ _PER_TEST = (
 
 
 def per_test_lines(text: str, runner: str) -> TestReport:
-    """Per-test results from a suite's printed lines: TAP, or the per-test convention (above) with the most cases;
-    a name seen twice keeps its last outcome. The runner's summary line, if any, is attached."""
-    best = tap(text, runner).cases
+    """Per-test results from a suite's printed lines: TAP, automake's harness (XFAIL/XPASS included), or the
+    per-test convention (above) with the most cases, earlier ones winning ties; a name seen twice keeps its last
+    outcome. The runner's summary line, if any, is attached."""
+    best = max((tap(text, runner).cases, automake(text).cases), key=len)
     for pattern, name_group, outcome_group in _PER_TEST:
         found: dict[str, TestCaseResult] = {}
         for m in pattern.finditer(text):

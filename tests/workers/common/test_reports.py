@@ -326,6 +326,8 @@ def test_reporter_files_give_cases_and_the_runners_summary() -> None:
     ("\u2714 adds\n\u2139 tests 3\n\u2139 pass 3\n\u2139 fail 0\n", [], (3, 0)),
     ("  47 tests passed\n", [], (47, 0)),
     ("PASS: t/a\n# TOTAL: 1\n# PASS:  1\n# FAIL:  0\n", [("t/a", "passed")], (1, 0)),
+    ("PASS: t/a\nXFAIL: t/b\nXPASS: t/c\n# PASS:  1\n# XFAIL: 1\n# XPASS: 1\n# FAIL:  0\n",
+     [("t/a", "passed"), ("t/b", "passed"), ("t/c", "failed")], (2, 1)),
 ])
 def test_printed_suites_give_per_test_lines_and_the_summary(text: str, cases: list[tuple[str, str]],
                                                             summary: tuple[int, int] | None) -> None:
