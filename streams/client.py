@@ -379,7 +379,7 @@ class KilnClient:
             raise ConfigError(f"no stage {kind!r} is installed (entry point group kiln.stages): pass topic=")
         created_at = datetime.fromtimestamp(self._clock(), UTC)
         value = None
-        if spec is not None and spec.kind == kind and request_id is None and lane is None and deadline_s is None:
+        if spec is not None and request_id is None and lane is None and deadline_s is None:
             # Nothing the caller chose needs checking (a registered kind; id, clock and address are the client's
             # own): the envelope's JSON directly, without building (validating) it.
             rid = new_request_id()
