@@ -45,7 +45,6 @@ class Outcome:
     error: ErrorInfo | None = None
     attempts: int = 1
     dead_letter: bool = False
-    started_at: float = field(default_factory=time.time)
 
 
 Next = Callable[[Job], Awaitable[Outcome]]
