@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.ingest.gitrepos import Builder, write
-from tests.workers.builder.projects import CMAKELISTS, LIB_RS, PYPROJECT, TEST_CALC_PY, _c_sources
+from tests.workers.builder.projects import CMAKELISTS, LIB_RS, MAKEFILE, PYPROJECT, TEST_CALC_PY, _c_sources
 
 CALC_PY = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
 
@@ -240,10 +240,9 @@ def summary_only_project(path: Path) -> Builder:
     """A C project whose ``make test`` prints only "Tests passed: 349": no per-test results, so not usable — the
     summary is in the event."""
     b = Builder(path)
-    write(path, "calc.c", "int add(int a, int b) {\n  return a + b;\n}\n")
+    _c_sources(path)
     write(path, "test_calc.c", SUMMARY_ONLY_C)
-    write(path, "Makefile", "test_calc: calc.o test_calc.o\n\t$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS)\n\n"
-                            "test: test_calc\n\t./test_calc\n\n.PHONY: test\n")
+    write(path, "Makefile", MAKEFILE)
     b.commit("a suite that prints only its count")
     return b
 

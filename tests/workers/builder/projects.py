@@ -200,11 +200,14 @@ def cmake_project(path: Path) -> Builder:
     return b
 
 
+MAKEFILE = ("test_calc: calc.o test_calc.o\n\t$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS)\n\n"
+            "test: test_calc\n\t./test_calc\n\n.PHONY: test\n")
+
+
 def make_project(path: Path) -> Builder:
     b = Builder(path)
     _c_sources(path)
-    write(path, "Makefile", "test_calc: calc.o test_calc.o\n\t$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS)\n\n"
-                            "test: test_calc\n\t./test_calc\n\n.PHONY: test\n")
+    write(path, "Makefile", MAKEFILE)
     b.commit("make project")
     return b
 
