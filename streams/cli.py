@@ -273,7 +273,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     console.route_kafka_logs(settings, verbose="--verbose" in args)
     try:
-        if console.needs_broker(args):
+        if console.waits_for_broker(args):
+            console.wait_for_broker(settings)
+        elif console.needs_broker(args):
             console.check_broker(settings)
         app(args=args, prog_name="kiln")
     except Exception as e:

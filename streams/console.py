@@ -9,6 +9,7 @@ import contextlib
 import logging
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -60,6 +61,35 @@ def route_kafka_logs(settings: KilnSettings, verbose: bool) -> None:
         logger.addHandler(handler)
     if not logger.handlers:
         logger.addHandler(logging.NullHandler())
+
+
+WAITS_FOR_BROKER = {("worker",)}
+"""Commands that wait for the broker instead of failing: a worker started while the broker restarts (a preemptible
+node coming back during a rolling upgrade) must not exit, or every such start is a crash loop."""
+
+
+def waits_for_broker(argv: Sequence[str]) -> bool:
+    words = [a for a in argv if not a.startswith("-")]
+    return any(tuple(words[: len(prefix)]) == prefix for prefix in WAITS_FOR_BROKER)
+
+
+def wait_for_broker(settings: KilnSettings) -> None:
+    """``check_broker`` until it passes (a line to stderr while it waits), ``BrokerUnavailable`` after
+    ``KILN_BROKER_WAIT_S``; refused credentials fail at once (waiting would not change them)."""
+    limit_s = settings.broker_wait_s
+    deadline = time.monotonic() + limit_s
+    said = False
+    while True:
+        try:
+            check_broker(settings)
+            return
+        except BrokerUnavailable as e:
+            if time.monotonic() >= deadline:
+                raise
+            if not said:
+                print(f"kiln: {e}; waiting up to {limit_s:.0f} s for it", file=sys.stderr, flush=True)
+                said = True
+            time.sleep(1.0)
 
 
 def needs_broker(argv: Sequence[str]) -> bool:

@@ -65,6 +65,9 @@ class KilnSettings(BaseSettings):
     slots: int = Field(0, ge=0, description="Job slots per worker; 0 = the CPUs available to this process.")
     cpu_fraction: float = Field(1.0, gt=0, le=1, description="With slots 0: the share of this machine's CPUs to "
                                 "run jobs on (a GPU node lending its spare CPUs: e.g. 0.25).")
+    broker_wait_s: float = Field(300.0, ge=0, description="How long `kiln worker` waits for a broker it cannot "
+                                 "reach at start (one started during a broker restart must not exit) before it "
+                                 "gives up; other commands fail at once.")
     grace_s: float = Field(30.0, ge=0, description="On SIGTERM or revoke, how long running jobs may finish.")
     queue_topics: list[str] = Field(default_factory=list, description="Request topics consumed in queue mode "
                                     "(share groups); clients send them one record per batch. JSON list.")

@@ -11,12 +11,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 
 KILN = str(Path(sys.executable).parent / "kiln")
@@ -34,7 +36,8 @@ LIBRDKAFKA_LINE = re.compile(r"%\d\|\d+\.\d+\||rdkafka|FAIL\|")
 
 def _run(args: list[str], tmp: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([KILN, *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "KILN_BOOTSTRAP_SERVERS": NOWHERE, "KILN_CACHE": str(tmp), **env})
+                          env={**os.environ, "KILN_BOOTSTRAP_SERVERS": NOWHERE, "KILN_CACHE": str(tmp),
+                               "KILN_BROKER_WAIT_S": "0", **env})
 
 
 @pytest.mark.timeout(600)
@@ -104,3 +107,47 @@ def test_librdkafka_lines_go_to_the_log_file_and_to_the_terminal_only_when_asked
     assert address in said and not LIBRDKAFKA_LINE.search(said) and len(said.strip().splitlines()) <= 2, said
     assert "rdkafka" in (tmp_path / "logs" / "kiln.log").read_text()
     assert LIBRDKAFKA_LINE.search(loud.stderr), loud.stderr
+
+
+def _forward(listener: socket.socket, target: tuple[str, int], stop: threading.Event) -> None:
+    """Accept on ``listener`` and relay each connection to ``target`` both ways."""
+    listener.settimeout(0.2)
+    while not stop.is_set():
+        try:
+            client = listener.accept()[0]
+        except TimeoutError:
+            continue
+        upstream = socket.create_connection(target)
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=_relay, args=(a, b), daemon=True).start()
+
+
+def _relay(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
+def test_a_worker_started_before_its_broker_waits_for_it(kafka: KilnSettings, topics) -> None:  # type: ignore[no-untyped-def]
+    """A worker whose bootstrap address answers only 3 s after it started (a broker restarting) says it waits, then
+    joins its group; it does not exit (a preemptible node coming back mid-restart would crash-loop)."""
+    request_topic, _results = topics(partitions=1)
+    port = free_port()
+    host, broker_port = kafka.bootstrap_servers.rsplit(":", 1)
+    late = kafka.model_copy(update={"bootstrap_servers": f"127.0.0.1:{port}"})
+    with WorkerProcess("echo", late, request_topic, slots=1, env={"KILN_BROKER_WAIT_S": "60"}) as worker:
+        time.sleep(3)
+        assert worker.proc.poll() is None and "waiting up to 60 s" in worker.log.read_text()
+        stop = threading.Event()
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", port))
+            listener.listen()
+            relay = threading.Thread(target=_forward, args=(listener, (host, int(broker_port)), stop), daemon=True)
+            relay.start()
+            try:
+                worker.wait_assigned(60)
+            finally:
+                stop.set()
+                relay.join(5)
