@@ -317,8 +317,8 @@ def test_reporter_files_give_cases_and_the_runners_summary() -> None:
     (UNITY, [("test_adds", "passed"), ("test_subs", "passed"), ("test_divs", "failed"), ("test_big", "skipped")],
      (2, 1)),
     (HAND_WRITTEN, [("adds", "passed"), ("subtracts", "passed"), ("divides", "failed")], (2, 1)),
-    ("test_add ... ok\ntest_div ... FAILED\nparse: PASSED\n", [("test_add", "passed"), ("test_div", "failed"),
-                                                              ("parse", "passed")], None),
+    ("test_add ... ok\ntest_div ... FAILED\n", [("test_add", "passed"), ("test_div", "failed")], None),
+    ("parse: PASSED\nrender: FAILED\n", [("parse", "passed"), ("render", "failed")], None),
     ("  calc\n    \u2713 adds\n\n  47 passing (12ms)\n  2 failing\n", [], (47, 2)),
     ("Tests:       1 failed, 46 passed, 47 total\n", [], (46, 1)),
     (" Test Files  3 passed (3)\n      Tests  1 failed | 46 passed (47)\n", [], (46, 1)),
@@ -326,6 +326,8 @@ def test_reporter_files_give_cases_and_the_runners_summary() -> None:
     ("\u2714 adds\n\u2139 tests 3\n\u2139 pass 3\n\u2139 fail 0\n", [], (3, 0)),
     ("  47 tests passed\n", [], (47, 0)),
     ("PASS: t/a\n# TOTAL: 1\n# PASS:  1\n# FAIL:  0\n", [("t/a", "passed")], (1, 0)),
+    # A program's own progress lines are no verdicts (zlib's "make test").
+    ("uncompress(): hello, hello!\nlarge_inflate(): OK\n\t\t*** zlib test OK ***\n", [], None),
     ("PASS: t/a\nXFAIL: t/b\nXPASS: t/c\n# PASS:  1\n# XFAIL: 1\n# XPASS: 1\n# FAIL:  0\n",
      [("t/a", "passed"), ("t/b", "passed"), ("t/c", "failed")], (2, 1)),
 ])
@@ -343,6 +345,9 @@ def test_per_test_results_that_disagree_with_the_summary_are_not_trusted() -> No
     assert forged.passed == 4
     kind, why = unusable_reason(forged) or ("", "")
     assert kind == "tests_not_itemised" and "disagree with the runner's summary (2 passed, 1 failed)" in why
+    # tape counts "ok … # SKIP" among its passes (real: qs 6.12.1, 718 passed + 2 skipped = "# pass 720").
+    tape = per_test_lines("ok 1 a\nok 2 b # SKIP later\n\n# tests 2\n# pass  2\n", "npm test")
+    assert (tape.passed, tape.skipped, unusable_reason(tape)) == (1, 1, None)
     failing = per_test_lines("FAIL: a\nFAIL: b\n", "make check")
     assert unusable_reason(failing) == ("tests_did_not_run", "no test passed (2 failed)")
 
