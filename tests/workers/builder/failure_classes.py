@@ -210,6 +210,20 @@ def mocha_project(path: Path) -> Builder:
     return b
 
 
+def jest_project(path: Path) -> Builder:
+    """A jest suite (jest prints its human summary on stderr): kiln runs jest with ``--json --outputFile``."""
+    b = Builder(path)
+    write(path, "package.json", '{"name": "calc", "version": "1.0.0", "scripts": {"test": "jest --coverage"}, '
+                                '"devDependencies": {"jest": "29.7.0"}}\n')
+    write(path, "calc.js", "module.exports = { add: (a, b) => a + b };\n")
+    write(path, "calc.test.js", "const { add } = require('./calc.js');\n"
+                                "test('adds', () => { expect(add(2, 3)).toBe(5); });\n"
+                                "test('adds zero', () => { expect(add(0, 3)).toBe(3); });\n"
+                                "test.todo('adds strings');\n")
+    b.commit("a jest suite")
+    return b
+
+
 SUMMARY_ONLY_C = """#include <stdio.h>
 int add(int a, int b);
 int main(void) {
@@ -282,8 +296,8 @@ CLASS_PROJECTS = {
     "collection-error": collection_error_project, "unusable-dockerfile": unusable_dockerfile_project,
     "test-binary": test_binary_project, "make-task-runner": make_task_runner_project,
     "go-without-module": go_without_module_project, "npm-dev-tools": npm_dev_tools_project,
-    "mocha": mocha_project, "summary-only": summary_only_project, "binary-target": binary_target_project,
-    "tox": tox_project,
+    "mocha": mocha_project, "jest": jest_project, "summary-only": summary_only_project,
+    "binary-target": binary_target_project, "tox": tox_project,
 }
 # name -> (usable, failure class, tests passed)
 EXPECTED_OUTCOME: dict[str, tuple[bool, str | None, int | None]] = {
@@ -291,6 +305,7 @@ EXPECTED_OUTCOME: dict[str, tuple[bool, str | None, int | None]] = {
     "test-group": (True, None, 1), "collection-error": (False, "tests_did_not_run", None),
     "unusable-dockerfile": (True, None, 1), "test-binary": (True, None, 1), "make-task-runner": (True, None, 2),
     "go-without-module": (True, None, 2), "npm-dev-tools": (True, None, 1),
-    "mocha": (True, None, 2), "summary-only": (False, "tests_not_itemised", None), "binary-target": (True, None, 3),
+    "mocha": (True, None, 2), "jest": (True, None, 2), "summary-only": (False, "tests_not_itemised", None),
+    "binary-target": (True, None, 3),
     "tox": (True, None, 2),
 }
