@@ -353,7 +353,8 @@ def unusable_reason(report: TestReport) -> tuple[FailureClass, str] | None:
         return "tests_did_not_run", "no test was executed"
     if report.passed == 0:
         return "tests_did_not_run", f"no test passed ({report.failed + report.errors} failed)"
-    # TAP producers (tape) count a skipped "ok … # SKIP" among the passes; kiln reports it skipped.
+    # Some runners count a skipped test among the passes (tape's "ok … # SKIP", vitest 1.6's JSON); kiln reports
+    # it skipped.
     if report.summary_passed is not None and (report.summary_failed != report.failed + report.errors or
                                               report.summary_passed not in (report.passed,
                                                                             report.passed + report.skipped)):

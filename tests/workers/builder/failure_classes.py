@@ -224,6 +224,20 @@ def jest_project(path: Path) -> Builder:
     return b
 
 
+def vitest_project(path: Path) -> Builder:
+    """A vitest suite, watch mode by default: kiln runs it once with its JSON reporter writing to a file."""
+    b = Builder(path)
+    write(path, "package.json", '{"name": "calc", "version": "1.0.0", "type": "module", "scripts": '
+                                '{"test": "vitest"}, "devDependencies": {"vitest": "1.6.0"}}\n')
+    write(path, "calc.js", "export const add = (a, b) => a + b;\n")
+    write(path, "calc.test.js", "import { expect, test } from 'vitest';\nimport { add } from './calc.js';\n"
+                                "test('adds', () => { expect(add(2, 3)).toBe(5); });\n"
+                                "test('adds zero', () => { expect(add(0, 3)).toBe(3); });\n"
+                                "test.skip('adds strings', () => {});\n")
+    b.commit("a vitest suite")
+    return b
+
+
 SUMMARY_ONLY_C = """#include <stdio.h>
 int add(int a, int b);
 int main(void) {
@@ -296,7 +310,7 @@ CLASS_PROJECTS = {
     "collection-error": collection_error_project, "unusable-dockerfile": unusable_dockerfile_project,
     "test-binary": test_binary_project, "make-task-runner": make_task_runner_project,
     "go-without-module": go_without_module_project, "npm-dev-tools": npm_dev_tools_project,
-    "mocha": mocha_project, "jest": jest_project, "summary-only": summary_only_project,
+    "mocha": mocha_project, "jest": jest_project, "vitest": vitest_project, "summary-only": summary_only_project,
     "binary-target": binary_target_project, "tox": tox_project,
 }
 # name -> (usable, failure class, tests passed)
@@ -305,7 +319,8 @@ EXPECTED_OUTCOME: dict[str, tuple[bool, str | None, int | None]] = {
     "test-group": (True, None, 1), "collection-error": (False, "tests_did_not_run", None),
     "unusable-dockerfile": (True, None, 1), "test-binary": (True, None, 1), "make-task-runner": (True, None, 2),
     "go-without-module": (True, None, 2), "npm-dev-tools": (True, None, 1),
-    "mocha": (True, None, 2), "jest": (True, None, 2), "summary-only": (False, "tests_not_itemised", None),
+    "mocha": (True, None, 2), "jest": (True, None, 2), "vitest": (True, None, 2),
+    "summary-only": (False, "tests_not_itemised", None),
     "binary-target": (True, None, 3),
     "tox": (True, None, 2),
 }
