@@ -11,7 +11,9 @@ commit-after-delivery loop commits a request only once its reply is delivered, k
 ``dispatch_vs_raw_ratio`` = kiln's jobs/s ÷ the bare loop's, ``dispatch_vs_raw_delivery_ratio`` = kiln's ÷ the
 commit-after-delivery loop's, all measured here, interleaved (raw, raw after delivery, kiln, and again) so a load
 change on the machine hits each.
-Per core divides by every core of the machine (broker, worker and client all run here).
+Per core divides by every core of the machine (broker, worker and client all run here). Where the time goes:
+``dispatch_cpu_us_per_job_<process>``, the CPU time (user + system, from /proc) the broker (the local one kiln
+started: its pid file), the worker and this process (the client) spent over kiln's peak runs, per job.
 Usage: python bench/dispatch.py [--jobs N]
 """
 
@@ -19,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import time
+from pathlib import Path
 
 from bench.common import broker, fresh_topics, offer_at_rate, percentile, report
 from bench.raw_echo import RawEchoServer, round_trips
@@ -63,6 +67,23 @@ def raw_rates(settings: KilnSettings, jobs: int, runs: int, after_delivery: bool
         server.stop()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def broker_pid(settings: KilnSettings) -> int | None:
+    """The local broker's pid (``infra/kafka/kafka.sh`` keeps it under the cache), None for any other broker."""
+    port = settings.bootstrap_servers.rsplit(":", 1)[-1]
+    pidfile = settings.cache / "run" / f"kafka-{port}" / "kafka.pid"
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(pidfile.read_text().strip())
+        cpu_seconds(pid)
+        return pid
+    return None
+
+
 async def main(jobs: int) -> None:
     settings = broker()
     topic, results = fresh_topics(settings, "dispatch", 8)
@@ -70,6 +91,9 @@ async def main(jobs: int) -> None:
     raw: list[float] = []
     raw_delivery: list[float] = []
     kiln: list[float] = []
+    found = {"worker": worker.proc.pid, "client": os.getpid(), "broker": broker_pid(settings)}
+    pids = {name: pid for name, pid in found.items() if pid is not None}
+    cpu: dict[str, float] = dict.fromkeys(pids, 0.0)
     try:
         worker.wait_assigned()
         async with KilnClient(settings, results_topic=results, max_in_flight=IN_FLIGHT, key_spread=8) as client:
@@ -77,7 +101,10 @@ async def main(jobs: int) -> None:
             for _ in range(2):
                 raw += await asyncio.to_thread(raw_rates, settings, jobs, 1, False)
                 raw_delivery += await asyncio.to_thread(raw_rates, settings, jobs, 1, True)
+                before = {name: cpu_seconds(pid) for name, pid in pids.items()}
                 kiln.append(await peak(client, topic, jobs))
+                for name, pid in pids.items():
+                    cpu[name] += cpu_seconds(pid) - before[name]
             rate = max(kiln)
             latencies = await paced(client, topic, rate / 2, 10.0)
     finally:
@@ -93,6 +120,7 @@ async def main(jobs: int) -> None:
         "dispatch_jobs_per_s_per_core": rate / cores,
         "dispatch_p50_ms": percentile(latencies, 0.50),
         "dispatch_p99_ms": percentile(latencies, 0.99),
+        **{f"dispatch_cpu_us_per_job_{name}": seconds / (jobs * len(kiln)) * 1e6 for name, seconds in cpu.items()},
     }, {"cores": str(cores), "latency samples": str(len(latencies)), "stretch goal": "25,000 jobs/s per core",
         "runs (jobs/s)": f"kiln {', '.join(f'{r:.0f}' for r in kiln)}; raw {', '.join(f'{r:.0f}' for r in raw)}; "
                          f"raw after delivery {', '.join(f'{r:.0f}' for r in raw_delivery)}"})
