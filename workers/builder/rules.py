@@ -17,7 +17,7 @@ import shlex
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -629,38 +629,55 @@ def _npm(root: Path, p: Plan, ci: CiJobs) -> None:
     # pretest/posttest hooks lint and audit (audits need the network): the suite is scripts.test itself.
     command = f"{manager} test" + (" --ignore-scripts" if manager == "npm" else "")
     found = npm_runner(scripts)
+    setup = ""
     if found is not None:
-        runner, segment = found
-        command = f"env PATH=$PWD/node_modules/.bin:$PATH {with_reporter(runner, segment)}"
-        p.decide("test command", segment, f"the {runner} command of scripts.test, run with a reporter writing "
-                                          "per-test results to a file kiln reads (lint and other steps left out)")
+        command = with_reporter(found.runner, found.command)
+        setup = "".join(f"{step} && " for step in found.setup)
+        p.decide("test command", " && ".join([*found.setup, found.command]),
+                 f"the {found.runner} command of scripts.test (and the steps before it), run with a reporter writing "
+                 "per-test results to a file kiln reads (lint steps left out)")
     else:
         p.decide("test command", command, "package.json scripts.test, without its pre/post hooks (lint, audit); "
                                           "no runner kiln can give a reporter: per-test lines read from its output")
-    p.test_script = (f"/opt/c8/bin/c8 --reporter=json --report-dir={REPORTS} --exclude='test/**' "
-                     f"--exclude='**/*.test.*' {command} 2>&1 | tee {REPORTS}/test-output.txt; "
-                     f"exit ${{PIPESTATUS[0]}}")
+    p.test_script = (f"export PATH=$PWD/node_modules/.bin:$PATH; {setup}/opt/c8/bin/c8 --reporter=json "
+                     f"--report-dir={REPORTS} --exclude='test/**' --exclude='**/*.test.*' {command} 2>&1 | "
+                     f"tee {REPORTS}/test-output.txt; exit ${{PIPESTATUS[0]}}")
 
 
 NPM_RUNNERS = ("mocha", "jest", "vitest", "node")
+_LINT_STEP = re.compile(r"^(?:npx\s+)?(?:eslint|standard|semistandard|prettier|xo|tslint|jshint|jscs|markdownlint|"
+                        r"attw|depcheck|licensee|aud|npm audit|tsc\b.*--noEmit)\b")
+_LINT_SCRIPT = re.compile(r"lint|format|prettier|audit|typecheck|types|check-types|tsd", re.IGNORECASE)
+
+
+class NpmRunner(NamedTuple):
+    """The runner of ``scripts.test``: its name, its command, and the steps the script runs before it (lint left
+    out), which the tests may need (a build, a fixture generator)."""
+
+    runner: str
+    command: str
+    setup: tuple[str, ...] = ()
 _SCRIPT_CALL = re.compile(r"^(?:npm run(?:-script)?|yarn run|yarn|pnpm run|pnpm)\s+(?:--silent\s+)?([\w:.-]+)\s*$")
 _WRAPPERS = re.compile(r"^(?:(?:[A-Z_][A-Z0-9_]*=\S*|cross-env|npx|nyc|c8|--\S+)\s+)+")
 
 
-def npm_runner(scripts: dict[str, Any], name: str = "test", seen: frozenset[str] = frozenset()) -> \
-        tuple[str, str] | None:
-    """(runner, command) for the first step of ``scripts[name]`` (``npm run`` chains followed) that runs mocha,
-    jest, vitest or ``node --test``, its environment assignments kept, coverage wrappers (nyc, c8) dropped; None when
-    there is none or a step is too complex to rewrite (pipes, subshells, globs kiln would change)."""
+def npm_runner(scripts: dict[str, Any], name: str = "test", seen: frozenset[str] = frozenset()) -> NpmRunner | None:
+    """The first step of ``scripts[name]`` (``npm run`` chains followed) that runs mocha, jest, vitest or
+    ``node --test``, its environment assignments kept, coverage wrappers (nyc, c8) dropped, with the steps before it
+    that are no lint; None when there is none or a step is too complex to rewrite (pipes, subshells, globs kiln
+    would change)."""
     script = scripts.get(name)
     if not isinstance(script, str) or name in seen or re.search(r"[|`$()<>]|\|\|", script):
         return None
+    setup: list[str] = []
     for step in (x.strip() for x in re.split(r"&&|;", script) if x.strip()):
         call = _SCRIPT_CALL.match(step)
         if call and call.group(1) != "test":
             found = npm_runner(scripts, call.group(1), seen | {name})
             if found:
-                return found
+                return found._replace(setup=(*setup, *found.setup))
+            if not _LINT_SCRIPT.search(call.group(1)):
+                setup.append(step)
             continue
         wrapped = _WRAPPERS.match(step)
         prefix = wrapped.group(0) if wrapped else ""
@@ -670,10 +687,10 @@ def npm_runner(scripts: dict[str, Any], name: str = "test", seen: frozenset[str]
         if not words:
             continue
         runner = words[0]
-        if runner == "node" and "--test" not in words:
-            continue
-        if runner in NPM_RUNNERS:
-            return runner, f"{env} {rest}".strip()
+        if runner in NPM_RUNNERS and (runner != "node" or "--test" in words):
+            return NpmRunner(runner, f"{env} {rest}".strip(), tuple(setup))
+        if not _LINT_STEP.match(rest):
+            setup.append(step)
     return None
 
 

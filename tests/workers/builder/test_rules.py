@@ -194,13 +194,26 @@ def test_a_makefile_whose_only_target_is_the_test_binary_runs_it(tmp_path: Path)
 ])
 def test_npm_runners_get_a_reporter_writing_to_a_file(scripts: dict[str, str], expected: str | None) -> None:
     found = npm_runner(scripts)
-    assert (with_reporter(*found) if found else None) == expected
+    assert (with_reporter(found.runner, found.command) if found else None) == expected
+
+
+@pytest.mark.parametrize(("scripts", "setup"), [
+    ({"test": "bash fixtures.sh && node --test"}, ("bash fixtures.sh",)),
+    ({"test": "eslint . && npm run build && mocha", "build": "tsc -p ."}, ("npm run build",)),
+    ({"test": "npm run lint && npm run unit", "lint": "eslint .", "unit": "node gen.js && jest"}, ("node gen.js",)),
+    ({"test": "prettier --check . && tsc --noEmit && vitest"}, ()),
+])
+def test_the_steps_before_an_npm_runner_run_lint_left_out(scripts: dict[str, str], setup: tuple[str, ...]) -> None:
+    """What scripts.test does before its runner (a build, fixtures the tests read) still runs; lint does not."""
+    found = npm_runner(scripts)
+    assert found is not None and found.setup == setup
 
 
 def test_npm_plan_runs_the_runner_with_its_reporter(tmp_path: Path) -> None:
     pkg = '{"name": "x", "scripts": {"test": "eslint . && mocha"}, "devDependencies": {"mocha": "10"}}'
     p = plan(checkout(tmp_path, {"package.json": pkg}))
-    assert "env PATH=$PWD/node_modules/.bin:$PATH mocha --reporter xunit" in p.test_script
+    assert "export PATH=$PWD/node_modules/.bin:$PATH; /opt/c8/bin/c8" in p.test_script
+    assert " mocha --reporter xunit" in p.test_script and "eslint" not in p.test_script
     assert next(d for d in p.decisions if d.topic == "test command").choice == "mocha"
 
 
