@@ -63,13 +63,19 @@ def read_all(settings: KilnSettings, topic: str, expect: int = 0, timeout: float
         consumer.close()
 
 
-def committed(settings: KilnSettings, group: str, topic: str, partition: int = 0) -> int:
-    """The offset ``group`` has committed on ``topic``'s ``partition`` (negative: none)."""
+def committed_position(settings: KilnSettings, group: str, topic: str, partition: int = 0) -> TopicPartition:
+    """What ``group`` has committed on ``topic``'s ``partition``: offset (negative: none) and metadata."""
     consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group})
     try:
-        return int(consumer.committed([TopicPartition(topic, partition)], timeout=10)[0].offset)
+        position: TopicPartition = consumer.committed([TopicPartition(topic, partition)], timeout=10)[0]
+        return position
     finally:
         consumer.close()
+
+
+def committed(settings: KilnSettings, group: str, topic: str, partition: int = 0) -> int:
+    """The offset ``group`` has committed on ``topic``'s ``partition`` (negative: none)."""
+    return int(committed_position(settings, group, topic, partition).offset)
 
 
 def journal_events(path: Path) -> list[tuple[str, str, str]]:

@@ -6,15 +6,13 @@ import asyncio
 import time
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
-
 from kiln.schemas.builtin import SleepRequest
 from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.offsets import SPILL_PREFIX, decode_done
 from kiln.streams.processes import WorkerProcess
 from kiln.streams.settings import KilnSettings
-from tests.streams.harness import journal_events, read_all
+from tests.streams.harness import committed_position, journal_events, read_all
 
 
 async def test_a_light_client_behind_a_flood_on_its_partition_is_served_next(  # type: ignore[no-untyped-def]
@@ -58,15 +56,6 @@ async def test_a_weighted_client_gets_its_weight_in_slot_time(  # type: ignore[n
     assert 10 <= plain_done <= 35, f"{plain_done} of the plain client's 60 jobs ran beside the weighted client's 60"
 
 
-def _committed(settings: KilnSettings, group: str, topic: str) -> TopicPartition:
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group})
-    try:
-        (tp,) = consumer.committed([TopicPartition(topic, 0)], timeout=10)
-    finally:
-        consumer.close()
-    return tp
-
-
 async def test_a_map_too_big_for_the_commit_is_spilled_and_read_back(  # type: ignore[no-untyped-def]
         kafka: KilnSettings, topics, unique: str, tmp_path: Path) -> None:
     """Jobs finished ahead of slow ones, in a map longer than the commit may carry (here 16 characters): the commit
@@ -86,7 +75,7 @@ async def test_a_map_too_big_for_the_commit_is_spilled_and_read_back(  # type: i
             store = open_blob_store(kafka.model_copy(update={"blob_store": f"file://{kafka.cache / 'blobs'}"}))
             deadline = time.monotonic() + 20
             while True:  # until the commit carries every short job as finished ahead of the first slow one
-                committed = _committed(kafka, group, request_topic)
+                committed = committed_position(kafka, group, request_topic)
                 if len(decode_done(committed.offset, committed.metadata, store.get)) == pattern.count("S"):
                     break
                 assert time.monotonic() < deadline, "the finished-ahead map was not committed"

@@ -9,7 +9,7 @@ import zlib
 from collections import Counter
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from kiln.schemas.builtin import EchoRequest, SleepRequest
 from kiln.schemas.envelope import ResultEnvelope
@@ -18,7 +18,7 @@ from kiln.streams.offsets import decode_done
 from kiln.streams.processes import WorkerProcess
 from kiln.streams.settings import KilnSettings
 from kiln.workers.builtin import echo
-from tests.streams.harness import journal_events, read_all, running_worker
+from tests.streams.harness import committed_position, journal_events, read_all, running_worker
 
 
 async def _await_until(predicate, limit_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -30,11 +30,7 @@ async def _await_until(predicate, limit_s: float, what: str) -> None:  # type: i
 
 def _finished_ahead(settings: KilnSettings, group: str, topic: str) -> int:
     """How many finished-ahead jobs the group's committed position on partition 0 records (commit metadata)."""
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group})
-    try:
-        (tp,) = consumer.committed([TopicPartition(topic, 0)], timeout=10)
-    finally:
-        consumer.close()
+    tp = committed_position(settings, group, topic)
     return len(decode_done(tp.offset, tp.metadata)) if tp.offset >= 0 else 0
 
 
