@@ -652,7 +652,7 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._commit_wake.wait(), 1.0)
             self._commit_wake.clear()
-            await asyncio.sleep(0.005)  # coalesce bursts of completions into one commit
+            await asyncio.sleep(self.settings.commit_interval_s)  # completions meanwhile join this commit
             await self._commit_dirty()
 
     async def _position(self, tp: TP, part: _Partition, now: float | None = None) -> TopicPartition | None:
