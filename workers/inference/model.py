@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import string
 from typing import cast
 
 import torch
@@ -22,6 +21,10 @@ from safetensors.torch import save as save_safetensors
 from torch import Tensor, nn
 
 from kiln.streams.blobstore import BlobStore
+
+# The character tokenizer lives in tokenizer.py; its old import path stays.
+from kiln.workers.inference.tokenizer import TOKENIZER as TOKENIZER
+from kiln.workers.inference.tokenizer import CharTokenizer as CharTokenizer
 
 
 class ModelShape(BaseModel):
@@ -41,33 +44,6 @@ class ModelConfig(ModelShape):
     """Shape of the policy. The defaults give ~0.1M parameters; d_model=768, n_layers=14 gives ~100M."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class CharTokenizer:
-    """Printable ASCII, newline and tab, plus three specials. Unknown characters map to ``?``."""
-
-    PAD, BOS, EOS = 0, 1, 2
-    SPECIALS = ("<pad>", "<bos>", "<eos>")
-
-    def __init__(self) -> None:
-        self.chars = string.printable[:95] + "\n\t"  # digits, letters, punctuation, space
-        self._ids = {c: i + len(self.SPECIALS) for i, c in enumerate(self.chars)}
-        self.vocab_size = len(self.SPECIALS) + len(self.chars)
-
-    def encode(self, text: str) -> list[int]:
-        unknown = self._ids["?"]
-        return [self._ids.get(c, unknown) for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(self.token(i) for i in ids if i >= len(self.SPECIALS))
-
-    def token(self, token_id: int) -> str:
-        if token_id < len(self.SPECIALS):
-            return self.SPECIALS[token_id]
-        return self.chars[token_id - len(self.SPECIALS)]
-
-
-TOKENIZER = CharTokenizer()
 
 
 class KVCache:
