@@ -95,3 +95,41 @@ def test_packed_rows_give_the_padded_gradient_with_fewer_rows() -> None:
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
     rows = packed.packed_batch(groups)[0]
     assert rows.shape[0] < sum(len(g.samples) for g in groups) and rows.shape[1] <= 32
+
+
+def test_micro_batches_to_a_token_budget_give_the_one_batch_gradient() -> None:
+    torch.set_num_threads(1)
+    for pack_to in (0, 16):
+        whole = PolicyTrainer(TinyLM(ModelConfig(max_len=32)), entropy_coef=0.01, pack_to=pack_to)
+        micro = PolicyTrainer(TinyLM(ModelConfig(max_len=32)), entropy_coef=0.01, pack_to=pack_to,
+                              micro_batch_tokens=24)
+        groups = _groups(whole)
+        cuts = micro.micro_batches(micro.sequences(groups))
+        assert len(cuts) > 3 and sum(len(c) for c in cuts) == 24  # every sequence once, in several cuts
+        if not pack_to:
+            assert all(len(c) * max(len(p) + len(s.completion) - 1 for p, s, _a in c) <= 24 for c in cuts)
+        one, many = whole.step(groups), micro.step(groups)
+        assert (one.micro_batches, many.micro_batches) == (1, len(cuts))
+        assert abs(one.loss.loss - many.loss.loss) < 1e-5 and abs(one.loss.entropy - many.loss.entropy) < 1e-5
+        assert one.tokens == many.tokens
+        for (name, p), q in zip(whole.model.named_parameters(), micro.model.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_mixed_precision_steps_keep_float32_weights() -> None:
+    """bf16 autocast (CPUs have it) trains float32 master weights: what is broadcast and checkpointed stays
+    float32, and the step's gradient is close to the float32 one."""
+    torch.set_num_threads(1)
+    exact = PolicyTrainer(TinyLM(ModelConfig(max_len=32)), entropy_coef=0.01)
+    mixed = PolicyTrainer(TinyLM(ModelConfig(max_len=32)), entropy_coef=0.01, precision="bf16",
+                          micro_batch_tokens=64)
+    groups = _groups(exact)
+    exact.step(groups)
+    report = mixed.step(groups)
+    assert report.version == 1 and report.micro_batches > 1
+    assert all(t.dtype == torch.float32 for _n, t in mixed.named_weights())
+    flat = torch.cat([p.grad.flatten() for p in exact.model.parameters() if p.grad is not None])
+    approx = torch.cat([p.grad.flatten() for p in mixed.model.parameters() if p.grad is not None])
+    assert torch.nn.functional.cosine_similarity(flat, approx, dim=0) > 0.95
+    assert not torch.equal(flat, approx)  # bf16 really ran
