@@ -42,7 +42,9 @@ class RolloutRequest(BaseModel):
 
 
 class RolloutSample(BaseModel):
-    """One completion: what the sampler produced, token by token, and what the verifier said."""
+    """One completion: what the sampler produced, token by token, and what the verifier said. ``token_ids`` are the
+    completion's ids after the group's ``prompt_ids``: every turn's sampled tokens and, between turns, the tools'
+    output tokens (marked in ``tool_mask``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -65,6 +67,10 @@ class RolloutGroup(BaseModel):
 
     task_id: str
     prompt: str
+    prompt_ids: list[int] = Field(default_factory=list, description="the prompt as the sampler saw it: tokenised "
+                                                                   "once with the model's tokenizer (and chat "
+                                                                   "template); empty only in groups written before "
+                                                                   "it was carried")
     samples: list[RolloutSample]
     version_start: int
     version_end: int

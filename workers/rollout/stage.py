@@ -13,6 +13,7 @@ import itertools
 import os
 import socket
 import time
+from typing import Literal
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -36,6 +37,10 @@ class RolloutSettings(BaseSettings):
 
     endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8400"],
                                  description="Inference servers (JSON list), used round-robin.")
+    endpoint_kind: Literal["kiln", "vllm", "sglang"] = Field("kiln", description="What serves them: kiln's server "
+                                                                              "(``kiln rl serve``), vLLM or SGLang.")
+    model: str = Field("char", description="The policy: 'char' (kiln's character model) or a Hugging Face model's "
+                                           "directory; prompts and tool output are tokenised with its tokenizer.")
     timeout_s: float = Field(600.0, gt=0, description="Per completion request.")
     exec_calls: int = Field(8, ge=1, description="Exec run_once calls a worker's verifiers keep in flight.")
     exec_batch_groups: int = Field(32, ge=1, description="Groups one exec command may verify together.")
