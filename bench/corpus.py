@@ -8,12 +8,14 @@ Usage: python -m bench.corpus [--only NAME ...]   (prints one line per project: 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 import shutil
 import subprocess
 import tarfile
 import tempfile
 import tomllib
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +79,23 @@ def _apt_dir(work: Path) -> list[str]:
     return options
 
 
+def _debian_orig(project: Project, download: Path, work: Path) -> None:
+    """The source package's main upstream tarball (``*.orig.tar.*``, no ``.orig-<component>``), as apt lists it."""
+    done = subprocess.run(["apt-get", "-q", *_apt_dir(work), "source", "--print-uris",
+                           f"{project.name}={project.version}"], capture_output=True, text=True, timeout=300)
+    found = re.search(r"^'(\S+)' (\S+\.orig\.tar\.\w+) \d+ SHA256:([0-9a-f]{64})$", done.stdout, re.MULTILINE)
+    if found is None:
+        raise RuntimeError(f"{project.name} {project.version}: no upstream tarball in the source index")
+    url, name, sha256 = found.groups()
+    shutil.rmtree(download)
+    download.mkdir(parents=True)
+    with urllib.request.urlopen(url, timeout=300) as response:
+        data = response.read()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise RuntimeError(f"{name}: SHA256 differs from the source index")
+    (download / name).write_bytes(data)
+
+
 def fetch_sources(project: Project, into: Path, work: Path) -> None:
     """The project's source artefact, unpacked at ``into``."""
     download = work / project.slug
@@ -105,7 +124,14 @@ def fetch_sources(project: Project, into: Path, work: Path) -> None:
         _run("npm", "pack", "--silent", f"{project.name}@{project.version}", "--pack-destination", str(download))
         _untar_single(next(download.glob("*.tgz")), into)
     elif project.ecosystem == "debian":
-        _run("apt-get", "-q", *_apt_dir(work), "source", f"{project.name}={project.version}", cwd=download)
+        try:
+            _run("apt-get", "-q", *_apt_dir(work), "source", f"{project.name}={project.version}", cwd=download)
+        except RuntimeError:
+            # The mirror may serve a package's upstream tarball without its Debian packaging (or its extra
+            # components): the upstream tarball alone is the project's source, checked against the index's SHA256.
+            _debian_orig(project, download, work)
+            _untar_single(next(download.glob("*.orig.tar.*")), into)
+            return
         unpacked = next(p for p in download.iterdir() if p.is_dir())
         shutil.copytree(unpacked, into, symlinks=True)
         shutil.rmtree(into / "debian", ignore_errors=True)  # the packaging, not the project
@@ -130,7 +156,8 @@ def prepare(project: Project, cache: Path = CACHE) -> Path:
             shutil.move(str(item), builder.path / item.name)
         builder("add", "--all", "--force")  # the artefact as shipped: its .gitignore must not drop files from it
         builder.commit(f"{project.name} {project.version} from its {project.ecosystem} source artefact")
-        builder("tag", f"v{project.version.lstrip('v').split(':')[-1]}")
+        # Debian's "+~" (a repack with components) is not allowed in a git ref.
+        builder("tag", f"v{project.version.lstrip('v').split(':')[-1]}".replace("~", "_"))
         repo.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(builder.path), repo)
     return repo
