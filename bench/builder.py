@@ -162,6 +162,7 @@ async def real(with_agent: bool, only: list[str]) -> None:
                          f"{event.tests.passed}/{event.tests.failed}" if event.tests else "-", str(result.human),
                          f"{result.seconds:.0f}",
                          (event.detail or "").strip().splitlines()[-1][:60] if event.detail else ""))
+            progress.console.print(" | ".join(rows[-1]))  # each project as it finishes: a long run can be followed
             progress.advance(task)
     table = Table("project", "system", "outcome", "passed/failed", "human count", "s", "detail",
                   title="builder on the real corpus")

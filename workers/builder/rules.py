@@ -25,7 +25,7 @@ from kiln.schemas.builder import Decision
 from kiln.workers.builder.dockerfile import confine
 from kiln.workers.builder.errors import PlanError
 
-RULES_VERSION = 6
+RULES_VERSION = 7
 REPORTS = "/tmp/kiln-reports"
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
 LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time
@@ -357,8 +357,12 @@ def task_runner_pytest(root: Path) -> tuple[str, str] | None:
             for line in cfg.get("testenv", "commands", fallback="").splitlines():
                 m = _PYTEST_LINE.search(line.strip())
                 if m:
-                    # {posargs:tests} runs tests when none are given; other substitutions are tox's business.
-                    args = re.sub(r"\{[^}]*\}", "", re.sub(r"\{posargs:([^}]*)\}", r"\1", m.group(1))).strip()
+                    # {posargs:tests} runs tests when none are given; other substitutions are tox's business, and
+                    # so is the option that takes one: "--basetemp={envtmpdir}" kept as "--basetemp=" would make
+                    # pytest use (and first empty) the working directory.
+                    args = re.sub(r"\{posargs\}", "", re.sub(r"\{posargs:([^}]*)\}", r"\1", m.group(1)))
+                    args = re.sub(r"(?:(?<=\s)-[\w-]+[= ])?\{[^}]*\}", "", f" {args}")
+                    args = re.sub(r"\s+", " ", args).strip()
                     return args, f"{name}'s testenv runs {line.strip()!r}"
     if (root / "noxfile.py").is_file():
         m = _NOX_PYTEST.search((root / "noxfile.py").read_text(errors="replace"))

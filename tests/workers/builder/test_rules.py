@@ -220,6 +220,10 @@ def test_npm_plan_runs_the_runner_with_its_reporter(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("files", "command"), [
     ({"tox.ini": "[tox]\nenvlist = py311\n[testenv]\ndeps = pytest\ncommands =\n    python -m pytest -q "
                  "{posargs:tests/unit}\n"}, "pytest -q tests/unit"),
+    # Pallets' testenv: the option whose value is tox's substitution goes with it (an empty --basetemp is the cwd).
+    ({"tox.ini": "[testenv]\ncommands = pytest -v --tb=short --basetemp={envtmpdir} {posargs}\n"},
+     "pytest -v --tb=short"),
+    ({"tox.ini": "[testenv]\ncommands = pytest --basetemp {envtmpdir} -x {posargs}\n"}, "pytest -x"),
     ({"pyproject.toml": PYPROJECT + '[tool.tox]\nlegacy_tox_ini = """\n[testenv]\n'
                                     'commands = pytest -x {posargs}\n"""\n'}, "pytest -x"),
     ({"noxfile.py": "import nox\n@nox.session\ndef tests(session):\n    session.install('.')\n"
