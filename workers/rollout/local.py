@@ -33,6 +33,7 @@ from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec
 from kiln.workers.inference.model import ModelConfig
 from kiln.workers.inference.process import ServerProcess
+from kiln.workers.inference.tokenizer import load_tokenizer
 from kiln.workers.rollout.actor import UpdateFollower
 from kiln.workers.rollout.tasks import Addition, exact_match
 from kiln.workers.rollout.train import ROLLOUTS, UPDATES, PolicyUpdate, lineage
@@ -42,6 +43,9 @@ log = logging.getLogger("kiln.rl.run")
 
 class RunConfig(BaseModel):
     name: str = "async"
+    model: str = Field("char", description="'char' (kiln's TinyLM, d_model/n_layers below) or a Hugging Face model's "
+                                           "directory: every process the run spawns serves, samples, tokenises or "
+                                           "trains that model")
     sync: bool = False
     steps: int = Field(150, ge=1, description="Trainer steps; the actor submits steps x groups_per_step groups.")
     groups_per_step: int = 64
@@ -113,8 +117,11 @@ class LearningRun:
         self.settings = base.model_copy(update={"topic_prefix": f"rl{tag}.", "cache": self.workdir / "cache",
                                                 "blob_store": f"file://{self.workdir / 'cache' / 'blobs'}"})
         self.trainer_group = f"trainer-{tag}"
-        self.shape = ModelConfig(d_model=config.d_model, n_layers=config.n_layers, max_len=32, seed=config.seed)
-        self.server = ServerProcess(self.shape, self.workdir / "serve.log")
+        # A chat template makes an HF model's prompts longer than the character model's bare ones.
+        self.shape = ModelConfig(d_model=config.d_model, n_layers=config.n_layers,
+                                 max_len=32 if config.model == "char" else 128, seed=config.seed)
+        self.server = ServerProcess(self.shape, self.workdir / "serve.log", env={"KILN_RL_MODEL": config.model})
+        self.tokenizer = load_tokenizer(config.model)
         self.tasks = Addition(1, seed=config.seed, exec_image=config.exec_image)
         self.kills: list[str] = []
         self._procs: list[subprocess.Popen[bytes]] = []
@@ -124,7 +131,7 @@ class LearningRun:
         s = self.settings
         return {**os.environ, "OMP_NUM_THREADS": "1", "KILN_BOOTSTRAP_SERVERS": s.bootstrap_servers,
                 "KILN_TOPIC_PREFIX": s.topic_prefix, "KILN_CACHE": str(s.cache), "KILN_BLOB_STORE": s.blob_store,
-                **extra}
+                "KILN_ROLLOUT_MODEL": self.config.model, "KILN_ACTOR_MODEL": self.config.model, **extra}
 
     def _spawn(self, name: str, args: list[str], **env: str) -> subprocess.Popen[bytes]:
         kiln = Path(sys.executable).parent / "kiln"
@@ -139,8 +146,9 @@ class LearningRun:
                            KILN_TRAIN_GROUPS_PER_STEP=str(c.groups_per_step), KILN_TRAIN_LR=str(c.lr),
                            KILN_TRAIN_ENTROPY_COEF=str(c.entropy_coef),
                            KILN_TRAIN_ENDPOINTS=json.dumps([self.server.url]), KILN_TRAIN_ADMIN_TOKEN=self.server.token,
-                           KILN_TRAIN_D_MODEL=str(c.d_model), KILN_TRAIN_N_LAYERS=str(c.n_layers),
-                           KILN_TRAIN_MAX_LEN="32", KILN_TRAIN_SEED=str(c.seed))
+                           KILN_TRAIN_MODEL=c.model, KILN_TRAIN_D_MODEL=str(c.d_model),
+                           KILN_TRAIN_N_LAYERS=str(c.n_layers), KILN_TRAIN_MAX_LEN=str(self.shape.max_len),
+                           KILN_TRAIN_SEED=str(c.seed))
 
     def _rollout_worker(self) -> WorkerProcess:
         worker = WorkerProcess("rollout", self.settings, "rollout.requests", slots=self.config.rollout_slots,
@@ -150,10 +158,12 @@ class LearningRun:
         return worker
 
     async def evaluate(self, http: httpx.AsyncClient) -> tuple[int, float]:
-        """Greedy accuracy over the task's held-out prompts (never trained on), and the version that answered."""
+        """Greedy accuracy over the task's held-out prompts (never trained on), and the version that answered. The
+        prompts go as the rollout stage sends them: token ids, through the model's chat template."""
         prompts = self.tasks.held_out()
+        ids = [self.tokenizer.chat([{"role": "user", "content": t.prompt}]) for t in prompts]
         answer = (await http.post(f"{self.server.url}/v1/completions", json={
-            "prompt": [t.prompt for t in prompts], "max_tokens": self.config.max_tokens, "temperature": 0})).json()
+            "prompt": ids, "max_tokens": self.config.max_tokens, "temperature": 0})).json()
         right = sum(exact_match(t, c["text"]) for t, c in zip(prompts, answer["choices"], strict=True))
         return int(answer["kiln"]["version_start"]), right / len(prompts)
 

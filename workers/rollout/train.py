@@ -1,15 +1,24 @@
 """``kiln rl train``: the trainer as a consumer group on ``rollouts``.
 
-Each step takes ``groups_per_step`` rollout groups, runs ``PolicyTrainer.step``, then, in this order: writes a
-checkpoint (weights, optimizer, version) to the blob store, commits the consumed offsets of ``rollouts`` with the
-checkpoint's digest as commit metadata, broadcasts the weights to every inference server in flight, and publishes an
-event on ``policy.updates``. So the committed offsets are always those of a durable checkpoint: a killed trainer
-restarts from the checkpoint its group's commit names and trains exactly the rollouts after it, and no server ever
-sees a version the checkpoint does not have (versions never go back).
+Each step takes ``groups_per_step`` rollout groups, runs ``PolicyTrainer.step``, copies the new state to host memory
+(the snapshot), broadcasts the weights to every inference server in flight and hands the snapshot to the checkpoint
+writer: one background thread that writes it to the blob store (weights every step, the optimizer state every
+``optimizer_every`` steps) while the next step trains, at most one write in flight. Once a checkpoint is durably
+written, and only then, the consumed offsets of ``rollouts`` are committed with its digest as commit metadata and
+the step's event goes out on ``policy.updates``. So the committed offsets are always those of a durable checkpoint: a
+killed trainer restarts from the checkpoint its group's commit names and trains exactly the rollouts after it.
+
+A server may have received the weights of a step whose checkpoint never got written (killed during the write): the
+next life trains that version again from the same uncommitted rollouts and sends it again, so versions never go back,
+though that version's weights are the new life's.
 
 Every checkpoint names its parent and the ``rollouts`` offsets its step trained on (``ranges``): following the
 parents from the committed checkpoint gives the run's lineage, which ``lineage()`` checks covers every rollout up to
-the committed offsets exactly once, whatever was killed on the way.
+the committed offsets exactly once, whatever was killed on the way. A checkpoint also names the newest optimizer state
+(a blob of its own, written with every ``optimizer_every``-th step's): a trainer resumed from a checkpoint between two
+optimizer writes gets the weights of its step and the optimizer state of at most ``optimizer_every - 1`` steps
+before. Adam's moments that old are still the right size per parameter; a fresh optimizer would instead take its first
+steps at the full learning rate in every coordinate (Adam's bias-corrected first step is about ``lr * sign(g)``).
 """
 
 from __future__ import annotations
@@ -19,7 +28,10 @@ import json
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -30,13 +42,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from kiln.schemas.rl import RolloutGroup
 from kiln.streams import admin
 from kiln.streams.blobstore import BlobStore, open_blob_store
+from kiln.streams.errors import ConfigError
 from kiln.streams.executor import producer_config
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import WEEK, TopicSpec
 from kiln.workers.inference.endpoints import KilnEndpoint
-from kiln.workers.inference.model import TOKENIZER, ModelShape, TinyLM
-from kiln.workers.inference.weights import WeightBroadcaster
-from kiln.workers.rollout.trainer import Group, PolicyTrainer, Sample, StepReport
+from kiln.workers.inference.engine import Engine
+from kiln.workers.inference.model import ModelShape, TinyLM
+from kiln.workers.inference.tokenizer import load_tokenizer
+from kiln.workers.inference.weights import UpdateReport, UpdateTimings, WeightBroadcaster
+from kiln.workers.rollout.trainer import Group, PolicyTrainer, Precision, Sample, StepReport, hf_logits
 
 log = logging.getLogger("kiln.train")
 ROLLOUTS, UPDATES = "rollouts", "policy.updates"
@@ -47,6 +62,15 @@ class TrainSettings(BaseSettings, ModelShape):
 
     model_config = SettingsConfigDict(env_prefix="KILN_TRAIN_", extra="ignore")
 
+    model: str = Field("char", description="'char': kiln's TinyLM of the shape below; otherwise the directory of a "
+                                           "Hugging Face causal LM (loaded with transformers, its tokenizer's pad "
+                                           "id).")
+    device: str = Field("cpu", description="Where the model trains (cpu, cuda, cuda:1 ...).")
+    precision: Precision = Field("fp32", description="fp32, or bf16/fp16 autocast (float32 master weights).")
+    micro_batch_tokens: int = Field(0, ge=0, description="Positions per forward/backward, the step's gradient "
+                                                         "accumulated over them (0: the whole step at once).")
+    optimizer_every: int = Field(10, ge=1, description="Write the optimizer state with every N-th checkpoint "
+                                                       "(the weights go with every one).")
     group_id: str = Field("kiln-trainer", description="Consumer group on rollouts (one trainer per group).")
     groups_per_step: int = Field(64, ge=1, description="Rollout groups per optimizer step.")
     tokens_per_step: int = Field(0, ge=0, description="Step as soon as this many sampled tokens have arrived, even "
@@ -95,15 +119,63 @@ class PolicyUpdate(BaseModel):
                                                description="rollouts partition -> [first, end) offsets trained on")
 
 
-def save_state(trainer: PolicyTrainer, store: BlobStore, groups_total: int, parent: str = "",
-               ranges: dict[int, tuple[int, int]] | None = None) -> str:
-    buffer = io.BytesIO()
+def _host_copy(value: Any) -> Any:
+    """``value`` (a state dict, nested) with every tensor copied to host memory: the step after keeps changing the
+    originals in place while the copy is being written."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _host_copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_host_copy(v) for v in value)
+    return value
+
+
+@dataclass
+class Snapshot:
+    """A step's state in host memory, taken on the step's thread and written by the checkpoint writer."""
+
+    weights: dict[str, torch.Tensor]
+    optimizer: dict[str, Any] | None  # only every ``optimizer_every`` steps
+    version: int
+    groups_total: int
+    config: dict[str, Any]
+    ranges: dict[int, tuple[int, int]]
+
+
+def snapshot(trainer: PolicyTrainer, groups_total: int, ranges: dict[int, tuple[int, int]] | None = None,
+             optimizer: bool = True) -> Snapshot:
     model = trainer.model
-    config = model.config.model_dump() if isinstance(model, TinyLM) else {}
-    torch.save({"model": model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
-                "version": trainer.version, "groups_total": groups_total, "config": config, "parent": parent,
-                "ranges": {str(p): list(r) for p, r in (ranges or {}).items()}}, buffer)
-    return store.put(buffer.getvalue()).digest
+    state = ({"optimizer": _host_copy(trainer.optimizer.state_dict()),
+              "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else {}} if optimizer else None)
+    return Snapshot(weights=_host_copy(model.state_dict()), optimizer=state, version=trainer.version,
+                    groups_total=groups_total, config=model.config.model_dump() if isinstance(model, TinyLM) else {},
+                    ranges=dict(ranges or {}))
+
+
+def _blob(state: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def save_state(store: BlobStore, snap: Snapshot, parent: str = "", optimizer: str = "") -> tuple[str, str]:
+    """Writes the snapshot's optimizer state (if it has one) and then its checkpoint, naming ``parent`` and the
+    newest optimizer state (its own, or ``optimizer``, an earlier one's); returns (checkpoint, optimizer) digests.
+    Both are durable when this returns (the blob store's ``put``)."""
+    if snap.optimizer is not None:
+        optimizer = store.put(_blob(snap.optimizer)).digest
+    digest = store.put(_blob({
+        "model": snap.weights, "optimizer": optimizer, "version": snap.version, "groups_total": snap.groups_total,
+        "config": snap.config, "parent": parent, "ranges": {str(p): list(r) for p, r in snap.ranges.items()}})).digest
+    return digest, optimizer
+
+
+class Resumed(BaseModel):
+    version: int
+    groups_total: int
+    optimizer: str = Field(description="digest of the optimizer state loaded ('' none: a fresh optimizer)")
+    optimizer_version: int = Field(0, description="the version the optimizer state was written at")
 
 
 class LineageStep(BaseModel):
@@ -123,68 +195,148 @@ def lineage(store: BlobStore, digest: str) -> list[LineageStep]:
     return steps[::-1]
 
 
-def load_state(trainer: PolicyTrainer, store: BlobStore, digest: str) -> int:
-    """Restores the trainer; returns the groups trained on so far."""
-    state = torch.load(io.BytesIO(store.get(digest)), weights_only=True)
+def load_state(trainer: PolicyTrainer, store: BlobStore, digest: str) -> Resumed:
+    """Restores the trainer from checkpoint ``digest``: its weights and version, and the newest optimizer state it
+    names (see the module's docstring for why an older one rather than a fresh one)."""
+    state = torch.load(io.BytesIO(store.get(digest)), weights_only=True, map_location="cpu")
     trainer.model.load_state_dict(state["model"])
-    trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.version = int(state["version"])
-    return int(state["groups_total"])
+    optimizer, optimizer_version = str(state["optimizer"]), 0
+    if optimizer:
+        saved = torch.load(io.BytesIO(store.get(optimizer)), weights_only=True, map_location="cpu")
+        trainer.optimizer.load_state_dict(saved["optimizer"])
+        if trainer.scaler is not None and saved["scaler"]:
+            trainer.scaler.load_state_dict(saved["scaler"])
+        steps = [int(s["step"]) for s in saved["optimizer"]["state"].values()]
+        optimizer_version = max(steps, default=0)
+    return Resumed(version=trainer.version, groups_total=int(state["groups_total"]), optimizer=optimizer,
+                   optimizer_version=optimizer_version)
 
 
 def to_group(rollout: RolloutGroup) -> Group:
-    return Group(prompt=TOKENIZER.encode(rollout.prompt),
+    """The group as the sampler saw it: the prompt's ids as it was tokenised once (``prompt_ids``) and each sample's
+    ids as sampled, never tokenised again."""
+    if not rollout.prompt_ids:
+        raise ConfigError(f"rollout group {rollout.task_id} carries no prompt ids: a rollout stage older than this "
+                          "trainer wrote it (the trainer trains on the ids the sampler saw, never re-tokenised text)")
+    return Group(prompt=list(rollout.prompt_ids),
                  samples=[Sample(s.token_ids, s.logprobs, s.versions, s.reward, s.tool_mask) for s in rollout.samples
                           if s.token_ids])
 
 
+class Broadcaster(Protocol):
+    """How a step's weights reach the servers: ``WeightBroadcaster`` (process groups), or ``SameDevice`` for a
+    server engine in the trainer's own process."""
+
+    def update(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> UpdateReport: ...
+
+
+class SameDevice:
+    """The weight path of a server engine living in the trainer's process (one GPU: two processes cannot form an
+    NCCL group on one device): each update copies the parameters into fresh tensors on the engine's device (so the
+    trainer's next step does not change the weights the engine decodes with) and swaps them in between two decode
+    steps."""
+
+    def __init__(self, engine: Engine, url: str = "in-process") -> None:
+        self.engine, self.url = engine, url
+
+    def update(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> UpdateReport:
+        started = time.perf_counter()
+        device = next(self.engine.model.parameters()).device
+        staged = {name: t.detach().to(device, copy=True) for name, t in named}
+        paused_before = self.engine.paused_s
+        with self.engine.paused():
+            replaced = self.engine.load(staged, version)
+        del replaced
+        timing = UpdateTimings(version=version, paused_ms=(self.engine.paused_s - paused_before) * 1000,
+                               transfer_ms=(time.perf_counter() - started) * 1000)
+        return UpdateReport(version=version, updated=[self.url], failed={}, timings={self.url: timing})
+
+
+def load_policy(train: TrainSettings) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The model ``train.model`` names, and the ``PolicyTrainer`` arguments it needs (an HF model: its logits and
+    its tokenizer's pad id)."""
+    if train.model == "char":
+        return TinyLM(train.shape()), {}
+    if train.pack_to:
+        raise ConfigError("pack_to needs kiln's TinyLM (its forward takes segments); a Hugging Face model trains "
+                          "on padded rows")
+    from kiln.workers.inference.hf_engine import load_causal_lm
+
+    return load_causal_lm(train.model, "float32", train.device), {"logits_of": hf_logits,
+                                                                 "pad_id": load_tokenizer(train.model).pad_id}
+
+
+@dataclass
+class _Writing:
+    """A checkpoint write in flight, and what to do once it is durable."""
+
+    written: Future[tuple[str, str]]
+    offsets: dict[int, int]
+    event: PolicyUpdate
+
+
 class RolloutTrainer:
-    def __init__(self, settings: KilnSettings, train: TrainSettings, policy: torch.nn.Module | None = None) -> None:
+    def __init__(self, settings: KilnSettings, train: TrainSettings, policy: torch.nn.Module | None = None,
+                 broadcaster: Broadcaster | None = None) -> None:
         self.settings, self.train = settings, train
-        model = policy or TinyLM(train.shape())
+        model, extra = (policy, {}) if policy is not None else load_policy(train)
         self.trainer = PolicyTrainer(model, lr=train.lr, temperature=train.temperature, max_ratio=train.max_ratio,
-                                     entropy_coef=train.entropy_coef, pack_to=train.pack_to)
+                                     entropy_coef=train.entropy_coef, pack_to=train.pack_to, device=train.device,
+                                     precision=train.precision, micro_batch_tokens=train.micro_batch_tokens,
+                                     **extra)
         self.store = open_blob_store(settings)
         self.rollouts, self.updates = settings.topic(ROLLOUTS), settings.topic(UPDATES)
         admin.create_topics(settings, [TopicSpec(UPDATES, 1, WEEK)])
-        self.broadcaster = WeightBroadcaster(
+        self.broadcaster: Broadcaster | None = broadcaster or (WeightBroadcaster(
             [KilnEndpoint(url, admin_token=train.admin_token) for url in train.endpoints],
-            master_address=train.master_address) if train.endpoints else None
+            master_address=train.master_address) if train.endpoints else None)
         self.producer = Producer(producer_config(settings))
         self.positions: dict[int, int] = {}
-        self.checkpoint = ""
+        self.checkpoint = ""  # the newest durable checkpoint
+        self.optimizer_state = ""  # the newest durable optimizer state
         self.groups_total = 0
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-checkpoint")
+        self._writing: _Writing | None = None
+        self._done: list[PolicyUpdate] = []
         self.stop = threading.Event()
         if train.metrics_port:
             start_http_server(train.metrics_port, registry=registry)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._finish_write(consumer, block=True)
         committed = consumer.committed(partitions, timeout=30)
         digests = {p.metadata for p in committed if p.metadata}
         if len(digests) > 1:
             log.warning("partitions of %s name different checkpoints %s; using the first", self.rollouts, digests)
         if digests and (digest := sorted(digests)[0]) != self.checkpoint:
-            self.groups_total = load_state(self.trainer, self.store, digest)
-            self.checkpoint = digest
-            log.info("resumed from checkpoint %s (version %d)", digest, self.trainer.version)
+            resumed = load_state(self.trainer, self.store, digest)
+            self.groups_total = resumed.groups_total
+            self.checkpoint, self.optimizer_state = digest, resumed.optimizer
+            log.info("resumed from checkpoint %s (version %d, optimizer state of version %d)", digest,
+                     resumed.version, resumed.optimizer_version)
         for p in committed:
             self.positions[p.partition] = max(p.offset, 0)
 
     def run(self, max_steps: int | None = None) -> list[PolicyUpdate]:
+        """Steps until ``stop`` is set or after ``max_steps``; returns the steps' events (every one's checkpoint
+        durable and its offsets committed)."""
         consumer = Consumer(self.settings.kafka(**{
             "group.id": self.train.group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
             **admin.group_membership(self.settings)}))
         consumer.subscribe([self.rollouts], on_assign=self._on_assign)
-        if self.broadcaster is not None:
+        if isinstance(self.broadcaster, WeightBroadcaster):
             failed = self.broadcaster.connect()
             if failed:
                 log.warning("servers not in a weight group yet: %s", failed)
-        done: list[PolicyUpdate] = []
+        self._done = []
         pending: list[tuple[Message, RolloutGroup]] = []
-        tokens = 0
+        tokens, steps = 0, 0
         try:
-            while not self.stop.is_set() and (max_steps is None or len(done) < max_steps):
-                msg = consumer.poll(0.2)
+            while not self.stop.is_set() and (max_steps is None or steps < max_steps):
+                # While a checkpoint is being written, look often: its commit and event wait on this loop.
+                msg = consumer.poll(0.01 if self._writing is not None else 0.2)
+                self._finish_write(consumer, block=False)
                 if msg is None or msg.error() is not None:
                     continue
                 group = RolloutGroup.model_validate_json(msg.value() or b"")
@@ -192,14 +344,32 @@ class RolloutTrainer:
                 tokens += sum(len(s.token_ids) for s in group.samples)
                 enough_tokens = 0 < self.train.tokens_per_step <= tokens
                 if len(pending) >= self.train.groups_per_step or enough_tokens:
-                    done.append(self._step(consumer, pending))
+                    self._step(consumer, pending)
+                    steps += 1
                     pending, tokens = [], 0
+            self._finish_write(consumer, block=True)
         finally:
             consumer.close()  # uncommitted rollouts replay into the next life's first step
+            self._writer.shutdown(wait=False, cancel_futures=True)
             self.producer.flush(30)
-        return done
+        return self._done
 
-    def _step(self, consumer: Consumer, batch: list[tuple[Message, RolloutGroup]]) -> PolicyUpdate:
+    def _finish_write(self, consumer: Consumer, block: bool) -> None:
+        """Once the write in flight is durable: commit its step's offsets naming it, and publish its event."""
+        writing = self._writing
+        if writing is None or not (block or writing.written.done()):
+            return
+        self._writing = None
+        self.checkpoint, self.optimizer_state = writing.written.result()
+        consumer.commit(offsets=[TopicPartition(self.rollouts, p, o, self.checkpoint)
+                                 for p, o in writing.offsets.items()], asynchronous=False)
+        event = writing.event.model_copy(update={"checkpoint": self.checkpoint})
+        self.producer.produce(self.updates, event.model_dump_json().encode(), key=b"policy")
+        self.producer.poll(0)
+        STEPS.inc()
+        self._done.append(event)
+
+    def _step(self, consumer: Consumer, batch: list[tuple[Message, RolloutGroup]]) -> None:
         groups = [g for _m, g in batch]
         version_before = self.trainer.version
         lags = [version_before - s.versions[0] for g in groups for s in g.samples if s.versions]
@@ -212,37 +382,38 @@ class RolloutTrainer:
                 first, end = ranges.get(partition, (offset, offset + 1))
                 ranges[partition] = (min(first, offset), max(end, offset + 1))
                 self.positions[partition] = max(self.positions.get(partition, 0), offset + 1)
-        parent = self.checkpoint
-        self.checkpoint = save_state(self.trainer, self.store, self.groups_total, parent, ranges)
-        consumer.commit(offsets=[TopicPartition(self.rollouts, p, o, self.checkpoint)
-                                 for p, o in self.positions.items()], asynchronous=False)
+        snap = snapshot(self.trainer, self.groups_total, ranges,
+                        optimizer=report.version % self.train.optimizer_every == 0)
         updated: list[str] = []
         failed: dict[str, str] = {}
         paused_ms = 0.0
         if self.broadcaster is not None:
-            sent = self.broadcaster.update(self.trainer.named_weights(), report.version)
+            # The snapshot's host copies: what a gloo group sends, whatever device the trainer is on.
+            sent = self.broadcaster.update(((n, snap.weights[n]) for n, _p in self.trainer.named_weights()),
+                                           report.version)
             updated, failed = sent.updated, sent.failed
             paused_ms = max((t.paused_ms for t in sent.timings.values()), default=0.0)
+        # At most one write in flight: the previous step's is committed before this one's starts (it names it).
+        self._finish_write(consumer, block=True)
+        parent = self.checkpoint
         histogram: dict[int, int] = {}
         for lag in lags:
             histogram[lag] = histogram.get(lag, 0) + 1
-        event = PolicyUpdate(version=report.version, checkpoint=self.checkpoint, groups=len(groups),
+        event = PolicyUpdate(version=report.version, checkpoint="", groups=len(groups),
                              groups_total=self.groups_total,
                              samples=report.sequences, reward_mean=report.reward_mean, loss=report.loss.loss,
                              entropy=report.loss.entropy, step_s=report.seconds,
                              lag_mean=sum(lags) / len(lags) if lags else 0.0, lag_max=max(lags, default=0),
                              lag_histogram=histogram, servers_updated=len(updated), servers_failed=failed,
                              paused_ms=paused_ms, parent=parent, ranges=ranges)
+        self._writing = _Writing(self._writer.submit(save_state, self.store, snap, parent, self.optimizer_state),
+                                 dict(self.positions), event)
         VERSION.set(event.version)
         LAG.set(event.lag_mean)
-        STEPS.inc()
         STEP_SECONDS.observe(event.step_s)
         PAUSED.observe(paused_ms / 1000)
-        self.producer.produce(self.updates, event.model_dump_json().encode(), key=b"policy")
-        self.producer.poll(0)
         log.info("step %d: reward %.3f, loss %.4f, lag %.2f", event.version, event.reward_mean, event.loss,
                  event.lag_mean)
-        return event
 
 
 def latest_update(settings: KilnSettings, timeout_s: float = 10.0) -> dict[str, Any] | None:
