@@ -47,10 +47,13 @@ class HttpEndpoint:
         self._headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self._timeout = timeout_s
         self._async: httpx.AsyncClient | None = None
+        self._sync: httpx.Client | None = None
 
     def _admin(self, route: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        if self._sync is None:  # one per endpoint: a client per call built an SSL context each step (py-spy)
+            self._sync = httpx.Client(timeout=self._timeout)
         try:
-            answer = httpx.post(f"{self.admin_url}{route}", json=body, headers=self._headers, timeout=self._timeout)
+            answer = self._sync.post(f"{self.admin_url}{route}", json=body, headers=self._headers)
         except httpx.HTTPError as e:
             raise WeightUpdateError(f"{self.admin_url}{route}: {type(e).__name__}: {e}") from None
         if answer.status_code == 400:
@@ -65,7 +68,10 @@ class HttpEndpoint:
     async def complete(self, prompt: str, **sampling: Any) -> dict[str, Any]:
         """One ``/v1/completions`` call; ``sampling`` holds OpenAI's fields (max_tokens, temperature, n, ...)."""
         if self._async is None:
-            self._async = httpx.AsyncClient(timeout=self._timeout)
+            # Every request in flight keeps its connection: past httpx's default 20 kept alive, each completion
+            # beyond them opened and closed a connection.
+            self._async = httpx.AsyncClient(timeout=self._timeout, limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=None))
         answer = await self._async.post(f"{self.url}/v1/completions",
                                         json={"model": self.model, "prompt": prompt, **sampling})
         answer.raise_for_status()
