@@ -15,12 +15,14 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from prometheus_client import Counter, Gauge, Histogram
-from torch import Tensor
+from torch import Tensor, nn
 
-from kiln.workers.inference.model import TOKENIZER, KVCache, TinyLM, token_logprobs
+from kiln.workers.inference.model import TOKENIZER, TinyDecoder, TinyLM, token_logprobs
+from kiln.workers.inference.tokenizer import PolicyTokenizer
 
 log = logging.getLogger("kiln.inference")
 TOKENS = Counter("kiln_inference_generated_tokens_total", "Tokens sampled.")
@@ -83,13 +85,36 @@ class PromptTooLong(ValueError):
     """The prompt leaves no room to generate within the model's context."""
 
 
-class Engine:
-    """Owns the model and its KV cache; only its thread runs the model (``submit`` and ``paused`` are the ways in)."""
+class Decoder(Protocol):
+    """A model as the engine runs it, with a KV cache of one slot per running sequence (``model.TinyDecoder``,
+    ``hf_engine.HFDecoder``). Called from the engine's thread only."""
 
-    def __init__(self, model: TinyLM, max_batch: int = 64, version: int = 0) -> None:
-        self.model = model.eval()
+    model: nn.Module  # whose parameters a weight update replaces
+    max_len: int  # prompt and completion together, at most
+    start: list[int]  # what an empty prompt becomes
+    eos_ids: frozenset[int]  # the model's own end tokens, besides its tokenizer's EOS (a chat model may have more)
+    device: torch.device
+
+    def prefill(self, slot: int, prompt: list[int]) -> Tensor:
+        """Fill ``slot``'s cache with ``prompt``; the logits of the token after it [vocab]."""
+        ...
+
+    def decode(self, slots: list[int], tokens: list[int]) -> Tensor:
+        """Append each slot's newest token to its cache; the logits of the next one [len(slots), vocab]."""
+        ...
+
+
+class Engine:
+    """Owns the model and its KV cache; only its thread runs the model (``submit`` and ``paused`` are the ways in).
+    ``model`` is kiln's TinyLM (character tokenizer) or a ``Decoder`` with its ``tokenizer``."""
+
+    def __init__(self, model: TinyLM | Decoder, max_batch: int = 64, version: int = 0,
+                 tokenizer: PolicyTokenizer = TOKENIZER) -> None:
+        self.decoder: Decoder = TinyDecoder(model, max_batch) if isinstance(model, TinyLM) else model
+        self.model = self.decoder.model
+        self.tokenizer = tokenizer
+        self.eos_ids = self.decoder.eos_ids | {tokenizer.eos_id}
         self.max_batch = max_batch
-        self.cache = KVCache(model.config, max_batch)
         self.version = version
         self._free = list(range(max_batch - 1, -1, -1))
         self._waiting: list[Generation] = []
@@ -112,11 +137,10 @@ class Engine:
 
     def submit(self, prompt: list[int], params: SamplingParams) -> Future[Generation]:
         if len(prompt) == 0:
-            prompt = [TOKENIZER.BOS]
-        if len(prompt) >= self.model.config.max_len:
-            raise PromptTooLong(f"prompt of {len(prompt)} tokens; the model's context is "
-                                f"{self.model.config.max_len}")
-        generator = torch.Generator()
+            prompt = list(self.decoder.start)
+        if len(prompt) >= self.decoder.max_len:
+            raise PromptTooLong(f"prompt of {len(prompt)} tokens; the model's context is {self.decoder.max_len}")
+        generator = torch.Generator(self.decoder.device)
         if params.seed is None:
             generator.seed()
         else:
@@ -164,14 +188,17 @@ class Engine:
             self._receiving -= 1
 
     def load(self, tensors: dict[str, Tensor], version: int) -> list[Tensor]:
-        """Swap in received parameters (call inside ``paused``): the staged tensors become the parameters. Returns
-        the replaced ones, for the caller to drop after resuming (freeing 400 MB took ~20 ms of the pause)."""
+        """Swap in received parameters (call inside ``paused``): the staged tensors become the parameters (cast to
+        the parameter's dtype and moved to its device where they differ: a trainer may send float32 to a bfloat16
+        server). Returns the replaced ones, for the caller to drop after resuming (freeing 400 MB took ~20 ms of
+        the pause)."""
         params = dict(self.model.named_parameters())
         replaced = []
         with torch.no_grad():
             for name, tensor in tensors.items():
-                replaced.append(params[name].data)
-                params[name].data = tensor
+                param = params[name]
+                replaced.append(param.data)
+                param.data = tensor.to(device=param.device, dtype=param.dtype)
         self.set_version(version)
         return replaced
 
@@ -228,21 +255,13 @@ class Engine:
     def _prefill(self, g: Generation) -> None:
         g.slot = self._free.pop()
         g.version_start = self.version
-        logits, keys, values = self.model.prefill(torch.tensor([g.prompt]))
-        length = len(g.prompt)
-        for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
-            self.cache.keys[layer, g.slot, :, :length] = k[0]
-            self.cache.values[layer, g.slot, :, :length] = v[0]
-        self.cache.lengths[g.slot] = length
         self._running[g.slot] = g
         RUNNING.set(len(self._running))
-        self._sample(g, logits[0, -1])
+        self._sample(g, self.decoder.prefill(g.slot, g.prompt))
 
     def _step(self) -> None:
         slots = sorted(self._running)
-        index = torch.tensor(slots)
-        last = torch.tensor([self._running[s].tokens[-1] for s in slots])
-        logits = self.model.decode(last, self.cache, index)
+        logits = self.decoder.decode(slots, [self._running[s].tokens[-1] for s in slots])
         self.decode_steps += 1
         STEPS.inc()
         for row, slot in enumerate(slots):
@@ -266,20 +285,22 @@ class Engine:
 
     def _maybe_finish(self, g: Generation, token: int) -> None:
         reason = ""
-        text = TOKENIZER.decode(g.tokens)
-        if token == TOKENIZER.EOS and not g.params.ignore_eos:
+        text = ""
+        if token in self.eos_ids and not g.params.ignore_eos:
             reason = "stop"
-        for stop in g.params.stop:
-            at = text.find(stop)
-            if at >= 0:
-                text, reason = text[:at], "stop"
-                break
+        if g.params.stop:  # decoding every step only when a stop string has to be looked for
+            text = self.tokenizer.decode(g.tokens)
+            for stop in g.params.stop:
+                at = text.find(stop)
+                if at >= 0:
+                    text, reason = text[:at], "stop"
+                    break
         if not reason and (len(g.tokens) >= g.params.max_tokens
-                           or len(g.prompt) + len(g.tokens) >= self.model.config.max_len):
+                           or len(g.prompt) + len(g.tokens) >= self.decoder.max_len):
             reason = "length"
         if not reason:
             return
-        g.text = text
+        g.text = text if g.params.stop else self.tokenizer.decode(g.tokens)
         g.finish_reason = reason
         g.version_end = self.version
         del self._running[g.slot]

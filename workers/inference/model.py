@@ -170,6 +170,32 @@ class TinyLM(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+class TinyDecoder:
+    """TinyLM as the engine runs it (``engine.Decoder``): one preallocated KV cache slot per running sequence."""
+
+    def __init__(self, model: TinyLM, slots: int) -> None:
+        self.tiny = model.eval()
+        self.model: nn.Module = model
+        self.max_len = model.config.max_len
+        self.start = [TOKENIZER.BOS]  # what an empty prompt becomes
+        self.eos_ids = frozenset({TOKENIZER.EOS})
+        self.device = torch.device("cpu")
+        self.cache = KVCache(model.config, slots)
+
+    def prefill(self, slot: int, prompt: list[int]) -> Tensor:
+        logits, keys, values = self.tiny.prefill(torch.tensor([prompt]))
+        length = len(prompt)
+        for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
+            self.cache.keys[layer, slot, :, :length] = k[0]
+            self.cache.values[layer, slot, :, :length] = v[0]
+        self.cache.lengths[slot] = length
+        row: Tensor = logits[0, -1]
+        return row
+
+    def decode(self, slots: list[int], tokens: list[int]) -> Tensor:
+        return self.tiny.decode(torch.tensor(tokens), self.cache, torch.tensor(slots))
+
+
 def token_logprobs(logits: Tensor, temperature: float) -> Tensor:
     """Log-probabilities of the distribution sampled from: softmax(logits / T) (T = 1 for greedy decoding)."""
     scale = temperature if temperature > 0 else 1.0
@@ -196,7 +222,7 @@ def weights_digest(model: nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(f"{name}:{tensor.dtype}:{list(tensor.shape)}".encode())
-        digest.update(tensor.detach().contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
     return digest.hexdigest()
 
 

@@ -1,7 +1,9 @@
 """``kiln rl serve``: OpenAI-shaped completions with continuous batching, and PipelineRL's weight-update contract.
 
-The completion routes answer in OpenAI's shapes, plus a ``kiln`` object per choice (the policy version of every
-generated token) and per response (the version at start and end). ``/init_process_group`` and
+The completion routes answer in OpenAI's shapes, plus a ``kiln`` object per choice (the token ids sampled and the
+policy version of every one) and per response (the version at start and end). The policy is kiln's character model
+(``model="char"``) or a Hugging Face causal LM (``model`` = its directory), with its own tokenizer: completions take
+text or token ids (as vLLM does), chat goes through the model's chat template. ``/init_process_group`` and
 ``/request_weight_update`` change the policy: they need the shared secret (``Authorization: Bearer``) and may be
 served on a private address only. Both block until the trainer's side completes, so they run off the event loop.
 """
@@ -22,7 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.workers.inference.engine import Engine, Generation, PromptTooLong, SamplingParams
-from kiln.workers.inference.model import TOKENIZER, ModelShape, weights_digest
+from kiln.workers.inference.hf_engine import Dtype
+from kiln.workers.inference.model import ModelShape, weights_digest
+from kiln.workers.inference.tokenizer import CharTokenizer, PolicyTokenizer
 from kiln.workers.inference.weights import (
     InitProcessGroupRequest,
     UpdateTimings,
@@ -48,11 +52,17 @@ class InferenceSettings(BaseSettings, ModelShape):
     admin_port: int = Field(0, description="A separate port for /init_process_group and /request_weight_update; "
                             "0 = serve them with the completions.")
     admin_token: str = Field("", description="Shared secret the weight-update routes require; empty refuses them.")
+    model: str = Field("char", description="The policy: 'char' (kiln's TinyLM and character tokenizer) or the "
+                       "directory of a Hugging Face causal LM (config, weights, tokenizer; loaded with transformers).")
+    dtype: Dtype = Field("float32", description="A Hugging Face model's dtype (bfloat16/float16 where the device "
+                         "has it).")
+    device: str = Field("cpu", description="Where a Hugging Face model runs: 'cpu', 'cuda', 'cuda:1', ...")
     model_name: str = Field("kiln-tiny", description="The id /v1/models lists.")
     max_batch: int = Field(64, ge=1, description="Sequences decoded together at most.")
     staging: bool = Field(True, description="Receive weights into a staging buffer while decoding continues.")
     checkpoint: str = Field("", description="Blob-store digest of a safetensors checkpoint; empty = fresh init "
-                            "of the shape KILN_RL_D_MODEL|N_LAYERS|N_HEADS|MAX_LEN|SEED (ModelShape).")
+                            "of the shape KILN_RL_D_MODEL|N_LAYERS|N_HEADS|MAX_LEN|SEED (ModelShape). The "
+                            "character model only.")
 
 
 # ---- request and response shapes (OpenAI's, with kiln's extensions) ------------------------------------------
@@ -77,7 +87,8 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="text, texts, token ids (as vLLM takes them: tokenised once by the caller) or lists of them")
     logprobs: int | None = Field(None, ge=0, le=20)
 
 
@@ -95,9 +106,19 @@ class ChatRequest(_Sampling):
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
-def chat_prompt(messages: list[ChatMessage]) -> str:
-    """The tiny model's chat template: one ``role: content`` line per message, then the assistant's turn."""
-    return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant: "
+def prompt_ids(prompt: str | list[str] | list[int] | list[list[int]], tokenizer: PolicyTokenizer) -> list[list[int]]:
+    """A completion request's prompts as token ids: text is encoded, ids are taken as they are."""
+    if isinstance(prompt, str):
+        return [tokenizer.encode(prompt)]
+    if all(isinstance(p, int) for p in prompt):
+        return [[int(p) for p in prompt if isinstance(p, int)]] if prompt else [[]]
+    return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt if not isinstance(p, int)]
+
+
+def token_text(tokenizer: PolicyTokenizer, token: int) -> str:
+    """One token as OpenAI's logprobs name it: the character tokenizer's own names (``<eos>`` too), a model's
+    tokenizer's decoding of the token alone."""
+    return tokenizer.token(token) if isinstance(tokenizer, CharTokenizer) else tokenizer.decode([token])
 
 
 def _kiln(g: Generation) -> dict[str, Any]:
@@ -121,6 +142,7 @@ def create_app(engine: Engine, settings: InferenceSettings, receiver: WeightRece
     """The server's routes over ``engine``: the completion routes and/or the admin (weight-update) routes."""
     app = FastAPI(title="kiln inference")
     receiver = receiver or WeightReceiver(engine, staging=settings.staging)
+    tokenizer = engine.tokenizer
 
     async def generate(prompts: list[list[int]], make: Callable[[int], SamplingParams]) -> list[Generation]:
         try:
@@ -152,8 +174,10 @@ def create_app(engine: Engine, settings: InferenceSettings, receiver: WeightRece
         @app.post("/v1/completions")
         async def completions_route(body: CompletionRequest) -> dict[str, Any]:
             REQUESTS.labels("completions").inc()
-            texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-            prompts = [TOKENIZER.encode(t) for t in texts for _ in range(body.n)]
+            vocab = engine.tokenizer.vocab_size
+            prompts = [p for p in prompt_ids(body.prompt, tokenizer) for _ in range(body.n)]
+            if any(not 0 <= t < vocab for p in prompts for t in p):
+                raise HTTPException(400, f"prompt token ids must be in [0, {vocab})")
             top = body.logprobs or 0
             gens = await generate(prompts, lambda i: body.params(body.max_tokens, top, i % body.n))
             choices = []
@@ -161,14 +185,14 @@ def create_app(engine: Engine, settings: InferenceSettings, receiver: WeightRece
                 choice: dict[str, Any] = {"index": index, "text": g.text, "finish_reason": g.finish_reason,
                                           "logprobs": None, "kiln": _kiln(g)}
                 if body.logprobs is not None:
-                    tokens = [TOKENIZER.token(t) for t in g.tokens]
+                    tokens = [token_text(tokenizer, t) for t in g.tokens]
                     offsets, at = [], 0
                     for t in tokens:
                         offsets.append(at)
                         at += len(t)
                     choice["logprobs"] = {
                         "tokens": tokens, "token_logprobs": g.logprobs, "text_offset": offsets,
-                        "top_logprobs": [{TOKENIZER.token(i): v for i, v in top_k} for top_k in g.top_logprobs]
+                        "top_logprobs": [{token_text(tokenizer, i): v for i, v in top_k} for top_k in g.top_logprobs]
                         if top else None}
                 choices.append(choice)
             return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
@@ -178,7 +202,7 @@ def create_app(engine: Engine, settings: InferenceSettings, receiver: WeightRece
         @app.post("/v1/chat/completions")
         async def chat_route(body: ChatRequest) -> dict[str, Any]:
             REQUESTS.labels("chat").inc()
-            prompt = TOKENIZER.encode(chat_prompt(body.messages))
+            prompt = tokenizer.chat([m.model_dump() for m in body.messages])
             top = body.top_logprobs or 0
             gens = await generate([prompt] * body.n,
                                   lambda i: body.params(body.max_completion_tokens or body.max_tokens, top, i))
@@ -187,9 +211,10 @@ def create_app(engine: Engine, settings: InferenceSettings, receiver: WeightRece
                 logprobs = None
                 if body.logprobs:
                     logprobs = {"content": [
-                        {"token": TOKENIZER.token(t), "logprob": lp, "bytes": list(TOKENIZER.token(t).encode()),
-                         "top_logprobs": [{"token": TOKENIZER.token(i), "logprob": v,
-                                           "bytes": list(TOKENIZER.token(i).encode())}
+                        {"token": token_text(tokenizer, t), "logprob": lp,
+                         "bytes": list(token_text(tokenizer, t).encode()),
+                         "top_logprobs": [{"token": token_text(tokenizer, i), "logprob": v,
+                                           "bytes": list(token_text(tokenizer, i).encode())}
                                           for i, v in (g.top_logprobs[k] if top else [])]}
                         for k, (t, lp) in enumerate(zip(g.tokens, g.logprobs, strict=True))]}
                 choices.append({"index": index, "message": {"role": "assistant", "content": g.text},

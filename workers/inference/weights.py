@@ -7,10 +7,14 @@ names, shapes and dtypes (``/request_weight_update``) and broadcasts the tensors
 are built on a ``TCPStore`` directly (not ``torch.distributed.init_process_group``), so they never touch a
 trainer's own default group, and a group can be rebuilt when a server comes back.
 
-The broadcaster gives each server a group of its own (world size 2): a server that dies mid-broadcast breaks only
-its own transfer, the others finish, and it rejoins with a fresh group the next time it answers. The cost is the
-trainer sending the weights once per server (one group for all sends them once; on GPUs with NCCL that matters
-more than on loopback).
+The broadcaster gives each server a group of its own: the trainer and the engine's ranks (1 + k for an engine with
+tensor parallelism k, which joins with ranks 1..k: the ``rank_offset``/``world_size`` of vLLM's and SGLang's init
+bodies). A server that dies mid-broadcast breaks only its own transfer, the others finish, and it rejoins with a
+fresh group the next time it answers. The cost is the trainer sending the weights once per server (one group for
+all sends them once; on GPUs with NCCL that matters more than on loopback).
+
+With NCCL the tensors arrive straight into buffers on the model's device; with gloo into CPU buffers (moved to the
+model's device, if it has another, when loaded).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from datetime import timedelta
 from typing import Any, Literal, Protocol
@@ -51,8 +55,9 @@ class WeightUpdateRejected(WeightUpdateError):
 class InitProcessGroupRequest(BaseModel):
     master_address: str
     master_port: int = Field(ge=1, le=65535)
-    rank: int = Field(ge=1)
-    world_size: int = Field(ge=2)
+    rank: int = Field(ge=1, description="the engine's first rank (vLLM's and SGLang's rank_offset): an engine of "
+                      "k ranks takes rank .. rank + k - 1; the trainer is rank 0")
+    world_size: int = Field(ge=2, description="the trainer and every engine rank in the group")
     backend: Literal["gloo", "nccl"] = "gloo"
     group_name: str = "kiln-weights"
     timeout_s: float = Field(default=60.0, gt=0, le=3600)
@@ -80,12 +85,14 @@ def packed_buffers(tensors: list[tuple[str, Tensor]]) -> list[Tensor]:
     return [torch.cat(parts) for parts in groups.values()]
 
 
-def receive(group: TransferGroup, request: WeightUpdateRequest) -> dict[str, Tensor]:
-    """The announced tensors, as they arrive (fresh buffers; with ``packed``, views into one buffer per dtype)."""
+def receive(group: TransferGroup, request: WeightUpdateRequest,
+            device: torch.device | None = None) -> dict[str, Tensor]:
+    """The announced tensors, as they arrive (fresh buffers on ``device``, the CPU by default; with ``packed``,
+    views into one buffer per dtype)."""
     received: dict[str, Tensor] = {}
     if not request.packed:
         for info in request.parameters_info:
-            buffer = torch.empty(info.shape, dtype=DTYPES[info.dtype])
+            buffer = torch.empty(info.shape, dtype=DTYPES[info.dtype], device=device)
             group.broadcast(buffer)
             received[info.name] = buffer
         return received
@@ -94,7 +101,7 @@ def receive(group: TransferGroup, request: WeightUpdateRequest) -> dict[str, Ten
         by_dtype.setdefault(info.dtype, []).append(info)
     for dtype, infos in by_dtype.items():
         sizes = [math.prod(info.shape) for info in infos]
-        flat = torch.empty(sum(sizes), dtype=DTYPES[dtype])
+        flat = torch.empty(sum(sizes), dtype=DTYPES[dtype], device=device)
         group.broadcast(flat)
         for info, chunk in zip(infos, torch.split(flat, sizes), strict=True):
             received[info.name] = chunk.view(info.shape)
@@ -117,6 +124,7 @@ class TransferGroup:
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, backend: str, timeout_s: float,
                  address: str) -> None:
+        self.backend = backend
         timeout = timedelta(seconds=timeout_s)
         self.pg: Any
         if backend == "nccl":
@@ -134,13 +142,18 @@ class TransferGroup:
         self.pg.broadcast(tensor, 0).wait()
 
 
-def join_group(request: InitProcessGroupRequest) -> TransferGroup:
-    """The server's side of ``/init_process_group``: blocks until every member joined (or the timeout)."""
+def join_group(request: InitProcessGroupRequest, local_rank: int = 0) -> TransferGroup:
+    """The server's side of ``/init_process_group`` for its rank ``local_rank`` (0 for a one-rank engine; each rank
+    of a k-rank engine joins with its own, at once): blocks until every member joined (or the timeout)."""
+    if not 0 <= local_rank < request.world_size - request.rank:
+        raise WeightUpdateRejected(f"local rank {local_rank} from rank {request.rank} is outside a world of "
+                                   f"{request.world_size}")
     timeout = timedelta(seconds=request.timeout_s)
     store = dist.TCPStore(request.master_address, request.master_port, is_master=False, timeout=timeout,
                           wait_for_workers=False)
-    return TransferGroup(dist.PrefixStore(f"{request.group_name}/", store), request.rank, request.world_size,
-                         request.backend, request.timeout_s, _local_address_towards(request.master_address))
+    return TransferGroup(dist.PrefixStore(f"{request.group_name}/", store), request.rank + local_rank,
+                         request.world_size, request.backend, request.timeout_s,
+                         _local_address_towards(request.master_address))
 
 
 class WeightReceiver:
@@ -155,6 +168,9 @@ class WeightReceiver:
         self._lock = threading.Lock()
 
     def join(self, request: InitProcessGroupRequest) -> None:
+        if request.world_size != request.rank + 1:  # else the rendezvous waits for ranks that never come
+            raise WeightUpdateRejected(f"this server is one rank; rank {request.rank} of {request.world_size} "
+                                       "leaves ranks nobody joins")
         with self._lock:
             self.group = None
             self.group = join_group(request)
@@ -171,14 +187,16 @@ class WeightReceiver:
                     receive(group, request)  # drained, so the trainer's broadcast completes and it hears why
                     raise WeightUpdateRejected(problem)
                 started, paused_before = time.perf_counter(), self.engine.paused_s
+                # NCCL receives on the model's device; gloo only into CPU memory
+                device = self.engine.decoder.device if group.backend == "nccl" else None
                 if self.staging:
                     with self.engine.receiving():
-                        staged = receive(group, request)
+                        staged = receive(group, request, device)
                     with self.engine.paused():
                         replaced = self.engine.load(staged, request.version)
                 else:
                     with self.engine.paused():
-                        replaced = self.engine.load(receive(group, request), request.version)
+                        replaced = self.engine.load(receive(group, request, device), request.version)
                 del replaced  # the old weights are freed here, with decoding running
                 return UpdateTimings(version=request.version,
                                      paused_ms=(self.engine.paused_s - paused_before) * 1000,
@@ -195,9 +213,8 @@ class WeightReceiver:
                 return f"unknown parameter {info.name!r}"
             if info.dtype not in DTYPES:
                 return f"{info.name}: unsupported dtype {info.dtype!r} (one of {sorted(DTYPES)})"
-            if list(param.shape) != info.shape or dtype_name(param.dtype) != info.dtype:
-                return (f"{info.name}: announced {info.shape} {info.dtype}, the server has {list(param.shape)} "
-                        f"{dtype_name(param.dtype)}")
+            if list(param.shape) != info.shape:  # a dtype may differ: ``Engine.load`` casts
+                return f"{info.name}: announced {info.shape}, the server has {list(param.shape)}"
         return ""
 
 
@@ -219,11 +236,14 @@ class UpdateReport(BaseModel):
 class WeightBroadcaster:
     """The trainer's side: ``connect()`` makes a group with every endpoint, ``update(model, version)`` announces
     and broadcasts to all of them at once. An endpoint that fails is reported in the ``UpdateReport`` and left out
-    until it answers again; it then gets a fresh group and the full weights with the next update."""
+    until it answers again; it then gets a fresh group and the full weights with the next update. ``ranks`` gives,
+    per endpoint url, how many ranks its engine joins with (its tensor parallelism; 1 where not named)."""
 
     def __init__(self, endpoints: Iterable[WeightEndpoint], master_address: str = "127.0.0.1",
-                 master_port: int = 0, backend: Literal["gloo", "nccl"] = "gloo", timeout_s: float = 60.0) -> None:
+                 master_port: int = 0, backend: Literal["gloo", "nccl"] = "gloo", timeout_s: float = 60.0,
+                 ranks: Mapping[str, int] | None = None) -> None:
         self.endpoints = list(endpoints)
+        self.ranks = dict(ranks or {})
         self.master_address = master_address
         self.backend = backend
         self.timeout_s = timeout_s
@@ -248,11 +268,12 @@ class WeightBroadcaster:
     def _join(self, endpoint: WeightEndpoint) -> TransferGroup:
         endpoint.health()  # a server that is down fails here, before any rendezvous waits for it
         name = f"kiln-weights/{uuid.uuid4().hex[:12]}"
+        world = 1 + self.ranks.get(endpoint.url, 1)
         request = InitProcessGroupRequest(master_address=self.master_address, master_port=self.master_port,
-                                          rank=1, world_size=2, backend=self.backend, group_name=name,
+                                          rank=1, world_size=world, backend=self.backend, group_name=name,
                                           timeout_s=self.timeout_s)
         answer = self._pool.submit(endpoint.init_process_group, request)
-        group = self._pool.submit(TransferGroup, dist.PrefixStore(f"{name}/", self.store), 0, 2, self.backend,
+        group = self._pool.submit(TransferGroup, dist.PrefixStore(f"{name}/", self.store), 0, world, self.backend,
                                   self.timeout_s, self.master_address)
         pending: list[Future[Any]] = [answer, group]
         wait(pending, timeout=self.timeout_s + 5, return_when=FIRST_EXCEPTION)

@@ -17,17 +17,22 @@ app = typer.Typer(help="Reinforcement learning: the inference server and the tra
 
 
 @app.command()
-def serve(port: int | None = None, host: str | None = None) -> None:
+def serve(port: int | None = None, host: str | None = None,
+          model: Annotated[str | None, typer.Option(help="'char' or a Hugging Face model's directory "
+                                                    "(KILN_RL_MODEL)")] = None) -> None:
     """Serve the policy: OpenAI-shaped completions with continuous batching, and in-flight weight updates.
     SIGTERM stops it after the requests in flight are answered (uvicorn's graceful shutdown)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
     from kiln.streams.blobstore import open_blob_store
+    from kiln.streams.errors import ConfigError
     from kiln.streams.settings import get_settings
     from kiln.workers.inference.engine import Engine
+    from kiln.workers.inference.hf_engine import HFDecoder, load_causal_lm
     from kiln.workers.inference.model import TinyLM, load_checkpoint
     from kiln.workers.inference.server import InferenceSettings, create_app
+    from kiln.workers.inference.tokenizer import load_tokenizer
     from kiln.workers.inference.weights import WeightReceiver
 
     torch.set_num_threads(1)  # two threads were 4x slower under contention on the 2-core machines
@@ -36,12 +41,25 @@ def serve(port: int | None = None, host: str | None = None) -> None:
         settings.port = port
     if host is not None:
         settings.host = host
+    if model is not None:
+        settings.model = model
     version = 0
-    if settings.checkpoint:
-        model, version = load_checkpoint(open_blob_store(get_settings()), settings.checkpoint)
+    if settings.model != "char":
+        if settings.checkpoint:
+            raise ConfigError("KILN_RL_CHECKPOINT holds a character-model checkpoint; a Hugging Face model starts "
+                              "from its directory (KILN_RL_MODEL)")
+        tokenizer = load_tokenizer(settings.model)
+        causal_lm = load_causal_lm(settings.model, settings.dtype, settings.device)
+        # The model's own context unless KILN_RL_MAX_LEN says less (its default is the character model's).
+        max_len = settings.max_len if "max_len" in settings.model_fields_set else None
+        engine = Engine(HFDecoder(causal_lm, settings.max_batch, max_len), max_batch=settings.max_batch,
+                        tokenizer=tokenizer)
     else:
-        model = TinyLM(settings.shape())
-    engine = Engine(model, max_batch=settings.max_batch, version=version)
+        if settings.checkpoint:
+            tiny, version = load_checkpoint(open_blob_store(get_settings()), settings.checkpoint)
+        else:
+            tiny = TinyLM(settings.shape())
+        engine = Engine(tiny, max_batch=settings.max_batch, version=version)
     receiver = WeightReceiver(engine, staging=settings.staging)
     separate = settings.admin_port != 0
     servers = [uvicorn.Server(uvicorn.Config(create_app(engine, settings, receiver, admin=not separate),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import pytest
 
@@ -37,3 +37,23 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     yield make
     for served in started:
         served.stop()
+
+
+CORPUS = [f"{a}+{b}={a + b}" for a in range(30) for b in range(30)] + ["def add(a, b):\n    return a + b\n"] * 20
+
+
+@pytest.fixture(scope="session")
+def hf_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``hf_model(arch, seed=0)``: the directory of a tiny Hugging Face causal LM (``hf.build_tiny_model``: a
+    tokenizer trained here, random init), built once per session."""
+    from kiln.workers.inference.hf import build_tiny_model
+
+    built: dict[tuple[str, int], Path] = {}
+
+    def make(arch: Literal["llama", "qwen2"] = "llama", seed: int = 0) -> Path:
+        if (arch, seed) not in built:
+            out = tmp_path_factory.mktemp(f"hf-{arch}-{seed}")
+            built[arch, seed] = build_tiny_model(out, CORPUS, arch=arch, seed=seed)
+        return built[arch, seed]
+
+    return make

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import torch
@@ -17,7 +18,15 @@ import torch
 from kiln.workers.inference.engine import SamplingParams, sample_token
 from kiln.workers.inference.model import TOKENIZER, KVCache, ModelConfig, TinyLM, weights_digest
 from kiln.workers.inference.process import ServerProcess
-from kiln.workers.inference.weights import WeightBroadcaster
+from kiln.workers.inference.weights import (
+    InitProcessGroupRequest,
+    TransferGroup,
+    UpdateTimings,
+    WeightBroadcaster,
+    WeightUpdateRequest,
+    join_group,
+    receive,
+)
 
 torch.set_num_threads(1)
 CONFIG = ModelConfig(max_len=1100, seed=0)
@@ -116,3 +125,44 @@ def test_a_server_dying_mid_broadcast_does_not_hang_the_trainer_and_rejoins(
     assert sorted(report.updated) == sorted([first.url, second.url]) and report.failed == {}
     assert first.weights() == second.weights() == {"version": 4, "sha256": weights_digest(policy)}
     broadcaster.close()
+
+
+class TwoRankEngine:
+    """An engine of two ranks, as vLLM or SGLang with tensor parallelism 2 joins: each rank (a thread here, a
+    worker process there) joins the trainer's group with its own rank and receives every broadcast."""
+
+    packs = True
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.groups: list[TransferGroup] = []
+        self.received: list[dict[str, torch.Tensor]] = []
+
+    def health(self) -> dict[str, Any]:
+        return {}
+
+    def init_process_group(self, request: InitProcessGroupRequest) -> None:
+        with ThreadPoolExecutor(2) as ranks:
+            self.groups = list(ranks.map(lambda local: join_group(request, local), range(2)))
+
+    def request_weight_update(self, request: WeightUpdateRequest) -> UpdateTimings | None:
+        with ThreadPoolExecutor(2) as ranks:
+            self.received = list(ranks.map(lambda group: receive(group, request), self.groups))
+        return None
+
+
+def test_an_engine_of_two_ranks_joins_one_group_and_every_rank_receives() -> None:
+    engine = TwoRankEngine("http://tp2-engine")
+    broadcaster = WeightBroadcaster([engine], timeout_s=30, ranks={engine.url: 2})
+    try:
+        assert broadcaster.connect() == {}
+        assert sorted(g.rank for g in engine.groups) == [1, 2]  # the trainer is rank 0 of a world of 3
+        policy = TinyLM(ModelConfig(seed=9))
+        report = broadcaster.update(policy.named_parameters(), version=3)
+    finally:
+        broadcaster.close()
+    assert report.updated == [engine.url] and report.failed == {}
+    expected = dict(policy.named_parameters())
+    for received in engine.received:
+        assert received.keys() == expected.keys()
+        assert all(torch.equal(received[name], expected[name]) for name in expected)
