@@ -21,7 +21,12 @@ completions that came back during the trainer run, counted by the client, ÷ its
 ``decode_tokens_per_s_client_no_updates`` (the same load for the same time just before, with no update):
 ``decode_rate_ratio_with_updates_client``. (Tokens count when their completion comes back: give the run more
 seconds than a completion takes.)
-Usage: python -m bench.inference [--quick]   (--quick: 0.1M and 10M only, shorter run)
+4. The same throughput with a Hugging Face causal LM (``kiln rl serve --model``): a tiny Llama built here
+   (``hf.build_tiny_model``: hidden 64, 2 layers, like the 0.1M character model), or ``--model DIR`` with
+   ``--device``/``--dtype`` (e.g. a real model on a GPU): ``inference_tokens_per_s_b<B>_hf``, and
+   ``inference_hf_vs_char_tokens_per_s_b64`` against the character model's figure of the same run.
+Usage: python -m bench.inference [--quick] [--throughput-only] [--model DIR --device cuda --dtype bfloat16]
+(--quick: 0.1M and 10M only, shorter run; --throughput-only: parts 1 and 4)
 """
 
 from __future__ import annotations
@@ -123,17 +128,38 @@ class Probe:
                 for w in windows]
 
 
-async def throughput(served: ServerProcess) -> dict[str, float]:
+async def throughput(served: ServerProcess, suffix: str = "") -> dict[str, float]:
     metrics = {}
     async with httpx.AsyncClient(base_url=served.url, timeout=600) as client:
         for batch in (1, 16, 64):
-            body = {"prompt": "def f(x):", "max_tokens": 128, "ignore_eos": True}
+            body = {"prompt": "def f(x):", "max_tokens": 128, "ignore_eos": True, "temperature": 1.0}
             started = time.perf_counter()
             answers = await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(batch)))
             took = time.perf_counter() - started
             tokens = sum(a.json()["usage"]["completion_tokens"] for a in answers)
-            metrics[f"inference_tokens_per_s_b{batch}"] = tokens / took
+            metrics[f"inference_tokens_per_s_b{batch}{suffix}"] = tokens / took
     return metrics
+
+
+def tiny_llama(out: Path) -> str:
+    """A Llama the size of the 0.1M character model, its tokenizer trained on this repository's README."""
+    from kiln.workers.inference.hf import build_tiny_model
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    corpus = [text[i:i + 2000] for i in range(0, len(text), 2000)]
+    return str(build_tiny_model(out, corpus, arch="llama", vocab_size=512))
+
+
+async def hf_throughput(args: argparse.Namespace, log_dir: Path) -> dict[str, float]:
+    """Part 4: a Hugging Face model served by ``kiln rl serve --model``."""
+    model = args.model or tiny_llama(log_dir / "tiny-llama")
+    served = ServerProcess(SIZES["0.1M"], log_dir / "serve-hf.log",
+                           {"KILN_RL_MODEL": model, "KILN_RL_DEVICE": args.device, "KILN_RL_DTYPE": args.dtype})
+    served.start()
+    try:
+        return await throughput(served, "_hf")
+    finally:
+        served.stop()
 
 
 async def pauses(size: str, config: ModelConfig, updates: int, log_dir: Path, staging: bool) -> dict[str, float]:
@@ -268,6 +294,11 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, str
         metrics.update(await throughput(served))
     finally:
         served.stop()
+    metrics.update(await hf_throughput(args, log_dir))
+    metrics["inference_hf_vs_char_tokens_per_s_b64"] = (metrics["inference_tokens_per_s_b64_hf"]
+                                                        / metrics["inference_tokens_per_s_b64"])
+    if args.throughput_only:
+        return metrics, {}
     sizes = ["0.1M", "10M"] if args.quick else ["0.1M", "10M", "100M"]
     for size in sizes:
         updates = {"0.1M": 20, "10M": 10, "100M": 5}[size] // (2 if args.quick else 1)
@@ -281,6 +312,11 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, str
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="0.1M and 10M only, a 10 s trainer run")
+    parser.add_argument("--throughput-only", action="store_true", help="only the throughput parts (1 and 4)")
+    parser.add_argument("--model", default="", help="a Hugging Face model's directory for part 4 (default: a tiny "
+                        "Llama built here)")
+    parser.add_argument("--device", default="cpu", help="where part 4's model runs (KILN_RL_DEVICE)")
+    parser.add_argument("--dtype", default="float32", help="part 4's model dtype (KILN_RL_DTYPE)")
     args = parser.parse_args()
     metrics, notes = asyncio.run(run(args))
     report("inference server", metrics, notes)
