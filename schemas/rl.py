@@ -31,6 +31,8 @@ class Sampling(BaseModel):
     max_tokens: int = Field(16, ge=1, le=32_768)
     temperature: float = Field(1.0, ge=0, le=10)
     top_p: float = Field(1.0, gt=0, le=1)
+    seed: int | None = Field(None, ge=0, description="seeds the group's sampling (the same seed, prompt and "
+                                                      "weights on one engine give the same samples); None: unseeded")
 
 
 class RolloutRequest(BaseModel):

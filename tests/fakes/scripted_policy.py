@@ -40,7 +40,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         sample = int(str(body.get("user", "x/0")).rsplit("/", 1)[-1])
-        text = act(body["prompt"], sample)
+        prompt = body["prompt"]  # token ids, as the rollout stage sends them (the transcript so far)
+        text = act(TOKENIZER.decode(prompt) if isinstance(prompt, list) else prompt, sample)
         ids = TOKENIZER.encode(text)
         self._send({"choices": [{"index": 0, "text": text, "finish_reason": "stop",
                                  "logprobs": {"token_logprobs": [-0.1] * len(ids)},

@@ -1,16 +1,29 @@
 """``InferenceEndpoint``: the one way actors and trainers reach an inference server, whatever serves it.
 
-Completions go through the OpenAI routes every engine has; the weight-update contract maps onto each engine's own
-routes: ``KilnEndpoint`` (``kiln rl serve``), ``SGLangEndpoint``, ``VLLMEndpoint``. The request shapes of the last two
-are checked against the engines' own wheels (tests/workers/inference/test_adapters.py).
+Rollouts are token in, token out: ``generate`` sends the prompt as token ids (tokenised once, by the caller, with
+the model's tokenizer) and reads back each engine's own fields for the sampled ids, their log-probs and the weight
+version that sampled each one, as ``Turn``s — nothing is re-tokenised. kiln's server and vLLM answer on
+``/v1/completions`` (a token-id ``prompt``); SGLang on its native ``/generate`` (``input_ids``), the route its
+``output_ids`` and ``output_token_logprobs`` come back on. The weight-update contract maps onto each engine's own
+routes: ``KilnEndpoint`` (``kiln rl serve``), ``SGLangEndpoint``, ``VLLMEndpoint``. The request and response shapes
+of the last two are checked against the engines' own wheels (tests/workers/inference/test_adapters.py,
+tests/workers/rollout/test_engine_kinds.py).
+
+Versions: both engines label the weights they load (SGLang's ``weight_version``, vLLM's ``/finish_weight_update``
+``weight_version``; kiln's adapters send the trainer's version as that label) and report, per choice, the spans of
+output tokens each label sampled. A label that is not a number is the weights the engine started with ("default"
+in both): version 0. An answer without spans gets, for every token, the version this endpoint last loaded (0 in a
+process that never updated weights, such as a rollout worker): the only version the sampler can vouch for.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 import httpx
 
+from kiln.streams.errors import KilnError
 from kiln.workers.inference.weights import (
     InitProcessGroupRequest,
     UpdateTimings,
@@ -18,6 +31,24 @@ from kiln.workers.inference.weights import (
     WeightUpdateRejected,
     WeightUpdateRequest,
 )
+
+EndpointKind = Literal["kiln", "vllm", "sglang"]
+
+
+class EndpointAnswerError(KilnError):
+    """An engine's answer lacks what a rollout needs (token ids, log-probs) or contradicts itself: the server is
+    not configured for RL (or not the engine named), and asking again gives the same answer."""
+
+
+@dataclass
+class Turn:
+    """One sampled continuation, in the engine's own tokens: ``logprobs`` and ``versions`` per token id."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str
 
 
 class InferenceEndpoint(Protocol):
@@ -30,7 +61,34 @@ class InferenceEndpoint(Protocol):
 
     async def complete(self, prompt: str, **sampling: Any) -> dict[str, Any]: ...
 
+    async def generate(self, prompt_ids: list[int], *, n: int, max_tokens: int, temperature: float, top_p: float,
+                       seed: int | None = None, user: str | None = None) -> list[Turn]: ...
+
     def health(self) -> dict[str, Any]: ...
+
+
+def label_version(label: object) -> int:
+    """An engine's weight-version label as kiln's version: the trainer's number kiln's adapters sent, or 0 for the
+    weights the engine started with (its "default" label)."""
+    text = str(label)
+    return int(text) if text.isdigit() else 0
+
+
+def span_versions(spans: list[dict[str, Any]] | None, count: int, fallback: int) -> list[int]:
+    """Per-token versions from ``[{"version", "start", "end"}]`` spans over the output tokens (both engines' shape);
+    tokens no span covers, or every token when there are none, get ``fallback``."""
+    versions = [fallback] * count
+    for span in spans or []:
+        version = label_version(span["version"])
+        for i in range(max(0, int(span["start"])), min(count, int(span["end"]))):
+            versions[i] = version
+    return versions
+
+
+def _logprobs(values: list[Any], where: str) -> list[float]:
+    if any(v is None for v in values):
+        raise EndpointAnswerError(f"{where}: a sampled token has no log-prob")
+    return [float(v) for v in values]
 
 
 class HttpEndpoint:
@@ -44,6 +102,7 @@ class HttpEndpoint:
         self.url = url.rstrip("/")
         self.admin_url = (admin_url or url).rstrip("/")
         self.model = model
+        self.version = 0  # the weights this endpoint last had the engine load (see the module's note on versions)
         self._headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self._timeout = timeout_s
         self._async: httpx.AsyncClient | None = None
@@ -65,18 +124,34 @@ class HttpEndpoint:
             raise WeightUpdateRejected(f"{self.admin_url}{route}: {result.get('message')}")
         return result
 
-    async def complete(self, prompt: str, **sampling: Any) -> dict[str, Any]:
-        """One ``/v1/completions`` call; ``sampling`` holds OpenAI's fields (max_tokens, temperature, n, ...)."""
+    async def _post(self, route: str, body: dict[str, Any]) -> Any:
         if self._async is None:
             # Every request in flight keeps its connection: past httpx's default 20 kept alive, each completion
             # beyond them opened and closed a connection.
             self._async = httpx.AsyncClient(timeout=self._timeout, limits=httpx.Limits(
                 max_connections=None, max_keepalive_connections=None))
-        answer = await self._async.post(f"{self.url}/v1/completions",
-                                        json={"model": self.model, "prompt": prompt, **sampling})
+        answer = await self._async.post(f"{self.url}{route}", json=body)
         answer.raise_for_status()
-        result: dict[str, Any] = answer.json()
+        return answer.json()
+
+    async def complete(self, prompt: str, **sampling: Any) -> dict[str, Any]:
+        """One ``/v1/completions`` call; ``sampling`` holds OpenAI's fields (max_tokens, temperature, n, ...)."""
+        result: dict[str, Any] = await self._post("/v1/completions",
+                                                  {"model": self.model, "prompt": prompt, **sampling})
         return result
+
+    def completion_body(self, prompt_ids: list[int], n: int, max_tokens: int, temperature: float, top_p: float,
+                        seed: int | None, user: str | None) -> dict[str, Any]:
+        """OpenAI's completion request with a token-id prompt (vLLM's and kiln's) and the sampled tokens'
+        log-probs (``logprobs: 0``: the sampled token's own, no alternatives). vLLM seeds one generator per
+        request (its n samples differ); kiln's server gives choice i seed + i."""
+        body: dict[str, Any] = {"model": self.model, "prompt": prompt_ids, "n": n, "max_tokens": max_tokens,
+                                "temperature": temperature, "top_p": top_p, "logprobs": 0}
+        if seed is not None:
+            body["seed"] = seed
+        if user is not None:
+            body["user"] = user
+        return body
 
     def health(self) -> dict[str, Any]:
         answer = httpx.get(f"{self.url}{self.health_path}", timeout=10)
@@ -100,7 +175,25 @@ class KilnEndpoint(HttpEndpoint):
         self._admin("/init_process_group", request.model_dump())
 
     def request_weight_update(self, request: WeightUpdateRequest) -> UpdateTimings:
-        return UpdateTimings.model_validate(self._admin("/request_weight_update", request.model_dump()))
+        timings = UpdateTimings.model_validate(self._admin("/request_weight_update", request.model_dump()))
+        self.version = request.version
+        return timings
+
+    async def generate(self, prompt_ids: list[int], *, n: int, max_tokens: int, temperature: float, top_p: float,
+                       seed: int | None = None, user: str | None = None) -> list[Turn]:
+        """kiln's server: its ``kiln`` extension carries each choice's token ids and per-token versions."""
+        answer = await self._post("/v1/completions",
+                                  self.completion_body(prompt_ids, n, max_tokens, temperature, top_p, seed, user))
+        turns = []
+        for choice in answer["choices"]:
+            kiln, where = choice.get("kiln") or {}, f"{self.url}/v1/completions"
+            if "token_ids" not in kiln or not choice.get("logprobs"):
+                raise EndpointAnswerError(f"{where}: no kiln.token_ids or logprobs (is it kiln's server?)")
+            ids = list(kiln["token_ids"])
+            turns.append(Turn(choice["text"], ids, _logprobs(choice["logprobs"]["token_logprobs"], where),
+                              list(kiln.get("token_versions") or [self.version] * len(ids)),
+                              choice["finish_reason"]))
+        return turns
 
 
 class SGLangEndpoint(HttpEndpoint):
@@ -132,6 +225,48 @@ class SGLangEndpoint(HttpEndpoint):
 
     def request_weight_update(self, request: WeightUpdateRequest) -> None:
         self._admin("/update_weights_from_distributed", self.update_body(request))
+        self.version = request.version
+
+    @staticmethod
+    def generate_body(prompt_ids: list[int], n: int, max_tokens: int, temperature: float, top_p: float,
+                      seed: int | None) -> dict[str, Any]:
+        """SGLang's native ``/generate`` (``GenerateReqInput``; its sampling params are ``api/v1``'s
+        ``SamplingParams``, which refuses unknown keys): ``return_logprob`` gives ``output_token_logprobs`` for the
+        output tokens only (``logprob_start_len`` defaults to -1)."""
+        params: dict[str, Any] = {"max_new_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
+        if seed is None:
+            return {"input_ids": prompt_ids, "sampling_params": {**params, "n": n}, "return_logprob": True}
+        # SGLang gives each of n parallel samples the one sampling_seed (n equal samples): seeded, the group is a
+        # batch of the prompt n times, sample i with seed + i (as kiln's server does)
+        return {"input_ids": [prompt_ids] * n, "sampling_params": [{**params, "sampling_seed": seed + i}
+                                                                   for i in range(n)], "return_logprob": True}
+
+    async def generate(self, prompt_ids: list[int], *, n: int, max_tokens: int, temperature: float, top_p: float,
+                       seed: int | None = None, user: str | None = None) -> list[Turn]:
+        """One dict for a single unseeded sample, a list of n otherwise (SGLang answers a batch, and parallel
+        samples are one, with a list); per output:
+        ``output_ids`` (through the stop token), ``meta_info.output_token_logprobs`` as ``[logprob, id, text]``,
+        ``meta_info.finish_reason`` as ``{"type": ...}``, ``meta_info.weight_versions`` spans. ``user`` has no
+        SGLang field."""
+        answer = await self._post("/generate", self.generate_body(prompt_ids, n, max_tokens, temperature, top_p,
+                                                                  seed))
+        outputs = answer if isinstance(answer, list) else [answer]
+        return [self._turn(out) for out in outputs]
+
+    def _turn(self, out: dict[str, Any]) -> Turn:
+        where, meta = f"{self.url}/generate", out.get("meta_info") or {}
+        ids, scored = out.get("output_ids"), meta.get("output_token_logprobs")
+        if ids is None or scored is None:
+            raise EndpointAnswerError(f"{where}: no output_ids or meta_info.output_token_logprobs")
+        if [int(s[1]) for s in scored] != list(ids):
+            raise EndpointAnswerError(f"{where}: output_token_logprobs are not output_ids' ({len(scored)} vs "
+                                      f"{len(ids)} tokens)")
+        reason = meta.get("finish_reason") or {}
+        if reason.get("type") not in ("stop", "length"):
+            raise EndpointAnswerError(f"{where}: finished with {reason}")
+        fallback = label_version(meta["weight_version"]) if "weight_version" in meta else self.version
+        return Turn(out.get("text") or "", list(ids), _logprobs([s[0] for s in scored], where),
+                    span_versions(meta.get("weight_versions"), len(ids), fallback), str(reason["type"]))
 
 
 class VLLMEndpoint(HttpEndpoint):
@@ -163,3 +298,42 @@ class VLLMEndpoint(HttpEndpoint):
     def request_weight_update(self, request: WeightUpdateRequest) -> None:
         for route, body in self.update_calls(request):
             self._admin(route, body)
+        self.version = request.version
+
+    def completion_body(self, prompt_ids: list[int], n: int, max_tokens: int, temperature: float, top_p: float,
+                        seed: int | None, user: str | None) -> dict[str, Any]:
+        """vLLM's extensions (``CompletionRequest``): ``return_token_ids`` for each choice's ``token_ids`` (and
+        ``prompt_token_ids``), ``return_weight_versions`` for its ``weight_versions`` spans. vLLM's log-probs are
+        the model's raw ones unless the server runs with ``--logprobs-mode processed_logprobs`` (those of the
+        distribution sampled, after temperature — what an importance ratio needs)."""
+        return {**super().completion_body(prompt_ids, n, max_tokens, temperature, top_p, seed, user),
+                "return_token_ids": True, "return_weight_versions": True}
+
+    async def generate(self, prompt_ids: list[int], *, n: int, max_tokens: int, temperature: float, top_p: float,
+                       seed: int | None = None, user: str | None = None) -> list[Turn]:
+        answer = await self._post("/v1/completions",
+                                  self.completion_body(prompt_ids, n, max_tokens, temperature, top_p, seed, user))
+        where, turns = f"{self.url}/v1/completions", []
+        for choice in answer["choices"]:
+            ids, logprobs = choice.get("token_ids"), choice.get("logprobs")
+            if ids is None or not logprobs:
+                raise EndpointAnswerError(f"{where}: no token_ids or logprobs (vLLM before return_token_ids?)")
+            if choice.get("prompt_token_ids") not in (None, prompt_ids):
+                raise EndpointAnswerError(f"{where}: the engine sampled after another prompt than the ids sent "
+                                          "(truncated?)")
+            if choice.get("finish_reason") not in ("stop", "length"):
+                raise EndpointAnswerError(f"{where}: finished with {choice.get('finish_reason')}")
+            turns.append(Turn(choice["text"], list(ids), _logprobs(logprobs["token_logprobs"], where),
+                              span_versions(choice.get("weight_versions"), len(ids), self.version),
+                              choice["finish_reason"]))
+        return turns
+
+
+def endpoint_for(kind: EndpointKind, url: str, **options: Any) -> InferenceEndpoint:
+    """The endpoint class for what serves ``url`` (``RolloutSettings.endpoint_kind``); ``options`` go to its
+    constructor (admin_token, admin_url, timeout_s, model)."""
+    if kind == "vllm":
+        return VLLMEndpoint(url, **options)
+    if kind == "sglang":
+        return SGLangEndpoint(url, **options)
+    return KilnEndpoint(url, **options)

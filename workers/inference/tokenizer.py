@@ -113,3 +113,10 @@ def load_tokenizer(model: str) -> PolicyTokenizer:
     from transformers import AutoTokenizer  # the rl extra; only HF models need it
 
     return HFTokenizer(AutoTokenizer.from_pretrained(model))
+
+
+def tokenize_prompt(tokenizer: PolicyTokenizer, prompt: str, chat: bool = True) -> list[int]:
+    """A task's prompt as the sampler gets it and the trainer trains after it, tokenised once: one user message
+    through the model's chat template (with the generation prompt) when ``chat``, else the text as is (a base
+    model's completion prompt). The character model has no template: both give ``encode(prompt)``."""
+    return tokenizer.chat([{"role": "user", "content": prompt}]) if chat else tokenizer.encode(prompt)

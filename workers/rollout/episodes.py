@@ -2,9 +2,11 @@
 transcript, until it answers (a turn without a tool call) or ``max_turns`` is spent; the last turn's text is what the
 verifier judges.
 
-A tool call is ``<run>command</run>`` in the policy's text; its output is appended as ``<output>…</output>``,
-tokenised with kiln's tokenizer and marked in ``tool_mask`` so the trainer never trains on it. Each sample gets a
-fresh session (its commands may change the tree), closed when the episode ends.
+Token in, token out: the transcript is a token sequence, never re-tokenised text. Each turn's prompt is the group's
+prompt ids followed by every token so far — the turns' sampled ids as the engine returned them, and between turns a
+tool call's output, ``<output>…</output>``, tokenised once with the model's tokenizer and marked in ``tool_mask`` so
+the trainer never trains on it. The trainer sees exactly these ids. Each sample gets a fresh session (its commands
+may change the tree), closed when the episode ends.
 """
 
 from __future__ import annotations
@@ -15,28 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.workers.exec.client import ExecClient
-from kiln.workers.inference.endpoints import KilnEndpoint
-from kiln.workers.inference.model import TOKENIZER
+from kiln.workers.inference.endpoints import InferenceEndpoint, Turn
+from kiln.workers.inference.tokenizer import PolicyTokenizer
 
 TOOL_CALL = re.compile(r"<run>(.*?)</run>", re.DOTALL)
 OUTPUT_LIMIT = 2000  # characters of a command's output the transcript keeps (its tail)
 
-
-@dataclass
-class Turn:
-    """One completion choice as the sampler produced it."""
-
-    text: str
-    token_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    finish_reason: str
-
-    @classmethod
-    def from_choice(cls, choice: dict[str, Any]) -> Turn:
-        kiln = choice["kiln"]
-        return cls(choice["text"], kiln["token_ids"], choice["logprobs"]["token_logprobs"], kiln["token_versions"],
-                   choice["finish_reason"])
+__all__ = ["OUTPUT_LIMIT", "TOOL_CALL", "Episode", "Turn", "run_episode"]
 
 
 @dataclass
@@ -62,9 +49,9 @@ class Episode:
         self.answer, self.finish_reason = turn.text, turn.finish_reason
         self.turns += 1
 
-    def tool(self, output: str) -> None:
+    def tool(self, output: str, tokenizer: PolicyTokenizer) -> None:
         observed = f"\n<output>\n{output[-OUTPUT_LIMIT:]}</output>\n"
-        ids = TOKENIZER.encode(observed)
+        ids = tokenizer.encode(observed)
         self.text += observed
         self.token_ids += ids
         self.logprobs += [0.0] * len(ids)
@@ -73,14 +60,14 @@ class Episode:
         self.tool_calls += 1
 
 
-async def run_episode(endpoint: KilnEndpoint, exec_client: ExecClient, image: str, prompt: str, max_turns: int,
-                      sampling: dict[str, Any], user: str) -> Episode:
+async def run_episode(endpoint: InferenceEndpoint, exec_client: ExecClient, tokenizer: PolicyTokenizer, image: str,
+                      prompt_ids: list[int], max_turns: int, sampling: dict[str, Any], user: str) -> Episode:
+    """``sampling``: ``generate``'s max_tokens, temperature, top_p (and seed)."""
     episode = Episode()
     session = None
     try:
         for turn_number in range(max_turns):
-            answer = await endpoint.complete(prompt + episode.text, n=1, logprobs=0, user=user, **sampling)
-            turn = Turn.from_choice(answer["choices"][0])
+            [turn] = await endpoint.generate(prompt_ids + episode.token_ids, n=1, user=user, **sampling)
             episode.policy(turn)
             call = TOOL_CALL.search(turn.text)
             if call is None or turn_number == max_turns - 1:
@@ -88,7 +75,7 @@ async def run_episode(endpoint: KilnEndpoint, exec_client: ExecClient, image: st
             if session is None:
                 session = await exec_client.open_session(image)
             output = await exec_client.run(session, call.group(1), timeout_s=60)
-            episode.tool(f"{output.stdout}{output.stderr}[exit {output.exit_code}]\n")
+            episode.tool(f"{output.stdout}{output.stderr}[exit {output.exit_code}]\n", tokenizer)
     finally:
         if session is not None:
             await asyncio.shield(exec_client.close_session(session))

@@ -2,8 +2,12 @@
 (``verifiers.py``: in process, or kiln's exec and Lean stages through their client facades); the group goes to the
 requester and to ``rollouts`` (committed only after both are written — the runtime's rule).
 
-Settings ``KILN_ROLLOUT_*``: the servers to sample from (round-robin), the verifiers' session pool. Samples come from
-kiln's server (``kiln rl serve``), whose choices carry the token ids and the policy version of every token.
+Settings ``KILN_ROLLOUT_*``: the servers to sample from (round-robin) and what they are (``endpoint_kind``: kiln's
+``kiln rl serve``, vLLM or SGLang), the policy's ``model`` (whose tokenizer this worker loads), the verifiers'
+session pool. Token in, token out: a task's prompt is tokenised once here (the model's chat template when ``chat``)
+and sent as ids; each engine's answer is read from its own fields into token ids, log-probs and per-token versions
+(``kiln.workers.inference.endpoints``); the group carries the prompt ids and each sample's completion ids, which
+are what the trainer trains on.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import itertools
 import os
 import socket
 import time
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -26,9 +30,10 @@ from kiln.streams.errors import RequestFailed, RoutineJobError, TransientJobErro
 from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
 from kiln.workers.exec.client import ExecClient
-from kiln.workers.inference.endpoints import KilnEndpoint
+from kiln.workers.inference.endpoints import EndpointAnswerError, InferenceEndpoint, endpoint_for
+from kiln.workers.inference.tokenizer import PolicyTokenizer, load_tokenizer, tokenize_prompt
 from kiln.workers.rollout import spec
-from kiln.workers.rollout.episodes import Episode, Turn, run_episode
+from kiln.workers.rollout.episodes import Episode, run_episode
 from kiln.workers.verifiers import VerifierContext, Verifiers
 
 
@@ -41,6 +46,11 @@ class RolloutSettings(BaseSettings):
                                                                               "(``kiln rl serve``), vLLM or SGLang.")
     model: str = Field("char", description="The policy: 'char' (kiln's character model) or a Hugging Face model's "
                                            "directory; prompts and tool output are tokenised with its tokenizer.")
+    chat: bool = Field(True, description="Send each task's prompt as one user message through the model's chat "
+                                         "template (with the generation prompt); false: the prompt text as is. "
+                                         "The character model has no template (same ids either way).")
+    served_model: str = Field("", description="OpenAI's ``model`` field in completion requests: the name the "
+                                              "server serves the policy under (vLLM checks it; empty: its default).")
     timeout_s: float = Field(600.0, gt=0, description="Per completion request.")
     exec_calls: int = Field(8, ge=1, description="Exec run_once calls a worker's verifiers keep in flight.")
     exec_batch_groups: int = Field(32, ge=1, description="Groups one exec command may verify together.")
@@ -55,14 +65,18 @@ REWARD = Histogram("kiln_rollout_reward", "Reward per sample.", buckets=(0.0, 0.
 GENERATE = Histogram("kiln_rollout_generate_seconds", "Time to sample one group.", registry=registry)
 VERIFY = Histogram("kiln_rollout_verify_seconds", "Time to verify one group.", ["verifier"], registry=registry)
 
-_endpoints: list[KilnEndpoint] = []
+_endpoints: list[InferenceEndpoint] = []
 _turn = itertools.count()
 _verifiers: list[Verifiers] = []
+_tokenizer: list[PolicyTokenizer] = []
+_chat: list[bool] = []
 
 
 async def setup(slots: int) -> None:
     settings = RolloutSettings()
-    _endpoints[:] = [KilnEndpoint(url, timeout_s=settings.timeout_s) for url in settings.endpoints]
+    options = {"timeout_s": settings.timeout_s, **({"model": settings.served_model} if settings.served_model else {})}
+    _endpoints[:] = [endpoint_for(settings.endpoint_kind, url, **options) for url in settings.endpoints]
+    _tokenizer[:], _chat[:] = [load_tokenizer(settings.model)], [settings.chat]
     # Its own client id: results of its exec/Lean requests come back to this process only.
     kiln = KilnClient(get_settings(), f"rollout.{socket.gethostname()}.{os.getpid()}")
     _verifiers[:] = [Verifiers(VerifierContext(kiln, exec_calls=settings.exec_calls,
@@ -75,28 +89,34 @@ async def teardown() -> None:
         await verifiers.close()
 
 
-async def _episodes(endpoint: KilnEndpoint, request: RolloutRequest, request_id: str) -> list[Episode]:
+async def _episodes(endpoint: InferenceEndpoint, request: RolloutRequest, prompt_ids: list[int],
+                    request_id: str) -> list[Episode]:
     s, task = request.sampling, request.task
-    sampling = {"max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p}
+    sampling: dict[str, Any] = {"max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p}
     if task.max_turns == 1:
-        answer = await endpoint.complete(task.prompt, n=s.n, logprobs=0, **sampling)
-        episodes = [Episode() for _ in answer["choices"]]
-        for episode, choice in zip(episodes, answer["choices"], strict=True):
-            episode.policy(Turn.from_choice(choice))
+        episodes = []
+        for turn in await endpoint.generate(prompt_ids, n=s.n, seed=s.seed, **sampling):
+            episodes.append(Episode())
+            episodes[-1].policy(turn)
         return episodes
     image = str(task.check.get("image", ""))
     if not image:
         raise RoutineJobError(f"task {task.task_id}: tool calls need check['image'] (the sessions' image)")
     tools = ExecClient(_verifiers[0].context.kiln)
-    return list(await asyncio.gather(*(run_episode(endpoint, tools, image, task.prompt, task.max_turns, sampling,
+    # sample i of a seeded group draws every turn with seed + i: one request per turn, each its own sample
+    return list(await asyncio.gather(*(run_episode(endpoint, tools, _tokenizer[0], image, prompt_ids, task.max_turns,
+                                                   {**sampling, "seed": None if s.seed is None else s.seed + i},
                                                    f"{request_id}/{i}") for i in range(s.n))))
 
 
 async def handle(request: RolloutRequest, ctx: JobContext) -> RolloutGroup:
     endpoint = _endpoints[next(_turn) % len(_endpoints)]
+    prompt_ids = tokenize_prompt(_tokenizer[0], request.task.prompt, _chat[0])
     started = time.perf_counter()
     try:
-        episodes = await _episodes(endpoint, request, ctx.envelope.request_id)
+        episodes = await _episodes(endpoint, request, prompt_ids, ctx.envelope.request_id)
+    except EndpointAnswerError as e:
+        raise RoutineJobError(str(e)) from None
     except httpx.HTTPStatusError as e:
         if e.response.status_code in (400, 422):
             raise RoutineJobError(f"{endpoint.url} refused the prompt: {e.response.text[:500]}") from None
@@ -120,8 +140,8 @@ async def handle(request: RolloutRequest, ctx: JobContext) -> RolloutGroup:
     GROUPS.inc()
     GENERATE.observe(generated - started)
     versions = [v for e in episodes for v in e.versions]
-    return RolloutGroup(task_id=request.task.task_id, prompt=request.task.prompt, samples=samples,
-                        version_start=min(versions, default=0), version_end=max(versions, default=0),
+    return RolloutGroup(task_id=request.task.task_id, prompt=request.task.prompt, prompt_ids=prompt_ids,
+                        samples=samples, version_start=min(versions, default=0), version_end=max(versions, default=0),
                         actor_version=request.actor_version, endpoint=endpoint.url, generate_s=generated - started,
                         verify_s=time.perf_counter() - generated)
 

@@ -3,21 +3,21 @@ on, what the tools printed is masked out, a long output keeps its tail, and the 
 
 from __future__ import annotations
 
-from kiln.workers.inference.model import TOKENIZER
-from kiln.workers.rollout.episodes import OUTPUT_LIMIT, TOOL_CALL, Episode, Turn
+from kiln.workers.inference.endpoints import Turn
+from kiln.workers.inference.tokenizer import TOKENIZER
+from kiln.workers.rollout.episodes import OUTPUT_LIMIT, TOOL_CALL, Episode
 
 
 def _turn(text: str, version: int, finish: str = "stop") -> Turn:
     ids = TOKENIZER.encode(text)
-    return Turn.from_choice({"text": text, "finish_reason": finish, "logprobs": {"token_logprobs": [-0.5] * len(ids)},
-                             "kiln": {"token_ids": ids, "token_versions": [version] * len(ids)}})
+    return Turn(text, ids, [-0.5] * len(ids), [version] * len(ids), finish)
 
 
 def test_policy_tokens_are_trained_on_and_tool_output_is_masked() -> None:
     episode = Episode()
     first = _turn("let me look <run>ls</run>", version=3)
     episode.policy(first)
-    episode.tool("a.py\nb.py\n[exit 0]\n")
+    episode.tool("a.py\nb.py\n[exit 0]\n", TOKENIZER)
     last = _turn("the answer is 7", version=4)
     episode.policy(last)
     lengths = {len(episode.token_ids), len(episode.logprobs), len(episode.versions), len(episode.tool_mask)}
@@ -35,7 +35,7 @@ def test_policy_tokens_are_trained_on_and_tool_output_is_masked() -> None:
 
 def test_a_long_output_keeps_its_tail_and_a_tool_call_is_found_in_the_text() -> None:
     episode = Episode()
-    episode.tool("x" * 5000 + "END")
+    episode.tool("x" * 5000 + "END", TOKENIZER)
     kept = episode.text.removeprefix("\n<output>\n").removesuffix("</output>\n")
     assert len(kept) == OUTPUT_LIMIT and kept.endswith("END")
     assert episode.versions == [0] * len(episode.token_ids)  # before any policy turn
