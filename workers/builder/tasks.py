@@ -48,7 +48,8 @@ async def validate(execs: ExecClient, image: str, test_patch: str, gold_patch: s
         before, after = await asyncio.gather(*(asyncio.gather(*(_run(execs, image, side, timeout_s)
                                                                 for _ in range(runs))) for side in sides))
     except TaskPatchFailed as e:
-        return TaskValidation(valid=False, reason=str(e), runs=runs, seconds=round(time.monotonic() - started, 3))
+        return TaskValidation(valid=False, failure="patch_does_not_apply", reason=str(e), runs=runs,
+                              seconds=round(time.monotonic() - started, 3))
     return split(list(before), list(after)).model_copy(update={"seconds": round(time.monotonic() - started, 3)})
 
 
@@ -69,8 +70,9 @@ def validate_command(repository: str, test_patch: Path, gold_patch: Path, revisi
             if not built:
                 event = await BuilderClient(client).build(BuildRequest(repository=repository, revision=revision))
                 if not event.usable or not event.image:
-                    return TaskValidation(valid=False, reason=f"the revision's build is not usable: {event.failure}: "
-                                                              f"{(event.detail or '')[-500:]}")
+                    return TaskValidation(valid=False, failure="build_failed",
+                                          reason=f"the revision's build is not usable: {event.failure}: "
+                                                 f"{(event.detail or '')[-500:]}")
                 built = event.image
             return await validate(ExecClient(client), built, *patches, max(1, runs), timeout_s)
 

@@ -6,16 +6,25 @@ results kiln trusts (``reports.unusable_reason``). A reward on the task checks e
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.schemas.reports import TestReport
 from kiln.workers.common.reports import unusable_reason
+
+# Why a task is not valid, one class each: its revision does not build usably; a patch does not apply to it; a run
+# gave no per-test results kiln trusts; no test fails before the gold patch and passes after it; or only tests that
+# were dropped as flaky would have.
+TaskFailure = Literal["build_failed", "patch_does_not_apply", "tests_not_usable", "fail_to_pass_empty",
+                      "fail_to_pass_flaky"]
 
 
 class TaskValidation(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     valid: bool
+    failure: TaskFailure | None = Field(None, description="The class of ``reason`` (None when the task is valid).")
     reason: str = Field("", description="Why the task is not valid (empty when it is).")
     fail_to_pass: list[str] = Field(default_factory=list)
     pass_to_pass: list[str] = Field(default_factory=list)
@@ -44,17 +53,18 @@ def split(before: list[TestReport | None], after: list[TestReport | None]) -> Ta
     runs = max(len(before), len(after))
     for side, reports in (("before", before), ("after", after)):
         if not reports:
-            return TaskValidation(valid=False, reason=f"no run {side} the gold patch", runs=runs)
+            return TaskValidation(valid=False, failure="tests_not_usable", reason=f"no run {side} the gold patch",
+                                  runs=runs)
         for i, report in enumerate(reports):
             if report is None:
-                return TaskValidation(valid=False, reason=f"run {i + 1} {side} the gold patch gave no test results",
-                                      runs=runs)
+                return TaskValidation(valid=False, failure="tests_not_usable",
+                                      reason=f"run {i + 1} {side} the gold patch gave no test results", runs=runs)
             problem = unusable_reason(report)
             # Before the fix every test may fail (the new tests' module does not even import): only the per-test
             # results and their agreement with the runner's summary matter there.
             if problem is not None and (side == "after" or problem[0] == "tests_not_itemised"):
-                return TaskValidation(valid=False, reason=f"run {i + 1} {side} the gold patch: {problem[1]}",
-                                      runs=runs)
+                return TaskValidation(valid=False, failure="tests_not_usable",
+                                      reason=f"run {i + 1} {side} the gold patch: {problem[1]}", runs=runs)
     passes_before = [_passed(r) for r in before if r is not None]
     passes_after = [_passed(r) for r in after if r is not None]
     named = {c.name for r in [*before, *after] if r is not None for c in r.cases}
@@ -63,6 +73,12 @@ def split(before: list[TestReport | None], after: list[TestReport | None]) -> Ta
     never_before = named - _ever(passes_before) - flaky
     passed_after = _always(passes_after) - flaky
     fail_to_pass, pass_to_pass = sorted(never_before & passed_after), sorted(passed_before & passed_after)
-    return TaskValidation(valid=bool(fail_to_pass), reason="" if fail_to_pass else
-                          "no test fails before the gold patch and passes after it (FAIL_TO_PASS is empty)",
-                          fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass, flaky=sorted(flaky), runs=runs)
+    if fail_to_pass:
+        return TaskValidation(valid=True, fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass, flaky=sorted(flaky),
+                              runs=runs)
+    # A flaky test that never passed in some run before and passed in some run after would have been FAIL_TO_PASS.
+    flaky_fix = sorted(t for t in flaky if t not in _always(passes_before) and t in _ever(passes_after))
+    return TaskValidation(valid=False, failure="fail_to_pass_flaky" if flaky_fix else "fail_to_pass_empty",
+                          reason="no test fails before the gold patch and passes after it (FAIL_TO_PASS is empty)"
+                          + (f"; flaky, dropped: {', '.join(flaky_fix[:5])}" if flaky_fix else ""),
+                          pass_to_pass=pass_to_pass, flaky=sorted(flaky), runs=runs)

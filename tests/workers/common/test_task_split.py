@@ -20,8 +20,8 @@ def test_tests_failing_before_and_passing_after_are_fail_to_pass() -> None:
     after = [run(old="passed", new="passed", added="passed", gone="failed")] * 2
     result = split(list(before), list(after))
     # "added" is absent before (its module did not import): it did not pass there.
-    assert (result.valid, result.fail_to_pass, result.pass_to_pass, result.flaky) == (
-        True, ["added", "new"], ["old"], [])
+    assert (result.valid, result.failure, result.fail_to_pass, result.pass_to_pass, result.flaky) == (
+        True, None, ["added", "new"], ["old"], [])
 
 
 def test_flaky_tests_are_in_neither_list_and_an_empty_fail_to_pass_is_invalid() -> None:
@@ -29,13 +29,22 @@ def test_flaky_tests_are_in_neither_list_and_an_empty_fail_to_pass_is_invalid() 
     after = [run(old="passed", coin="passed"), run(old="passed", coin="passed")]
     result = split(list(before), list(after))
     assert (result.valid, result.fail_to_pass, result.pass_to_pass, result.flaky) == (False, [], ["old"], ["coin"])
-    assert result.reason == "no test fails before the gold patch and passes after it (FAIL_TO_PASS is empty)"
+    # Only the dropped flaky test would have been FAIL_TO_PASS: that is the class, not a plain empty split.
+    assert result.failure == "fail_to_pass_flaky"
+    assert result.reason == ("no test fails before the gold patch and passes after it (FAIL_TO_PASS is empty); "
+                             "flaky, dropped: coin")
+    # A flaky test that never passes after the fix was never a candidate: the split is simply empty.
+    unrelated = split([run(old="passed", coin="passed"), run(old="passed", coin="failed")],
+                      [run(old="passed", coin="failed")] * 2)
+    assert (unrelated.failure, unrelated.flaky) == ("fail_to_pass_empty", ["coin"])
+    assert unrelated.reason == "no test fails before the gold patch and passes after it (FAIL_TO_PASS is empty)"
 
 
 def test_runs_without_trusted_per_test_results_make_the_task_invalid() -> None:
     good = run(old="passed", new="passed")
     blind = schema.TestReport(runner="make check", itemised=False, summary_passed=2, summary_failed=0)
     assert split([blind], [good]).reason.startswith("run 1 before the gold patch: the runner's per-test results")
+    assert split([blind], [good]).failure == "tests_not_usable"
     assert split([run(new="failed")], [None]).reason == "run 1 after the gold patch gave no test results"
     assert not split([], [good]).valid
     # Before the fix nothing may pass at all (the new module does not import): still a task.
@@ -50,6 +59,7 @@ _RUN = st.dictionaries(st.sampled_from(["a", "b", "c", "d", "e"]), _OUTCOMES, mi
 def test_the_split_is_stable_and_disjoint(before: list[dict[str, str]], after: list[dict[str, str]]) -> None:
     result = split([run(**r) for r in before], [run(**r) for r in after])
     f2p, p2p, flaky = set(result.fail_to_pass), set(result.pass_to_pass), set(result.flaky)
+    assert result.valid == (result.failure is None) == bool(f2p)
     assert not (f2p & p2p) and not (f2p & flaky) and not (p2p & flaky)
     for name in f2p | p2p:  # each passed in every run after the fix
         assert all(r.get(name) == "passed" for r in after)
