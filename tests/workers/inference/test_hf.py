@@ -15,8 +15,9 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from torch import nn
 
-from kiln.workers.inference.engine import Engine, SamplingParams
+from kiln.workers.inference.engine import Engine, SamplingParams, sample_token
 from kiln.workers.inference.hf_engine import HFDecoder, load_causal_lm
 from kiln.workers.inference.model import token_logprobs, weights_digest
 from kiln.workers.inference.process import ServerProcess
@@ -97,6 +98,30 @@ def _complete(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
+def _replay(old: nn.Module, new: nn.Module, prompt: list[int], switch_at: int, n: int,
+            seed: int) -> tuple[list[int], list[float]]:
+    """What the server must have produced: ``old`` until token ``switch_at``, then ``new``'s parameters swapped in
+    under the same KV cache; sampling with the request's seeded generator, as the engine does."""
+    decoder = HFDecoder(old, slots=1)
+    params = SamplingParams(max_tokens=n, seed=seed, ignore_eos=True)
+    generator = torch.Generator().manual_seed(seed)
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    with torch.inference_mode():
+        row = decoder.prefill(0, prompt)
+        while True:
+            token, lp = sample_token(row, params, generator)
+            tokens.append(token)
+            logprobs.append(float(lp[token]))
+            if len(tokens) == n:
+                return tokens, logprobs
+            if len(tokens) == switch_at:
+                swapped = dict(new.named_parameters())
+                for name, param in old.named_parameters():
+                    param.data = swapped[name].data
+            row = decoder.decode([0], [token])[0]
+
+
 def test_concurrent_requests_decode_together_and_an_update_lands_mid_sequence(
         serve: Callable[..., ServerProcess], hf_model: Callable[..., Path]) -> None:
     path = hf_model("llama")
@@ -107,11 +132,11 @@ def test_concurrent_requests_decode_together_and_an_update_lands_mid_sequence(
 
     steps_before = served.metric("kiln_inference_decode_steps_total")
     with ThreadPoolExecutor(4) as pool:
-        runs = [pool.submit(_complete, client, {"prompt": prompt, "max_tokens": 60 * (i + 1), "seed": i,
+        runs = [pool.submit(_complete, client, {"prompt": prompt, "max_tokens": 40 * (i + 1), "seed": i,
                                                 "ignore_eos": True}) for i in range(4)]
         answers = [r.result(120) for r in runs]
     tokens = sum(len(a["choices"][0]["kiln"]["token_ids"]) for a in answers)
-    assert tokens == 60 + 120 + 180 + 240
+    assert tokens == 40 + 80 + 120 + 160
     # Decoded together: far fewer steps than tokens (one after the other would take one step per token).
     assert served.metric("kiln_inference_decode_steps_total") - steps_before < 0.75 * tokens
 
@@ -119,7 +144,7 @@ def test_concurrent_requests_decode_together_and_an_update_lands_mid_sequence(
     broadcaster = WeightBroadcaster([served.endpoint()], timeout_s=30)
     try:
         assert broadcaster.connect() == {}
-        body = {"prompt": prompt, "max_tokens": 450, "seed": 7, "ignore_eos": True, "logprobs": 0}
+        body = {"prompt": prompt, "max_tokens": 300, "seed": 7, "ignore_eos": True, "logprobs": 0}
         before = served.metric("kiln_inference_generated_tokens_total")
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(_complete, client, body)
@@ -132,6 +157,11 @@ def test_concurrent_requests_decode_together_and_an_update_lands_mid_sequence(
     assert report.updated == [served.url] and report.failed == {}
     versions = answer["choices"][0]["kiln"]["token_versions"]
     switch_at = versions.index(1)
-    assert 50 <= switch_at < 450 and versions == [0] * switch_at + [1] * (450 - switch_at)
+    assert 50 <= switch_at < 300 and versions == [0] * switch_at + [1] * (300 - switch_at)
     assert answer["kiln"] == {"version_start": 0, "version_end": 1}
+    # Not restarted: the new weights continued the sequence on its kept KV cache, token for token.
+    expected, expected_logprobs = _replay(load_causal_lm(str(path)), new, prompt, switch_at, 300, seed=7)
+    assert answer["choices"][0]["kiln"]["token_ids"] == expected
+    assert torch.allclose(torch.tensor(answer["choices"][0]["logprobs"]["token_logprobs"]),
+                          torch.tensor(expected_logprobs), atol=1e-5)
     assert served.weights() == {"version": 1, "sha256": weights_digest(new)}
