@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from kiln.streams.errors import ConfigError
 from kiln.workers.rollout.loss import LossReport, leave_one_out, policy_loss
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -83,9 +84,9 @@ def check_precision(device: torch.device, precision: Precision) -> None:
     if precision == "fp32":
         return
     if device.type == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"{device} has no bf16; use fp16 or fp32")
+        raise ConfigError(f"{device} has no bf16; use fp16 or fp32")
     if not torch.amp.autocast_mode.is_autocast_available(device.type):
-        raise ValueError(f"no autocast on {device.type}; use fp32")
+        raise ConfigError(f"no autocast on {device.type}; use fp32")
 
 
 class PolicyTrainer:
