@@ -44,6 +44,13 @@ class ActorSettings(BaseSettings):
     max_tokens: int = 3
     temperature: float = 1.0
     sync: bool = Field(False, description="The conventional loop: a step's groups, then wait for their update.")
+    seed: int | None = Field(None, ge=0, description="Seeds every group's sampling (``group_seed``); None: unseeded.")
+
+
+def group_seed(run_seed: int, index: int) -> int:
+    """The sampling seed of a run's ``index``-th group: its samples draw with this seed plus their index (fewer
+    than 64 each), so every group of every run samples from its own generators whatever server or batch it lands in."""
+    return (run_seed << 32) + index * 64
 
 
 @dataclass
@@ -123,8 +130,10 @@ class Actor:
                         report.held_back_s += time.monotonic() - waited
                         continue
                     task = self.tasks.sample(1)[0]
+                    seed = None if c.seed is None else group_seed(c.seed, report.submitted)
                     futures.append(await client.submit("rollout", RolloutRequest(
-                        task=task, sampling=sampling, actor_version=report.latest_version)))
+                        task=task, sampling=sampling.model_copy(update={"seed": seed}),
+                        actor_version=report.latest_version)))
                     report.submitted += 1
                     batch_left = max(batch_left - 1, 0)
                 for outcome in await asyncio.gather(*futures, return_exceptions=True):

@@ -184,10 +184,13 @@ class LearningRun:
             for worker in self._workers:
                 await asyncio.to_thread(worker.wait_assigned, 120)
             trainer = self._trainer()
+            # The run's seed picks the actor's tasks (the held-out split evaluated here is the same seed's) and
+            # seeds every group's sampling.
             actor = self._spawn("actor", ["rl", "actor", "--groups", str(c.steps * c.groups_per_step),
+                                          "--seed", str(c.seed),
                                           *(["--exec-image", c.exec_image] if c.exec_image else [])],
                                 KILN_ACTOR_CLIENT_ID=f"actor-{uuid.uuid4().hex[:6]}", KILN_ACTOR_N=str(c.n),
-                                KILN_ACTOR_MAX_TOKENS=str(c.max_tokens),
+                                KILN_ACTOR_MAX_TOKENS=str(c.max_tokens), KILN_ACTOR_SEED=str(c.seed),
                                 KILN_ACTOR_MAX_AHEAD=str(c.groups_per_step if c.sync else c.max_ahead),
                                 KILN_ACTOR_SYNC=str(c.sync).lower())
             started = time.monotonic()
