@@ -2,7 +2,9 @@
 shipped in their wheels (downloaded once from PyPI into the cache, never installed). Importing the modules needs a
 GPU stack (SGLang's ``io_struct`` pulls in torchvision and tvm-ffi kernels; vLLM's needs transformers, pyzmq and
 more), so the models are read from their source: every field we send exists, every required field is sent, and the
-routes we call exist with the body shape we use."""
+routes we call exist with the body shape we use. The same for the rollouts' token-in/token-out requests (vLLM's
+``/v1/completions`` with a token-id prompt, SGLang's ``/generate`` with ``input_ids``) and the response fields the
+endpoints read back (the bodies themselves: tests/workers/rollout/test_engine_kinds.py)."""
 
 from __future__ import annotations
 
@@ -46,10 +48,14 @@ def _wheel(name: str) -> zipfile.ZipFile:
 
 @pytest.fixture(scope="module")
 def sources() -> dict[str, ast.Module]:
-    wanted = {"sglang": ["sglang/srt/managers/io_struct.py", "sglang/srt/entrypoints/http_server.py"],
+    wanted = {"sglang": ["sglang/srt/managers/io_struct.py", "sglang/srt/entrypoints/http_server.py",
+                         "sglang/api/v1/api_types.py", "sglang/srt/managers/tokenizer_manager.py",
+                         "sglang/srt/utils/weight_versions.py"],
               "vllm": ["vllm/distributed/weight_transfer/nccl_common.py",
                        "vllm/distributed/weight_transfer/nccl_engine.py",
-                       "vllm/entrypoints/rl/online/api_router.py"]}
+                       "vllm/entrypoints/rl/online/api_router.py",
+                       "vllm/entrypoints/openai/completion/protocol.py",
+                       "vllm/entrypoints/openai/completion/api_router.py"]}
     parsed = {}
     for name, members in wanted.items():
         with _wheel(name) as wheel:
@@ -69,15 +75,25 @@ def _fields(module: ast.Module, cls: str, inherited: dict[str, bool] | None = No
 
 
 def _routes(module: ast.Module) -> dict[str, ast.AsyncFunctionDef]:
-    """POST route path -> handler, from ``@app.post("/...")`` / ``@router.post("/...")`` decorators."""
+    """POST route path -> handler, from ``@app.post("/...")`` / ``@router.post("/...")`` decorators (and
+    ``@app.api_route("/...", methods=[..."POST"...])``)."""
     routes = {}
     for node in module.body:
         if isinstance(node, ast.AsyncFunctionDef):
             for deco in node.decorator_list:
-                if (isinstance(deco, ast.Call) and isinstance(deco.func, ast.Attribute) and deco.func.attr == "post"
+                if (isinstance(deco, ast.Call) and isinstance(deco.func, ast.Attribute)
+                        and (deco.func.attr == "post" or (deco.func.attr == "api_route" and "'POST'" in
+                             ast.unparse(deco)))
                         and deco.args and isinstance(deco.args[0], ast.Constant)):
                     routes[str(deco.args[0].value)] = node
     return routes
+
+
+def _function(module: ast.Module, cls: str, name: str) -> str:
+    """The source of method ``name`` of class ``cls``."""
+    node = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    return ast.unparse(next(f for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                            and f.name == name))
 
 
 def _check(sent: dict[str, object], fields: dict[str, bool]) -> None:
@@ -121,3 +137,47 @@ def test_vllm_requests_match_its_models(sources: dict[str, ast.Module]) -> None:
             _check(body["update_info"], update_fields)
     with pytest.raises(WeightUpdateRejected, match="NCCL only"):
         VLLMEndpoint.init_body(INIT.model_copy(update={"backend": "gloo"}))
+
+
+def test_sglang_generate_request_and_answer(sources: dict[str, ast.Module]) -> None:
+    """``/generate`` takes ``GenerateReqInput`` and its contract gate (``api/v1`` ``GenerateRequest``); sampling params
+    are ``api/v1`` ``SamplingParams``, which refuses unknown keys. The answer's fields the endpoint reads are the
+    ones ``_handle_batch_output`` writes."""
+    io_struct, api = sources["sglang/srt/managers/io_struct.py"], sources["sglang/api/v1/api_types.py"]
+    request_fields = _fields(io_struct, "GenerateReqInput", _fields(io_struct, "BaseReq"))
+    contract, sampling = _fields(api, "GenerateRequest"), _fields(api, "SamplingParams")
+    for seed in (None, 3):
+        body = SGLangEndpoint.generate_body([5, 6, 7], 4, 16, 0.8, 0.9, seed)
+        _check(body, request_fields)
+        _check(body, contract)
+        for params in body["sampling_params"] if seed is not None else [body["sampling_params"]]:
+            _check(params, sampling)
+    seeded = SGLangEndpoint.generate_body([5, 6, 7], 2, 16, 0.8, 0.9, 3)
+    assert seeded["input_ids"] == [[5, 6, 7]] * 2 and [p["sampling_seed"] for p in seeded["sampling_params"]] == [3, 4]
+    generate = _routes(sources["sglang/srt/entrypoints/http_server.py"])["/generate"]
+    assert "GenerateReqInput" in ast.unparse(generate.args)
+    written = _function(sources["sglang/srt/managers/tokenizer_manager.py"], "TokenizerManager", "_handle_batch_output")
+    for key in ("'output_ids'", "'meta_info'", "'finish_reason'", "'weight_version'"):
+        assert key in written, key
+    logprobs = _function(sources["sglang/srt/managers/tokenizer_manager.py"], "TokenizerManager",
+                         "add_logprob_to_meta_info")
+    assert "meta_info['output_token_logprobs']" in logprobs
+    spans = ast.unparse(next(n for n in sources["sglang/srt/utils/weight_versions.py"].body
+                             if isinstance(n, ast.FunctionDef) and n.name == "add_weight_versions_to_meta_info"))
+    assert "meta_info['weight_versions']" in spans and all(f"'{k}'" in spans for k in ("version", "start", "end"))
+
+
+def test_vllm_completion_request_and_answer(sources: dict[str, ast.Module]) -> None:
+    """``/v1/completions`` with a token-id prompt: every field sent is ``CompletionRequest``'s (its base model allows
+    extra fields, so a misspelt one would be ignored, not refused); the choice fields read back are
+    ``CompletionResponseChoice``'s."""
+    protocol = sources["vllm/entrypoints/openai/completion/protocol.py"]
+    endpoint = VLLMEndpoint("http://vllm:8000")
+    for seed, user in ((None, None), (3, "r/1")):
+        body = endpoint.completion_body([5, 6, 7], 4, 16, 0.8, 0.9, seed, user)
+        _check(body, _fields(protocol, "CompletionRequest"))
+        assert body["prompt"] == [5, 6, 7] and body["return_token_ids"] and body["return_weight_versions"]
+    assert "/v1/completions" in _routes(sources["vllm/entrypoints/openai/completion/api_router.py"])
+    choice = _fields(protocol, "CompletionResponseChoice")
+    assert {"text", "token_ids", "prompt_token_ids", "logprobs", "finish_reason", "weight_versions"} <= set(choice)
+    assert "token_logprobs" in _fields(protocol, "CompletionLogProbs")
