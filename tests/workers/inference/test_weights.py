@@ -13,9 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import pytest
 import torch
 
-from kiln.workers.inference.engine import SamplingParams, sample_token
+from kiln.workers.inference.engine import Engine, SamplingParams, sample_token
 from kiln.workers.inference.model import TOKENIZER, KVCache, ModelConfig, TinyLM, weights_digest
 from kiln.workers.inference.process import ServerProcess
 from kiln.workers.inference.weights import (
@@ -23,6 +24,8 @@ from kiln.workers.inference.weights import (
     TransferGroup,
     UpdateTimings,
     WeightBroadcaster,
+    WeightReceiver,
+    WeightUpdateRejected,
     WeightUpdateRequest,
     join_group,
     receive,
@@ -166,3 +169,13 @@ def test_an_engine_of_two_ranks_joins_one_group_and_every_rank_receives() -> Non
     for received in engine.received:
         assert received.keys() == expected.keys()
         assert all(torch.equal(received[name], expected[name]) for name in expected)
+
+
+def test_a_one_rank_server_refuses_a_group_that_waits_for_more_ranks() -> None:
+    engine = Engine(TinyLM(ModelConfig()), max_batch=2)
+    try:
+        request = InitProcessGroupRequest(master_address="127.0.0.1", master_port=1, rank=1, world_size=3)
+        with pytest.raises(WeightUpdateRejected, match="one rank"):  # at once, not after a rendezvous timeout
+            WeightReceiver(engine).join(request)
+    finally:
+        engine.stop()
