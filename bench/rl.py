@@ -1,18 +1,32 @@
-"""The learning loop, asynchronous (PipelineRL: sampling never waits for training, weights arrive in flight) against
-the conventional synchronous loop (``--sync``: one step's groups, wait, train, repeat), in the same run, the same
-code, the same seed and sample budget, every part its own process (``LearningRun``), rewards from the exec stage.
+"""The learning loop: what producing a sample through kiln's stages costs, and asynchronous (PipelineRL: sampling
+never waits for training, weights arrive in flight) against the conventional synchronous loop (``--sync``: one
+step's groups, wait, train, repeat), every part its own process (``LearningRun``).
 
-- ``rl_async_vs_sync_time_to_target``: wall-clock until greedy accuracy first reaches ``--target``, sync ÷ async,
-  when both runs reach it. When one does not, its whole wall-clock stands in and the figure is named for what it
-  then is: ``..._lower_bound`` (sync missed) or ``..._upper_bound`` (async missed); when neither does, there is no
-  ratio. ``rl_reached_target_async`` / ``_sync`` (1 or 0) say which runs reached it.
-- ``rl_samples_per_s_async`` / ``_sync``: samples trained on ÷ wall-clock.
-- ``rl_inference_paused_fraction``: the async run's decoding pause for weight updates ÷ wall-clock, as the
-  inference server reports it (its own measure; bench/inference.py measures pauses from the client side).
-- ``rl_mean_lag_versions``: the async run's mean versions between a sample's first token and its training step.
-Writes each run's record and the PNG of ``kiln rl report`` to ``--record-dir``.
-Usage: python -m bench.rl [--steps 300] [--target 0.35] [--deadline 420] [--seed 1] [--in-process]
-(--in-process: verify without exec)
+Part 1, the stages' overhead (``--overhead-steps`` steps each, the first seed, side by side in this run):
+- ``rl_stage_overhead_ratio``: seconds per step through the stages (an async ``LearningRun``, in-process
+  ``exact_match``) ÷ seconds per step of the same sampling and training in one process (``run_in_process``: kiln's
+  engine, ``PolicyTrainer``, the same tasks, seed and sampling seeds, no Kafka, no HTTP; run before and after the
+  stage runs, the mean of the two). Seconds per step are measured from the end of the first step to the end of the
+  last (the first carries each side's start-up).
+- ``rl_stage_overhead_ratio_exec``: the same with exec-stage rewards in the stage run (``--exec``).
+- where the time goes: the in-process step's sampling and training; the stage run's trainer step (``step_s``) and a
+  group's sampling and verification as the rollout worker timed them (``generate_s``, ``verify_s``), medians.
+
+Part 2, async against sync (``--seeds``, each mode once per seed, interleaved: async s1, sync s1, async s2, …; the
+run's seed picks the tasks, the policy's initial weights and every group's sampling seed):
+- per seed and mode: ``rl_time_to_target_<mode>_s<seed>`` (wall-clock until greedy accuracy on the held-out prompts
+  first reaches ``--target``; a run that misses it stands in with its whole wall-clock and
+  ``rl_reached_target_<mode>_s<seed>`` is 0), ``rl_samples_per_s_<mode>_s<seed>`` (samples trained on ÷
+  wall-clock), ``rl_s_per_step_<mode>_s<seed>``;
+- per mode: ``_median``, ``_min`` and ``_max`` of the three; ``rl_async_vs_sync_time_to_target`` (sync ÷ async
+  medians; ``..._lower_bound`` / ``_upper_bound`` when some sync / async run missed the target);
+  ``rl_async_step_faster_every_seed`` (1: async's seconds per step below sync's on every seed);
+  ``rl_runs_reached_target_<mode>``; ``rl_inference_paused_fraction`` and ``rl_mean_lag_versions``, medians over
+  the async runs.
+Writes each run's record and the PNG of ``kiln rl report`` (part 2's runs) to ``--record-dir``.
+
+Usage: python -m bench.rl [--seeds 1,2,3] [--steps 300] [--target 0.3] [--deadline 160] [--overhead-steps 40]
+[--exec] [--modes-exec] [--model char] [--skip-overhead] [--skip-modes]
 """
 
 from __future__ import annotations
@@ -20,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -27,10 +42,17 @@ from rich.logging import RichHandler
 
 from bench.common import broker, console, report
 from bench.exec import build_image
+from kiln.schemas.rl import RolloutGroup
 from kiln.streams.infra import COMPONENT_STEPS, run_steps
+from kiln.streams.replay import read_topic
+from kiln.streams.settings import KilnSettings
 from kiln.workers.common.containers import docker_client
+from kiln.workers.inference.hf import build_tiny_model
+from kiln.workers.rollout.inprocess import run_in_process
 from kiln.workers.rollout.local import LearningRun, RunConfig, RunRecord
 from kiln.workers.rollout.report import paused_fraction, write_report
+from kiln.workers.rollout.tasks import Addition
+from kiln.workers.rollout.train import ROLLOUTS
 
 
 def mean_lag(record: RunRecord) -> float:
@@ -38,61 +60,168 @@ def mean_lag(record: RunRecord) -> float:
     return sum(u.lag_mean * u.samples for _t, u in record.updates) / samples if samples else 0.0
 
 
+def seconds_per_step(ends: list[float]) -> float:
+    """Mean seconds per step from the end of the first step to the end of the last: the first step carries each
+    setup's own start (processes, imports, the first batch's allocations), not the loop's cost."""
+    return (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else float("nan")
+
+
+def spread(name: str, values: list[float]) -> dict[str, float]:
+    return {f"{name}_median": statistics.median(values), f"{name}_min": min(values), f"{name}_max": max(values)}
+
+
 def time_to_target(async_s: float | None, async_wall: float, sync_s: float | None,
-                   sync_wall: float) -> dict[str, float]:
+                   sync_wall: float, suffix: str = "") -> dict[str, float]:
     """The sync ÷ async time-to-target figure, named for what it is when a run missed the target (its wall-clock
-    then stands in for the time it never reached), with which runs reached it."""
-    reached = {"rl_reached_target_async": float(async_s is not None),
-               "rl_reached_target_sync": float(sync_s is not None)}
+    then stands in for the time it never reached), with which runs reached it; ``suffix`` ends every name."""
+    reached = {f"rl_reached_target_async{suffix}": float(async_s is not None),
+               f"rl_reached_target_sync{suffix}": float(sync_s is not None)}
     if async_s is not None and sync_s is not None:
-        return {"rl_async_vs_sync_time_to_target": sync_s / async_s, **reached}
+        return {f"rl_async_vs_sync_time_to_target{suffix}": sync_s / async_s, **reached}
     if async_s is not None:  # sync would have needed longer than its whole run
-        return {"rl_async_vs_sync_time_to_target_lower_bound": sync_wall / async_s, **reached}
+        return {f"rl_async_vs_sync_time_to_target_lower_bound{suffix}": sync_wall / async_s, **reached}
     if sync_s is not None:  # async would have needed longer than its whole run
-        return {"rl_async_vs_sync_time_to_target_upper_bound": sync_s / async_wall, **reached}
+        return {f"rl_async_vs_sync_time_to_target_upper_bound{suffix}": sync_s / async_wall, **reached}
     return reached
+
+
+def hf_config(config: RunConfig, out: Path) -> RunConfig:
+    """``--model hf``: the tiny Llama of tests/workers/rollout/test_learning_hf.py (a BPE tokenizer trained on the
+    task's text, hidden 64, 2 layers, random init from the run's seed) and the settings it learns with there."""
+    corpus = [t.prompt + t.answer for t in Addition(1, seed=config.seed).sample(300)]
+    model = build_tiny_model(out / f"hf-s{config.seed}", corpus, vocab_size=110, hidden=64, layers=2, heads=4,
+                             seed=config.seed, max_len=128)
+    return config.model_copy(update={"model": str(model), "groups_per_step": 16, "lr": 1e-2, "entropy_coef": 0.003,
+                                     "max_ahead": 48})
+
+
+async def staged(settings: KilnSettings, config: RunConfig) -> tuple[RunRecord, list[RolloutGroup]]:
+    """A learning run and the groups it put on ``rollouts`` (each with its worker's timings)."""
+    run = LearningRun(settings, config)
+    record = await run.run()
+    groups = [RolloutGroup.model_validate_json(m.value() or b"") for m in read_topic(run.settings, ROLLOUTS)]
+    return record, groups
+
+
+def median_of(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+async def overhead(settings: KilnSettings, base: RunConfig, image: str | None, record_dir: Path) -> None:
+    """The in-process loop runs before and after the stage runs (the machine's load drifts; the two bracket them)
+    and the ratios divide by the mean of its two."""
+    metrics: dict[str, float] = {}
+    stage: dict[str, tuple[RunRecord, list[RolloutGroup]]] = {}
+    local = [await asyncio.to_thread(run_in_process, base)]
+    runs = [("stage", base)]
+    if image is not None:
+        runs.append(("stage_exec", base.model_copy(update={"name": "stage-exec", "exec_image": image})))
+    for name, config in runs:
+        console.print(f"[bold]{config.name}[/] run: {config.steps} steps")
+        stage[name] = await staged(settings, config)
+        (record_dir / f"{config.name}.json").write_text(stage[name][0].model_dump_json())
+    local.append(await asyncio.to_thread(run_in_process, base))
+    for when, loop in zip(("before", "after"), local, strict=True):
+        (record_dir / f"inprocess-{when}.json").write_text(loop.model_dump_json())
+        metrics[f"rl_inprocess_s_per_step_{when}"] = seconds_per_step(loop.step_ends)
+    in_process = statistics.mean(seconds_per_step(r.step_ends) for r in local)
+    later = [s for r in local for s in r.steps[1:]]
+    metrics |= {"rl_inprocess_s_per_step": in_process,
+                "rl_inprocess_sample_s_per_step": median_of([s.sample_s for s in later]),
+                "rl_inprocess_train_s_per_step": median_of([s.train_s for s in later])}
+    for name, (record, groups) in stage.items():
+        per_step = seconds_per_step([t for t, _u in record.updates])
+        ratio = "rl_stage_overhead_ratio" + ("_exec" if name == "stage_exec" else "")
+        metrics |= {f"rl_{name}_s_per_step": per_step, ratio: per_step / in_process,
+                    f"rl_{name}_trainer_step_s": median_of([u.step_s for _t, u in record.updates[1:]]),
+                    f"rl_{name}_group_generate_s": median_of([g.generate_s for g in groups]),
+                    f"rl_{name}_group_verify_s": median_of([g.verify_s for g in groups])}
+    report("learning loop: through the stages vs one process", metrics, {
+        "config": f"seed {base.seed}, {base.steps} steps of {base.groups_per_step}x{base.n} samples, "
+                  f"{base.rollout_workers} rollout workers"})
+
+
+async def modes(settings: KilnSettings, args: argparse.Namespace, image: str | None) -> None:
+    records: dict[str, dict[int, RunRecord]] = {"async": {}, "sync": {}}
+    for seed in args.seeds:
+        for mode in ("async", "sync"):
+            config = RunConfig(name=f"{mode} s{seed}", sync=mode == "sync", steps=args.steps, target=args.target,
+                               deadline_s=args.deadline, exec_image=image, seed=seed, model=args.model)
+            if args.model == "hf":
+                config = hf_config(config, args.record_dir)
+            console.print(f"[bold]{config.name}[/]: up to {args.steps} steps, {args.deadline:.0f} s or greedy "
+                          f"accuracy {args.target}")
+            record = await LearningRun(settings, config).run()
+            records[mode][seed] = record
+            (args.record_dir / f"{mode}-s{seed}.json").write_text(record.model_dump_json())
+    png = write_report([r for seed in args.seeds for r in (records["async"][seed], records["sync"][seed])],
+                       args.record_dir / "rl-report.png")
+    metrics: dict[str, float] = {}
+    reached: dict[str, list[float]] = {"async": [], "sync": []}
+    per_step: dict[str, list[float]] = {"async": [], "sync": []}
+    for seed in args.seeds:
+        fast, slow = records["async"][seed], records["sync"][seed]
+        for mode, record in (("async", fast), ("sync", slow)):
+            t = record.time_to_target
+            reached[mode].append(record.wall_s if t is None else t)
+            per_step[mode].append(seconds_per_step([t for t, _u in record.updates]))
+            metrics |= {f"rl_time_to_target_{mode}_s{seed}": reached[mode][-1],
+                        f"rl_samples_per_s_{mode}_s{seed}": record.samples_per_s,
+                        f"rl_s_per_step_{mode}_s{seed}": per_step[mode][-1]}
+        metrics |= time_to_target(fast.time_to_target, fast.wall_s, slow.time_to_target, slow.wall_s, f"_s{seed}")
+    for mode in ("async", "sync"):
+        runs = [records[mode][seed] for seed in args.seeds]
+        metrics |= {**spread(f"rl_time_to_target_{mode}", reached[mode]),
+                    **spread(f"rl_samples_per_s_{mode}", [r.samples_per_s for r in runs]),
+                    **spread(f"rl_s_per_step_{mode}", per_step[mode]),
+                    f"rl_runs_reached_target_{mode}": float(sum(r.time_to_target is not None for r in runs))}
+    all_reached = {mode: all(r.time_to_target is not None for r in records[mode].values()) for mode in records}
+    fast_t, slow_t = statistics.median(reached["async"]), statistics.median(reached["sync"])
+    metrics |= time_to_target(fast_t if all_reached["async"] else None, fast_t,
+                              slow_t if all_reached["sync"] else None, slow_t)
+    metrics |= {
+        "rl_async_step_faster_every_seed": float(all(a < s for a, s in zip(per_step["async"], per_step["sync"],
+                                                                             strict=True))),
+        "rl_inference_paused_fraction": statistics.median(paused_fraction(r) for r in records["async"].values()),
+        "rl_mean_lag_versions": statistics.median(mean_lag(r) for r in records["async"].values())}
+    report("learning loop: async vs sync", metrics, {
+        "lineage exact": ", ".join(f"{r.config.name} {r.lineage_ok}" for m in records.values() for r in m.values()),
+        "report": str(png)})
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--target", type=float, default=0.35)
-    parser.add_argument("--deadline", type=float, default=420)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--in-process", action="store_true")
+    parser.add_argument("--target", type=float, default=0.3)
+    parser.add_argument("--deadline", type=float, default=160)
+    parser.add_argument("--overhead-steps", type=int, default=40)
+    parser.add_argument("--exec", action="store_true", help="part 1 also with exec-stage rewards")
+    parser.add_argument("--modes-exec", action="store_true", help="part 2 with exec-stage rewards")
+    parser.add_argument("--model", default="char", help="RunConfig.model: 'char', a Hugging Face model's directory, or "
+                                                         "'hf' (a tiny Llama built per seed, see hf_config); part 1 "
+                                                         "runs for 'char' only (the in-process baseline's model)")
+    parser.add_argument("--skip-overhead", action="store_true")
+    parser.add_argument("--skip-modes", action="store_true")
     parser.add_argument("--record-dir", type=Path, default=Path(tempfile.gettempdir()) / "kiln-bench-rl")
     args = parser.parse_args()
     # The runs log each evaluation and kill (kiln.rl.run): that is the bench's progress.
     logging.basicConfig(level=logging.WARNING, format="%(message)s",
                         handlers=[RichHandler(console=console, show_path=False)])
     logging.getLogger("kiln.rl.run").setLevel(logging.INFO)
+    args.record_dir.mkdir(parents=True, exist_ok=True)
     settings = broker()
     image = None
-    if not args.in_process:
+    if args.exec or args.modes_exec:
         run_steps(COMPONENT_STEPS["docker"])
         with tempfile.TemporaryDirectory() as tmp:
             image = await build_image(Path(tmp), docker_client())
-    records: dict[str, RunRecord] = {}
-    for name in ("async", "sync"):
-        config = RunConfig(name=name, sync=name == "sync", steps=args.steps, target=args.target,
-                           deadline_s=args.deadline, exec_image=image, seed=args.seed)
-        console.print(f"[bold]{name}[/] run: up to {args.steps} steps or greedy accuracy {args.target}")
-        records[name] = await LearningRun(settings, config).run()
-        args.record_dir.mkdir(parents=True, exist_ok=True)
-        (args.record_dir / f"{name}.json").write_text(records[name].model_dump_json())
-    png = write_report(list(records.values()), args.record_dir / "rl-report.png")
-    fast, slow = records["async"], records["sync"]
-    reached = {name: r.time_to_target for name, r in records.items()}
-    report("learning loop: async vs sync", {
-        **time_to_target(reached["async"], fast.wall_s, reached["sync"], slow.wall_s),
-        "rl_samples_per_s_async": fast.samples_per_s, "rl_samples_per_s_sync": slow.samples_per_s,
-        "rl_inference_paused_fraction": paused_fraction(fast), "rl_mean_lag_versions": mean_lag(fast),
-        "rl_final_accuracy_async": fast.evaluations[-1].accuracy,
-        "rl_final_accuracy_sync": slow.evaluations[-1].accuracy,
-    }, {"time to target (s)": ", ".join(
-            f"{name} {f'{t:.0f}' if t is not None else f'missed (whole run {r.wall_s:.0f} s)'}"
-            for name, r, t in (("async", fast, reached["async"]), ("sync", slow, reached["sync"]))),
-        "lineage exact": f"async {fast.lineage_ok}, sync {slow.lineage_ok}", "report": str(png)})
+    if not args.skip_overhead and args.model == "char":
+        await overhead(settings, RunConfig(name="stage", steps=args.overhead_steps, seed=args.seeds[0],
+                                           deadline_s=600, eval_every_s=600), image if args.exec else None,
+                       args.record_dir)
+    if not args.skip_modes:
+        await modes(settings, args, image if args.modes_exec else None)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ are sampled together, rewarded, trained on, and the new weights swapped into the
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import torch
@@ -31,6 +32,7 @@ class StepTiming(BaseModel):
     train_s: float
     load_s: float = Field(description="the new weights into the engine")
     reward_mean: float
+    sampled: str = Field(description="a digest of the step's sampled token ids: equal seeds sample equal tokens")
 
 
 class InProcessRecord(BaseModel):
@@ -76,7 +78,9 @@ def run_in_process(config: RunConfig, max_batch: int = 64) -> InProcessRecord:
                 engine.load({name: w.clone() for name, w in trainer.named_weights()}, report.version)
             t4 = time.perf_counter()
             steps.append(StepTiming(ended=t4 - started, sample_s=t1 - t0, verify_s=t2 - t1, train_s=t3 - t2,
-                                    load_s=t4 - t3, reward_mean=report.reward_mean))
+                                    load_s=t4 - t3, reward_mean=report.reward_mean,
+                                    sampled=hashlib.sha256(repr([g.tokens for group in generations
+                                                                 for g in group]).encode()).hexdigest()[:16]))
     finally:
         engine.stop()
     return InProcessRecord(config=config, steps=steps)
