@@ -1,6 +1,7 @@
 """The rollout stage end to end with real processes: a worker samples each prompt group from a running inference
 server, rewards every sample with its verifier, answers the requester and publishes the same group on
-``rollouts``; a server that refuses the prompt is an answer, not a dead letter."""
+``rollouts``; a server that refuses the prompt is an answer, not a dead letter. With a Hugging Face policy the
+group's prompt and completion ids are the ones sampled: the model scores them exactly as the sampler did."""
 
 from __future__ import annotations
 
@@ -9,14 +10,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
 from kiln.schemas.rl import RolloutGroup, RolloutRequest, Sampling
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
 from kiln.streams.processes import WorkerProcess
 from kiln.streams.settings import KilnSettings
+from kiln.workers.inference.hf import build_tiny_model
 from kiln.workers.inference.model import TOKENIZER, ModelConfig
 from kiln.workers.inference.process import ServerProcess
+from kiln.workers.inference.tokenizer import load_tokenizer, tokenize_prompt
 from kiln.workers.rollout.tasks import Addition, exact_match
 from tests.streams.harness import read_all
 from tests.workers.conftest import worker_env
@@ -50,7 +55,45 @@ async def test_groups_are_sampled_verified_and_published(stage_topics: Callable[
             assert sample.versions == [0] * len(sample.token_ids)
             assert TOKENIZER.decode(sample.token_ids).startswith(sample.text)
             assert sample.reward == exact_match(task, sample.text)
+        assert group.prompt_ids == TOKENIZER.encode(task.prompt)
     published = [RolloutGroup.model_validate_json(m.value())
                  for m in read_all(settings, settings.topic("rollouts"), expect=len(tasks))]
     assert sorted(g.model_dump_json() for g in published) == sorted(g.model_dump_json() for g in groups)
+    assert read_all(settings, settings.topic("rollout.requests.dlq")) == []
+
+
+async def test_a_hugging_face_policys_groups_carry_the_tokens_it_sampled(
+        stage_topics: Callable[..., KilnSettings], tmp_path: Path, unique: str) -> None:
+    """kiln's server serving a Llama built here, the worker tokenising with its tokenizer: the prompt goes through
+    the chat template once, and the model, fed the group's ``prompt_ids + token_ids`` in one pass (the trainer's
+    view), gives every sampled token the log-prob the sampler reported — other ids (a re-tokenised text, a
+    shifted prompt) would not."""
+    torch.set_num_threads(1)
+    settings = stage_topics(("rollout.requests", 2), ("rollouts", 1))
+    model_dir = build_tiny_model(tmp_path / "tiny", [f"add {a}+{b}={a + b}\n" for a in range(10) for b in range(10)])
+    server = ServerProcess(ModelConfig(max_len=128), tmp_path / "serve.log", env={"KILN_RL_MODEL": str(model_dir)})
+    server.start()
+    tasks = Addition(1).sample(2)
+    env = worker_env(settings, KILN_ROLLOUT_ENDPOINTS=json.dumps([server.url]), KILN_ROLLOUT_MODEL=str(model_dir))
+    try:
+        with WorkerProcess("rollout", settings, "rollout.requests", slots=2, env=env) as worker:
+            worker.wait_assigned()
+            async with KilnClient(settings, f"actor-{unique}") as client:
+                groups: list[RolloutGroup] = [await client.call("rollout", RolloutRequest(
+                    task=t, sampling=Sampling(n=4, max_tokens=8))) for t in tasks]
+            worker.stop()
+    finally:
+        server.stop()
+    tokenizer = load_tokenizer(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(model_dir)  # in eval mode, as from_pretrained leaves it
+    for task, group in zip(tasks, groups, strict=True):
+        assert group.prompt_ids == tokenize_prompt(tokenizer, task.prompt)
+        for sample in group.samples:
+            assert 1 <= len(sample.token_ids) <= 8 and sample.versions == [0] * len(sample.token_ids)
+            assert tokenizer.decode(sample.token_ids) == sample.text
+            sequence = torch.tensor([group.prompt_ids + sample.token_ids])
+            with torch.no_grad():
+                logits = model(sequence).logits[0, len(group.prompt_ids) - 1:-1]
+            scored = torch.log_softmax(logits.float(), -1).gather(1, sequence[0, len(group.prompt_ids):, None])
+            assert torch.allclose(scored[:, 0], torch.tensor(sample.logprobs), atol=1e-4), (scored, sample.logprobs)
     assert read_all(settings, settings.topic("rollout.requests.dlq")) == []
