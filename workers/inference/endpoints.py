@@ -59,8 +59,6 @@ class InferenceEndpoint(Protocol):
 
     def request_weight_update(self, request: WeightUpdateRequest) -> UpdateTimings | None: ...
 
-    async def complete(self, prompt: str, **sampling: Any) -> dict[str, Any]: ...
-
     async def generate(self, prompt_ids: list[int], *, n: int, max_tokens: int, temperature: float, top_p: float,
                        seed: int | None = None, user: str | None = None) -> list[Turn]: ...
 
@@ -92,7 +90,7 @@ def _logprobs(values: list[Any], where: str) -> list[float]:
 
 
 class HttpEndpoint:
-    """What every engine shares: OpenAI completions, a health route, JSON admin calls with a bearer token."""
+    """What every engine shares: JSON posts, a health route, JSON admin calls with a bearer token."""
 
     packs = False
     health_path = "/health"
@@ -133,12 +131,6 @@ class HttpEndpoint:
         answer = await self._async.post(f"{self.url}{route}", json=body)
         answer.raise_for_status()
         return answer.json()
-
-    async def complete(self, prompt: str, **sampling: Any) -> dict[str, Any]:
-        """One ``/v1/completions`` call; ``sampling`` holds OpenAI's fields (max_tokens, temperature, n, ...)."""
-        result: dict[str, Any] = await self._post("/v1/completions",
-                                                  {"model": self.model, "prompt": prompt, **sampling})
-        return result
 
     def completion_body(self, prompt_ids: list[int], n: int, max_tokens: int, temperature: float, top_p: float,
                         seed: int | None, user: str | None) -> dict[str, Any]:
