@@ -9,6 +9,9 @@ Part 1, the stages' overhead (``--overhead-steps`` steps each, the first seed, s
   stage runs, the mean of the two). Seconds per step are measured from the end of the first step to the end of the
   last (the first carries each side's start-up).
 - ``rl_stage_overhead_ratio_exec``: the same with exec-stage rewards in the stage run (``--exec``).
+- ``rl_stage_cpu_ratio`` (``_exec``): CPU seconds per step of the stage run's processes (``CpuWatch``: not the
+  broker's, not the sandboxes') ÷ the in-process loop's; ``rl_stage_cpu_s_per_step_<role>`` per process role. On a
+  shared machine the wall-clock ratio moves with the load; the CPU ratio much less.
 - where the time goes: the in-process step's sampling and training; the stage run's trainer step (``step_s``) and a
   group's sampling and verification as the rollout worker timed them (``generate_s``, ``verify_s``), medians.
 
@@ -33,9 +36,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import logging
+import os
 import statistics
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from rich.logging import RichHandler
@@ -52,7 +59,66 @@ from kiln.workers.rollout.inprocess import run_in_process
 from kiln.workers.rollout.local import LearningRun, RunConfig, RunRecord
 from kiln.workers.rollout.report import paused_fraction, write_report
 from kiln.workers.rollout.tasks import Addition
-from kiln.workers.rollout.train import ROLLOUTS
+from kiln.workers.rollout.train import ROLLOUTS, UPDATES
+
+ROLES = {"rl serve": "server", "rl train": "trainer", "rl actor": "actor", "worker rollout": "rollout",
+         "worker exec": "exec"}
+
+
+class CpuWatch:
+    """CPU seconds of this process's descendants (a learning run's processes), read from /proc four times a
+    second with the wall-clock time of each reading; ``between`` sums them per role. The broker and Docker's
+    containers are no descendants: they are not counted."""
+
+    def __init__(self) -> None:
+        self.readings: list[tuple[float, dict[int, tuple[str, float]]]] = []
+        self._roles: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="cpu-watch", daemon=True)
+        self._thread.start()
+
+    def _role(self, pid: int) -> str:
+        if pid not in self._roles:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            self._roles[pid] = next((role for key, role in ROLES.items() if key in command), "other")
+        return self._roles[pid]
+
+    def _watch(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        while not self._stop.wait(0.25):
+            parents: dict[int, list[int]] = {}
+            stats: dict[int, list[str]] = {}
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    try:
+                        fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                    except OSError:
+                        continue
+                    stats[int(entry)] = fields
+                    parents.setdefault(int(fields[1]), []).append(int(entry))
+            reading: dict[int, tuple[str, float]] = {}
+            todo = list(parents.get(os.getpid(), []))
+            while todo:
+                pid = todo.pop()
+                todo += parents.get(pid, [])
+                try:
+                    reading[pid] = (self._role(pid), (int(stats[pid][11]) + int(stats[pid][12])) / tick)
+                except OSError:
+                    continue
+            self.readings.append((time.time(), reading))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def between(self, start: float, end: float) -> dict[str, float]:
+        times = [t for t, _r in self.readings]
+        first = self.readings[min(bisect.bisect_left(times, start), len(times) - 1)][1]
+        last = self.readings[min(bisect.bisect_left(times, end), len(times) - 1)][1]
+        roles: dict[str, float] = {}
+        for pid, (role, seconds) in last.items():
+            roles[role] = roles.get(role, 0.0) + seconds - first.get(pid, (role, 0.0))[1]
+        return roles
 
 
 def mean_lag(record: RunRecord) -> float:
@@ -95,12 +161,19 @@ def hf_config(config: RunConfig, out: Path) -> RunConfig:
                                      "max_ahead": 48})
 
 
-async def staged(settings: KilnSettings, config: RunConfig) -> tuple[RunRecord, list[RolloutGroup]]:
-    """A learning run and the groups it put on ``rollouts`` (each with its worker's timings)."""
+async def staged(settings: KilnSettings, config: RunConfig) -> tuple[RunRecord, list[RolloutGroup], dict[str, float]]:
+    """A learning run, the groups it put on ``rollouts`` (each with its worker's timings) and its processes' CPU
+    seconds per step by role, from the end of its first step to the end of its last."""
     run = LearningRun(settings, config)
-    record = await run.run()
+    watch = CpuWatch()
+    try:
+        record = await run.run()
+    finally:
+        watch.close()
     groups = [RolloutGroup.model_validate_json(m.value() or b"") for m in read_topic(run.settings, ROLLOUTS)]
-    return record, groups
+    ends = [m.timestamp()[1] / 1000 for m in read_topic(run.settings, UPDATES)]
+    steps = max(len(ends) - 1, 1)
+    return record, groups, {role: cpu / steps for role, cpu in watch.between(ends[0], ends[-1]).items()}
 
 
 def median_of(values: list[float]) -> float:
@@ -111,7 +184,7 @@ async def overhead(settings: KilnSettings, base: RunConfig, image: str | None, r
     """The in-process loop runs before and after the stage runs (the machine's load drifts; the two bracket them)
     and the ratios divide by the mean of its two."""
     metrics: dict[str, float] = {}
-    stage: dict[str, tuple[RunRecord, list[RolloutGroup]]] = {}
+    stage: dict[str, tuple[RunRecord, list[RolloutGroup], dict[str, float]]] = {}
     local = [await asyncio.to_thread(run_in_process, base)]
     runs = [("stage", base)]
     if image is not None:
@@ -125,14 +198,17 @@ async def overhead(settings: KilnSettings, base: RunConfig, image: str | None, r
         (record_dir / f"inprocess-{when}.json").write_text(loop.model_dump_json())
         metrics[f"rl_inprocess_s_per_step_{when}"] = seconds_per_step(loop.step_ends)
     in_process = statistics.mean(seconds_per_step(r.step_ends) for r in local)
+    in_process_cpu = statistics.mean((r.steps[-1].cpu_s - r.steps[0].cpu_s) / (len(r.steps) - 1) for r in local)
     later = [s for r in local for s in r.steps[1:]]
-    metrics |= {"rl_inprocess_s_per_step": in_process,
+    metrics |= {"rl_inprocess_s_per_step": in_process, "rl_inprocess_cpu_s_per_step": in_process_cpu,
                 "rl_inprocess_sample_s_per_step": median_of([s.sample_s for s in later]),
                 "rl_inprocess_train_s_per_step": median_of([s.train_s for s in later])}
-    for name, (record, groups) in stage.items():
+    for name, (record, groups, cpu) in stage.items():
         per_step = seconds_per_step([t for t, _u in record.updates])
         ratio = "rl_stage_overhead_ratio" + ("_exec" if name == "stage_exec" else "")
         metrics |= {f"rl_{name}_s_per_step": per_step, ratio: per_step / in_process,
+                    f"rl_{name}_cpu_ratio": sum(cpu.values()) / in_process_cpu,
+                    **{f"rl_{name}_cpu_s_per_step_{role}": seconds for role, seconds in sorted(cpu.items())},
                     f"rl_{name}_trainer_step_s": median_of([u.step_s for _t, u in record.updates[1:]]),
                     f"rl_{name}_group_generate_s": median_of([g.generate_s for g in groups]),
                     f"rl_{name}_group_verify_s": median_of([g.verify_s for g in groups])}

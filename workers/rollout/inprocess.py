@@ -27,6 +27,7 @@ class StepTiming(BaseModel):
     """Where one step's time went, in seconds."""
 
     ended: float = Field(description="seconds since the loop started")
+    cpu_s: float = Field(description="CPU seconds of this process (every thread) since the loop started")
     sample_s: float
     verify_s: float
     train_s: float
@@ -56,7 +57,7 @@ def run_in_process(config: RunConfig, max_batch: int = 64) -> InProcessRecord:
     engine = Engine(TinyLM(shape), max_batch=max_batch)
     tasks = Addition(1, seed=config.seed)
     steps: list[StepTiming] = []
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     try:
         for step in range(config.steps):
             t0 = time.perf_counter()
@@ -77,8 +78,8 @@ def run_in_process(config: RunConfig, max_batch: int = 64) -> InProcessRecord:
             with engine.paused():
                 engine.load({name: w.clone() for name, w in trainer.named_weights()}, report.version)
             t4 = time.perf_counter()
-            steps.append(StepTiming(ended=t4 - started, sample_s=t1 - t0, verify_s=t2 - t1, train_s=t3 - t2,
-                                    load_s=t4 - t3, reward_mean=report.reward_mean,
+            steps.append(StepTiming(ended=t4 - started, cpu_s=time.process_time() - cpu, sample_s=t1 - t0,
+                                    verify_s=t2 - t1, train_s=t3 - t2, load_s=t4 - t3, reward_mean=report.reward_mean,
                                     sampled=hashlib.sha256(repr([g.tokens for group in generations
                                                                  for g in group]).encode()).hexdigest()[:16]))
     finally:
