@@ -50,6 +50,11 @@ class Turn:
     versions: list[int]
     finish_reason: str
 
+    def __post_init__(self) -> None:
+        if not len(self.token_ids) == len(self.logprobs) == len(self.versions):
+            raise EndpointAnswerError(f"{len(self.token_ids)} token ids, {len(self.logprobs)} log-probs, "
+                                      f"{len(self.versions)} versions: one of each per token")
+
 
 class InferenceEndpoint(Protocol):
     url: str

@@ -57,6 +57,7 @@ from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
 from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
+from kiln.workers.inference.endpoints import EndpointAnswerError, Turn, span_versions
 from kiln.workers.inference.hf import build_tiny_model
 from kiln.workers.inference.tokenizer import HFTokenizer, load_tokenizer, tokenize_prompt
 from kiln.workers.rollout.tasks import Addition, exact_match
@@ -196,6 +197,15 @@ def tool_user(prompt: str, index: int) -> str:
     """First a tool call, then the number the tool printed."""
     printed = re.findall(r"<output>\n(\d+)\n\[exit 0\]\n</output>", prompt)
     return printed[-1] if printed else "<run>echo 12</run>"
+
+
+def test_span_labels_are_versions_and_an_answer_must_cover_every_token() -> None:
+    spans = [{"version": "default", "start": 0, "end": 2}, {"version": "7", "start": 2, "end": 5}]
+    assert span_versions(spans, 5, fallback=3) == [0, 0, 7, 7, 7]
+    assert span_versions(spans[:1], 4, fallback=3) == [0, 0, 3, 3]  # tokens no span covers: the fallback
+    assert span_versions(None, 2, fallback=3) == [3, 3]
+    with pytest.raises(EndpointAnswerError, match="one of each per token"):
+        Turn("ab", [1, 2], [-0.1], [0, 0], "stop")
 
 
 def _env(settings: KilnSettings, url: str, kind: str, model_dir: Path) -> dict[str, str]:
