@@ -139,7 +139,8 @@ async def real(with_agent: bool, only: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp, Progress() as progress:
         root = Path(tmp)
         store = SaucerStore(FileBlobStore(root / "blobs"), root / "cache")
-        chosen = [p for p in projects() if not only or p.name in only]
+        # --only builds in the order given (what matters first), the whole corpus in its own order.
+        chosen = [p for name in only for p in projects() if p.name == name] if only else projects()
         task = progress.add_task("building the real corpus", total=len(chosen))
         for project in chosen:
             progress.update(task, description=f"{project.ecosystem} {project.name}")
