@@ -87,12 +87,16 @@ def serve(port: int | None = None, host: str | None = None,
 
 
 @app.command()
-def train(max_steps: int | None = None) -> None:
-    """Train on ``rollouts`` (settings: ``KILN_TRAIN_*``): a step per ``groups_per_step`` groups, each checkpointed
-    before its offsets are committed and its weights broadcast; SIGTERM stops after the current step (what was not
-    committed is trained again by the next trainer)."""
+def train(max_steps: int | None = None,
+          serve_port: Annotated[int | None, typer.Option(help="Also serve the policy on this port, from this process "
+                                                              "and device (settings KILN_RL_*): each step's weights "
+                                                              "go to the engine by a device copy")] = None) -> None:
+    """Train on ``rollouts`` (settings: ``KILN_TRAIN_*``): a step per ``groups_per_step`` groups, its weights
+    broadcast at once, its offsets committed once its checkpoint is written (in the background); SIGTERM stops after
+    the current step (what was not committed is trained again by the next trainer)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import signal
+    import threading
 
     import torch
 
@@ -101,8 +105,18 @@ def train(max_steps: int | None = None) -> None:
 
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if serve_port is not None:
+        from kiln.workers.inference.server import InferenceSettings
+        from kiln.workers.rollout.colocate import run_colocated
+
+        serve = InferenceSettings()
+        serve.port = serve_port
+        run_colocated(get_settings(), TrainSettings(), serve, max_steps, stop)
+        return
     trainer = RolloutTrainer(get_settings(), TrainSettings())
-    signal.signal(signal.SIGTERM, lambda *_: trainer.stop.set())
+    trainer.stop = stop
     trainer.run(max_steps)
 
 

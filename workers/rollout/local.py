@@ -19,21 +19,22 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Literal
 
 import httpx
 from confluent_kafka import Consumer, TopicPartition
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from kiln.schemas.rl import RolloutGroup
 from kiln.streams import admin
 from kiln.streams.blobstore import open_blob_store
-from kiln.streams.processes import WorkerProcess, free_port
+from kiln.streams.processes import WorkerProcess, free_port, wait_healthy
 from kiln.streams.replay import read_topic
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec
 from kiln.workers.inference.model import ModelConfig
 from kiln.workers.inference.process import ServerProcess
-from kiln.workers.inference.tokenizer import load_tokenizer
+from kiln.workers.inference.tokenizer import load_tokenizer, tokenize_prompt
 from kiln.workers.rollout.actor import UpdateFollower
 from kiln.workers.rollout.tasks import Addition, exact_match
 from kiln.workers.rollout.train import ROLLOUTS, UPDATES, PolicyUpdate, lineage
@@ -70,6 +71,28 @@ class RunConfig(BaseModel):
     deadline_s: float = 600.0
     kill_trainer_at: int | None = Field(None, description="SIGKILL the trainer once this version is out")
     kill_rollout_at: int | None = Field(None, description="SIGKILL a rollout worker once this version is out")
+    device: str = Field("cpu", description="where the server and the trainer run the model (cpu, cuda ...)")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="the server's (an HF model)")
+    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="the trainer's autocast")
+    colocate: bool = Field(False, description="the server in the trainer's process, on its device (one GPU: "
+                                              "``kiln rl train --serve-port``); no kill_trainer_at then")
+
+    @model_validator(mode="after")
+    def _kills_need_a_separate_server(self) -> RunConfig:
+        if self.colocate and self.kill_trainer_at is not None:
+            raise ValueError("a colocated trainer takes the server with it: no kill_trainer_at")
+        return self
+
+
+def addition_model(out: Path, seed: int = 0) -> Path:
+    """A tiny Llama for the addition task, built in ``out`` (``hf.build_tiny_model``): a vocabulary from the task's
+    text (110 ids: byte-level printable ASCII, the specials and a few merges, every digit a token of its own),
+    hidden 64, 2 layers. Measured in one process on this machine (16 groups x 8 samples a step, lr 1e-2, entropy
+    0.003): training reward 0.02 -> 0.09 and held-out greedy accuracy 0 -> 0.10 within 30 steps; lr 3e-3 took 60."""
+    from kiln.workers.inference.hf import build_tiny_model
+
+    corpus = [t.prompt + t.answer for t in Addition(1, seed=seed).sample(300)]
+    return build_tiny_model(out, corpus, vocab_size=110, hidden=64, layers=2, heads=4, seed=seed, max_len=128)
 
 
 class Evaluation(BaseModel):
@@ -120,7 +143,8 @@ class LearningRun:
         # A chat template makes an HF model's prompts longer than the character model's bare ones.
         self.shape = ModelConfig(d_model=config.d_model, n_layers=config.n_layers,
                                  max_len=32 if config.model == "char" else 128, seed=config.seed)
-        self.server = ServerProcess(self.shape, self.workdir / "serve.log", env={"KILN_RL_MODEL": config.model})
+        self.server = ServerProcess(self.shape, self.workdir / "serve.log", env={
+            "KILN_RL_MODEL": config.model, "KILN_RL_DEVICE": config.device, "KILN_RL_DTYPE": config.dtype})
         self.tokenizer = load_tokenizer(config.model)
         self.tasks = Addition(1, seed=config.seed, exec_image=config.exec_image)
         self.kills: list[str] = []
@@ -142,13 +166,22 @@ class LearningRun:
 
     def _trainer(self) -> subprocess.Popen[bytes]:
         c = self.config
-        return self._spawn("trainer", ["rl", "train"], KILN_TRAIN_GROUP_ID=self.trainer_group,
-                           KILN_TRAIN_GROUPS_PER_STEP=str(c.groups_per_step), KILN_TRAIN_LR=str(c.lr),
-                           KILN_TRAIN_ENTROPY_COEF=str(c.entropy_coef),
-                           KILN_TRAIN_ENDPOINTS=json.dumps([self.server.url]), KILN_TRAIN_ADMIN_TOKEN=self.server.token,
-                           KILN_TRAIN_MODEL=c.model, KILN_TRAIN_D_MODEL=str(c.d_model),
-                           KILN_TRAIN_N_LAYERS=str(c.n_layers), KILN_TRAIN_MAX_LEN=str(self.shape.max_len),
-                           KILN_TRAIN_SEED=str(c.seed))
+        env = {"KILN_TRAIN_GROUP_ID": self.trainer_group, "KILN_TRAIN_GROUPS_PER_STEP": str(c.groups_per_step),
+               "KILN_TRAIN_LR": str(c.lr), "KILN_TRAIN_ENTROPY_COEF": str(c.entropy_coef),
+               "KILN_TRAIN_MODEL": c.model, "KILN_TRAIN_DEVICE": c.device, "KILN_TRAIN_PRECISION": c.precision,
+               "KILN_TRAIN_D_MODEL": str(c.d_model), "KILN_TRAIN_N_LAYERS": str(c.n_layers),
+               "KILN_TRAIN_MAX_LEN": str(self.shape.max_len), "KILN_TRAIN_SEED": str(c.seed)}
+        if not c.colocate:
+            return self._spawn("trainer", ["rl", "train"], KILN_TRAIN_ENDPOINTS=json.dumps([self.server.url]),
+                               KILN_TRAIN_ADMIN_TOKEN=self.server.token, **env)
+        s = self.shape
+        proc = self._spawn("trainer", ["rl", "train", "--serve-port", str(self.server.port)],
+                           KILN_RL_MODEL=c.model, KILN_RL_DEVICE=c.device, KILN_RL_DTYPE=c.dtype,
+                           KILN_RL_ADMIN_TOKEN=self.server.token, KILN_RL_D_MODEL=str(s.d_model),
+                           KILN_RL_N_LAYERS=str(s.n_layers), KILN_RL_N_HEADS=str(s.n_heads),
+                           KILN_RL_MAX_LEN=str(s.max_len), KILN_RL_SEED=str(s.seed), **env)
+        wait_healthy(proc, self.server.url, self.workdir / "trainer.log", "kiln rl train --serve-port", 300)
+        return proc
 
     def _rollout_worker(self) -> WorkerProcess:
         worker = WorkerProcess("rollout", self.settings, "rollout.requests", slots=self.config.rollout_slots,
@@ -161,7 +194,7 @@ class LearningRun:
         """Greedy accuracy over the task's held-out prompts (never trained on), and the version that answered. The
         prompts go as the rollout stage sends them: token ids, through the model's chat template."""
         prompts = self.tasks.held_out()
-        ids = [self.tokenizer.chat([{"role": "user", "content": t.prompt}]) for t in prompts]
+        ids = [tokenize_prompt(self.tokenizer, t.prompt) for t in prompts]
         answer = (await http.post(f"{self.server.url}/v1/completions", json={
             "prompt": ids, "max_tokens": self.config.max_tokens, "temperature": 0})).json()
         right = sum(exact_match(t, c["text"]) for t, c in zip(prompts, answer["choices"], strict=True))
@@ -170,7 +203,10 @@ class LearningRun:
     async def run(self) -> RunRecord:
         c = self.config
         admin.create_topics(self.settings, _topics(self.settings))
-        self.server.start()
+        # Colocated, the trainer's process serves: it starts first (it must answer before anything samples).
+        trainer = await asyncio.to_thread(self._trainer) if c.colocate else None
+        if not c.colocate:
+            self.server.start()
         started = time.monotonic()
         evaluations: list[Evaluation] = []
         follower = UpdateFollower(self.settings, asyncio.get_running_loop())

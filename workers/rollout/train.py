@@ -242,8 +242,8 @@ class SameDevice:
 
     def update(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> UpdateReport:
         started = time.perf_counter()
-        device = next(self.engine.model.parameters()).device
-        staged = {name: t.detach().to(device, copy=True) for name, t in named}
+        params = dict(self.engine.model.named_parameters())
+        staged = {name: t.detach().to(params[name].device, params[name].dtype, copy=True) for name, t in named}
         paused_before = self.engine.paused_s
         with self.engine.paused():
             replaced = self.engine.load(staged, version)
@@ -313,8 +313,11 @@ class RolloutTrainer:
             resumed = load_state(self.trainer, self.store, digest)
             self.groups_total = resumed.groups_total
             self.checkpoint, self.optimizer_state = digest, resumed.optimizer
-            log.info("resumed from checkpoint %s (version %d, optimizer state of version %d)", digest,
-                     resumed.version, resumed.optimizer_version)
+            if isinstance(self.broadcaster, SameDevice):  # an engine in this process started from the initial weights
+                self.broadcaster.update(self.trainer.named_weights(), resumed.version)
+            log.info("resumed from checkpoint %s (version %d, %s)", digest, resumed.version,
+                     f"optimizer state of version {resumed.optimizer_version}" if resumed.optimizer
+                     else "no optimizer state written yet: a fresh optimizer")
         for p in committed:
             self.positions[p.partition] = max(p.offset, 0)
 
@@ -388,9 +391,11 @@ class RolloutTrainer:
         failed: dict[str, str] = {}
         paused_ms = 0.0
         if self.broadcaster is not None:
-            # The snapshot's host copies: what a gloo group sends, whatever device the trainer is on.
-            sent = self.broadcaster.update(((n, snap.weights[n]) for n, _p in self.trainer.named_weights()),
-                                           report.version)
+            # A gloo group sends from host memory: the snapshot's copies, whatever device the trainer is on. NCCL
+            # and an engine in this process take the device's tensors.
+            host = isinstance(self.broadcaster, WeightBroadcaster) and self.broadcaster.backend == "gloo"
+            named = ((n, snap.weights[n] if host else p) for n, p in self.trainer.named_weights())
+            sent = self.broadcaster.update(named, report.version)
             updated, failed = sent.updated, sent.failed
             paused_ms = max((t.paused_ms for t in sent.timings.values()), default=0.0)
         # At most one write in flight: the previous step's is committed before this one's starts (it names it).
