@@ -12,6 +12,7 @@ from __future__ import annotations
 import configparser
 import contextlib
 import json
+import os
 import re
 import shlex
 import tomllib
@@ -25,7 +26,7 @@ from kiln.schemas.builder import Decision
 from kiln.workers.builder.dockerfile import confine
 from kiln.workers.builder.errors import PlanError
 
-RULES_VERSION = 7
+RULES_VERSION = 8
 REPORTS = "/tmp/kiln-reports"
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
 LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time
@@ -300,6 +301,32 @@ def _group(groups: dict[str, Any], name: str, seen: frozenset[str] = frozenset()
     return out
 
 
+def tox_requirement_files(root: Path) -> list[str]:
+    """The requirement files tox's ``[testenv] deps`` installs (``-r file``), relative to the root, those present."""
+    cfg = configparser.ConfigParser(interpolation=None, strict=False)
+    with contextlib.suppress(configparser.Error, OSError):
+        cfg.read_string((root / "tox.ini").read_text(errors="replace"))
+    found = [m.group(1) for line in cfg.get("testenv", "deps", fallback="").splitlines()
+             for m in [re.match(r"^-r\s*(\S+)$", line.strip())] if m and "{" not in m.group(1)]
+    return [f for f in found if (root / f).is_file()]
+
+
+def _referenced(root: Path, files: list[str]) -> list[str]:
+    """The files, and the requirement and constraint files they name (``-r``, ``-c``), transitively: all of them
+    must be in the dependency layer for pip to read the first."""
+    out: list[str] = []
+    todo = list(files)
+    while todo:
+        name = todo.pop(0)
+        if name in out or name.startswith("..") or not (root / name).is_file():  # only the checkout's own
+            continue
+        out.append(name)
+        for m in re.finditer(r"^\s*(?:-r|-c|--requirement|--constraint)[\s=]*(\S+)",
+                             (root / name).read_text(errors="replace"), re.MULTILINE):
+            todo.append(os.path.normpath(Path(name).parent / m.group(1)))
+    return out
+
+
 def _python_test_dependencies(root: Path, doc: dict[str, Any], p: Plan) -> list[str]:
     """What the test suite needs besides the project: test-like extras (pyproject, setup.cfg), PEP 735 groups,
     tox's testenv deps; each source recorded as a decision."""
@@ -404,11 +431,16 @@ def _python(root: Path, p: Plan, ci: CiJobs) -> None:
     p.toolchain.setdefault("python", "3.11")
     deps += _python_test_dependencies(root, doc, p)
     p.manifests = [m for m in ("pyproject.toml", "setup.py", "setup.cfg", "tox.ini") if (root / m).is_file()]
-    files = sorted({str(r.relative_to(root)) for pattern in TEST_REQUIREMENT_FILES for r in root.glob(pattern)
-                    if r.is_file() and not re.search(r"doc|lint|release|bench", r.name, re.IGNORECASE)})
-    p.manifests += files
+    files = tox_requirement_files(root) if (root / "tox.ini").is_file() else []
     if files:
-        p.decide("test dependencies", " ".join(files), "requirement files (docs, lint, release, bench left out)")
+        p.decide("test dependencies", " ".join(files), "the requirement files tox's test environment installs")
+    else:
+        files = sorted({str(r.relative_to(root)) for pattern in TEST_REQUIREMENT_FILES for r in root.glob(pattern)
+                        if r.is_file() and not re.search(r"doc|lint|release|bench", r.name, re.IGNORECASE)})
+        if files:
+            p.decide("test dependencies", " ".join(files), "requirement files (docs, lint, release, bench left out)")
+    # A file pip reads may name others (Pallets' dev.in: -r docs.txt): the dependency layer needs them all.
+    p.manifests += [f for f in _referenced(root, files) if f not in p.manifests]
     reqs = " ".join(f"-r {shlex.quote(r)}" for r in files)
     pinned = " ".join(shlex.quote(d) for d in deps)
     # Idempotent, so a revision that changes dependencies adds only their delta on top of an existing venv.

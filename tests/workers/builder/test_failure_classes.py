@@ -52,3 +52,4 @@ async def test_failure_class_fixture(name: str, class_store: SaucerStore, docker
                                                                                   "adds_negatives"}
     if name == "tox":
         assert next(d for d in event.decisions if d.topic == "test command").choice == "pytest tests"
+        assert next(d for d in event.decisions if d.topic == "test dependencies").choice == "requirements/tests.txt"

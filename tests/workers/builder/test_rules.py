@@ -240,3 +240,12 @@ def test_ci_calling_tox_or_nox_runs_the_pytest_line_of_their_config(tmp_path: Pa
     bare = plan(checkout(tmp_path / "sdist", {"pyproject.toml": PYPROJECT, **files}))
     decision = next(d for d in bare.decisions if d.topic == "test command")
     assert decision.choice == command and decision.reason.startswith("no CI test job; "), decision
+
+
+def test_requirement_files_bring_the_files_they_name(tmp_path: Path) -> None:
+    """pip reads a requirement file's ``-r``/``-c`` references from the dependency layer: they are manifests too,
+    even one (docs) that is no test requirement of its own."""
+    p = plan(checkout(tmp_path, {"pyproject.toml": PYPROJECT, "requirements/dev.txt": "-r docs.txt\n-c ../pins.txt\n",
+                                 "requirements/docs.txt": "sphinx\n", "pins.txt": "sphinx==7\n"}))
+    assert "-r requirements/dev.txt" in p.deps_script and "docs.txt" not in p.deps_script.replace("dev.txt", "")
+    assert {"requirements/dev.txt", "requirements/docs.txt", "pins.txt"} <= set(p.manifests)
