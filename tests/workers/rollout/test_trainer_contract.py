@@ -118,18 +118,20 @@ def test_micro_batches_to_a_token_budget_give_the_one_batch_gradient() -> None:
 
 
 def test_mixed_precision_steps_keep_float32_weights() -> None:
-    """bf16 autocast (CPUs have it) trains float32 master weights: what is broadcast and checkpointed stays
-    float32, and the step's gradient is close to the float32 one."""
+    """bf16 and fp16 autocast (CPUs have both) train float32 master weights: what is broadcast and checkpointed stays
+    float32, and the step's gradient (fp16's unscaled by its gradient scaler) is close to the float32 one."""
     torch.set_num_threads(1)
     exact = PolicyTrainer(TinyLM(ModelConfig(max_len=32)), entropy_coef=0.01)
-    mixed = PolicyTrainer(TinyLM(ModelConfig(max_len=32)), entropy_coef=0.01, precision="bf16",
-                          micro_batch_tokens=64)
     groups = _groups(exact)
     exact.step(groups)
-    report = mixed.step(groups)
-    assert report.version == 1 and report.micro_batches > 1
-    assert all(t.dtype == torch.float32 for _n, t in mixed.named_weights())
     flat = torch.cat([p.grad.flatten() for p in exact.model.parameters() if p.grad is not None])
-    approx = torch.cat([p.grad.flatten() for p in mixed.model.parameters() if p.grad is not None])
-    assert torch.nn.functional.cosine_similarity(flat, approx, dim=0) > 0.95
-    assert not torch.equal(flat, approx)  # bf16 really ran
+    for precision in ("bf16", "fp16"):
+        mixed = PolicyTrainer(TinyLM(ModelConfig(max_len=32)), entropy_coef=0.01, precision=precision,
+                              micro_batch_tokens=64)
+        report = mixed.step(groups)
+        assert report.version == 1 and report.micro_batches > 1
+        assert (mixed.scaler is not None) == (precision == "fp16")
+        assert all(t.dtype == torch.float32 for _n, t in mixed.named_weights())
+        approx = torch.cat([p.grad.flatten() for p in mixed.model.parameters() if p.grad is not None])
+        assert torch.nn.functional.cosine_similarity(flat, approx, dim=0) > 0.95, precision
+        assert not torch.equal(flat, approx), precision  # the reduced precision really ran
