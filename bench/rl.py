@@ -54,11 +54,9 @@ from kiln.streams.infra import COMPONENT_STEPS, run_steps
 from kiln.streams.replay import read_topic
 from kiln.streams.settings import KilnSettings
 from kiln.workers.common.containers import docker_client
-from kiln.workers.inference.hf import build_tiny_model
 from kiln.workers.rollout.inprocess import run_in_process
-from kiln.workers.rollout.local import LearningRun, RunConfig, RunRecord
+from kiln.workers.rollout.local import LearningRun, RunConfig, RunRecord, addition_model
 from kiln.workers.rollout.report import paused_fraction, write_report
-from kiln.workers.rollout.tasks import Addition
 from kiln.workers.rollout.train import ROLLOUTS, UPDATES
 
 ROLES = {"rl serve": "server", "rl train": "trainer", "rl actor": "actor", "worker rollout": "rollout",
@@ -152,11 +150,9 @@ def time_to_target(async_s: float | None, async_wall: float, sync_s: float | Non
 
 
 def hf_config(config: RunConfig, out: Path) -> RunConfig:
-    """``--model hf``: the tiny Llama of tests/workers/rollout/test_learning_hf.py (a BPE tokenizer trained on the
-    task's text, hidden 64, 2 layers, random init from the run's seed) and the settings it learns with there."""
-    corpus = [t.prompt + t.answer for t in Addition(1, seed=config.seed).sample(300)]
-    model = build_tiny_model(out / f"hf-s{config.seed}", corpus, vocab_size=110, hidden=64, layers=2, heads=4,
-                             seed=config.seed, max_len=128)
+    """``--model hf``: the tiny Llama of tests/workers/rollout/test_learning_hf.py (``addition_model``, built from
+    the run's seed) with the settings it learns with there."""
+    model = addition_model(out / f"hf-s{config.seed}", seed=config.seed)
     return config.model_copy(update={"model": str(model), "groups_per_step": 16, "lr": 1e-2, "entropy_coef": 0.003,
                                      "max_ahead": 48})
 
