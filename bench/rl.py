@@ -28,7 +28,7 @@ run's seed picks the tasks, the policy's initial weights and every group's sampl
   the async runs.
 Writes each run's record and the PNG of ``kiln rl report`` (part 2's runs) to ``--record-dir``.
 
-Usage: python -m bench.rl [--seeds 1,2,3] [--steps 300] [--target 0.3] [--deadline 160] [--overhead-steps 40]
+Usage: python -m bench.rl [--seeds 1,2,3] [--steps 300] [--target 0.2] [--deadline 170] [--overhead-steps 40]
 [--exec] [--modes-exec] [--model char] [--skip-overhead] [--skip-modes]
 """
 
@@ -265,8 +265,8 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--target", type=float, default=0.3)
-    parser.add_argument("--deadline", type=float, default=160)
+    parser.add_argument("--target", type=float, default=0.2)
+    parser.add_argument("--deadline", type=float, default=170)
     parser.add_argument("--overhead-steps", type=int, default=40)
     parser.add_argument("--exec", action="store_true", help="part 1 also with exec-stage rewards")
     parser.add_argument("--modes-exec", action="store_true", help="part 2 with exec-stage rewards")
