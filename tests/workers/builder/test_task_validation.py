@@ -65,11 +65,12 @@ async def test_tasks_validate_fail_to_pass_and_the_swe_reward(stage_topics: Call
 
             # The new test passes before the gold patch: nothing fails to pass, the task is not valid.
             empty = await validate(execs, project_image, TEST_ADD_ZERO, calc_patch("\n\n# neg comes later\n"))
-            assert (empty.valid, empty.fail_to_pass) == (False, [])
+            assert (empty.valid, empty.failure, empty.fail_to_pass) == (False, "fail_to_pass_empty", [])
             assert "tests.test_zero.test_add_zero" in empty.pass_to_pass and "FAIL_TO_PASS is empty" in empty.reason
 
             stale = await validate(execs, project_image, TEST_NEG, GOLD.replace("return a * b", "return a ** b"))
-            assert not stale.valid and stale.reason.startswith("the gold patch does not apply"), stale
+            assert (stale.valid, stale.failure) == (False, "patch_does_not_apply"), stale
+            assert stale.reason.startswith("the gold patch does not apply"), stale
 
             tasks = RepositoryTasks("demo/exec", project_image,
                                     [Problem.validated("neg", "Add neg(a) to calc.", TEST_NEG, task)])
