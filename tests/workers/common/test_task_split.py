@@ -12,7 +12,7 @@ from kiln.workers.common.swe import split
 
 
 def run(**outcomes: str) -> schema.TestReport:
-    return tally("pytest", [schema.TestCaseResult(name=n, outcome=o) for n, o in outcomes.items()])  # type: ignore[arg-type]
+    return tally("pytest", [schema.TestCaseResult(name=n, outcome=o) for n, o in outcomes.items()])
 
 
 def test_tests_failing_before_and_passing_after_are_fail_to_pass() -> None:
