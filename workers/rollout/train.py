@@ -303,8 +303,16 @@ class RolloutTrainer:
         if train.metrics_port:
             start_http_server(train.metrics_port, registry=registry)
 
+    def _on_revoke(self, consumer: Consumer, _partitions: list[TopicPartition]) -> None:
+        """Commits the write in flight while the partitions are still this trainer's. If that fails, its rollouts
+        replay: the next assignment loads the checkpoint the commits name, not the one written."""
+        try:
+            self._finish_write(consumer, block=True)
+        except KafkaException as e:
+            log.warning("could not commit the last step before a rebalance: %s", e)
+
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._finish_write(consumer, block=True)
+        self._on_revoke(consumer, partitions)  # a write still in flight (no revocation came first)
         committed = consumer.committed(partitions, timeout=30)
         digests = {p.metadata for p in committed if p.metadata}
         if len(digests) > 1:
@@ -327,7 +335,7 @@ class RolloutTrainer:
         consumer = Consumer(self.settings.kafka(**{
             "group.id": self.train.group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
             **admin.group_membership(self.settings)}))
-        consumer.subscribe([self.rollouts], on_assign=self._on_assign)
+        consumer.subscribe([self.rollouts], on_assign=self._on_assign, on_revoke=self._on_revoke)
         if isinstance(self.broadcaster, WeightBroadcaster):
             failed = self.broadcaster.connect()
             if failed:
