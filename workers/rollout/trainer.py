@@ -113,6 +113,7 @@ class PolicyTrainer:
 
     @staticmethod
     def sequences(groups: list[Group]) -> list[Sequence]:
+        """Every sample with its prompt and its leave-one-out advantage (computed within its whole group)."""
         advantages = [leave_one_out(torch.tensor([s.reward for s in g.samples])) for g in groups]
         return [(g.prompt, s, float(a)) for g, adv in zip(groups, advantages, strict=True)
                 for s, a in zip(g.samples, adv.tolist(), strict=True)]
