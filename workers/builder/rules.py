@@ -26,7 +26,7 @@ from kiln.schemas.builder import Decision
 from kiln.workers.builder.dockerfile import confine
 from kiln.workers.builder.errors import PlanError
 
-RULES_VERSION = 8
+RULES_VERSION = 9
 REPORTS = "/tmp/kiln-reports"
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
 LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time
@@ -739,7 +739,11 @@ def with_reporter(runner: str, command: str) -> str:
     (mocha's xunit, jest's and vitest's JSON, node's TAP) next to the human output."""
     bare = _REPORTER_OPTIONS.sub("", f" {command}").strip()
     if runner == "mocha":
-        return f"{bare} --reporter xunit --reporter-option output={REPORTS}/mocha.xml"
+        # _mocha is the runner itself: mocha 1.x's bin/mocha wrapper runs it through a spawn option Node 20 no
+        # longer has, and prints nothing (real: etag, methods). "--reporter-options" (plural) is what mocha < 6
+        # knows (real: depd's mocha 5 printed its XML to stdout instead).
+        bare = re.sub(r"(^|\s)mocha(?=\s|$)", r"\1_mocha", bare, count=1)
+        return f"{bare} --reporter xunit --reporter-options output={REPORTS}/mocha.xml"
     if runner == "jest":
         return f"{bare} --ci --json --outputFile={REPORTS}/jest.json"
     if runner == "vitest":

@@ -176,7 +176,7 @@ def test_a_makefile_whose_only_target_is_the_test_binary_runs_it(tmp_path: Path)
 
 @pytest.mark.parametrize(("scripts", "expected"), [
     ({"test": "mocha --reporter spec test/*.js"},
-     "mocha test/*.js --reporter xunit --reporter-option output=/tmp/kiln-reports/mocha.xml"),
+     "_mocha test/*.js --reporter xunit --reporter-options output=/tmp/kiln-reports/mocha.xml"),
     ({"test": "npm run lint && npm run unit", "lint": "eslint .", "unit": "NODE_ENV=test nyc -x x jest"},
      None),
     ({"test": "npm run lint && npm run unit", "lint": "eslint .", "unit": "NODE_ENV=test nyc jest --coverage"},
@@ -188,7 +188,7 @@ def test_a_makefile_whose_only_target_is_the_test_binary_runs_it(tmp_path: Path)
                                     "--test test/"),
     ({"test": "jest --json tests/"}, "jest tests/ --ci --json --outputFile=/tmp/kiln-reports/jest.json"),
     ({"test": "mocha -R dot -O foo=bar test"},
-     "mocha test --reporter xunit --reporter-option output=/tmp/kiln-reports/mocha.xml"),
+     "_mocha test --reporter xunit --reporter-options output=/tmp/kiln-reports/mocha.xml"),
     ({"test": "tape test/*.js | tap-spec"}, None),
     ({"test": "npm test"}, None),
 ])
@@ -213,7 +213,7 @@ def test_npm_plan_runs_the_runner_with_its_reporter(tmp_path: Path) -> None:
     pkg = '{"name": "x", "scripts": {"test": "eslint . && mocha"}, "devDependencies": {"mocha": "10"}}'
     p = plan(checkout(tmp_path, {"package.json": pkg}))
     assert "export PATH=$PWD/node_modules/.bin:$PATH; /opt/c8/bin/c8" in p.test_script
-    assert " mocha --reporter xunit" in p.test_script and "eslint" not in p.test_script
+    assert " _mocha --reporter xunit" in p.test_script and "eslint" not in p.test_script
     assert next(d for d in p.decisions if d.topic == "test command").choice == "mocha"
 
 
