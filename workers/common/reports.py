@@ -224,6 +224,11 @@ _SUMMARIES = (
     (r"^\s*(\d+) tests? passed\b", r"^\s*(\d+) tests? failed\b"),  # ava, many harnesses
 )
 _UNITY = re.compile(r"^(\d+) Tests (\d+) Failures (\d+) Ignored\s*$", re.MULTILINE)
+# automake's serial harness (no parallel-tests): one banner per directory, "All 12 tests passed", "1 test
+# passed", "2 of 12 tests failed" (real: libgpg-error 1.46, whose "1 test passed" alone counted 1 of 13).
+_SERIAL_ALL = re.compile(r"^=*\s*All (\d+) tests? passed\b", re.MULTILINE)
+_SERIAL = re.compile(r"^=*\s*(?:All (\d+) tests? passed|(\d+) tests? passed|(\d+) of (\d+) tests? failed)\b",
+                     re.MULTILINE)
 
 
 def runner_summary(text: str) -> tuple[int, int] | None:
@@ -231,6 +236,12 @@ def runner_summary(text: str) -> tuple[int, int] | None:
     unity = _UNITY.findall(text)
     if unity:
         return (sum(max(0, int(t) - int(f) - int(i)) for t, f, i in unity), sum(int(f) for _t, f, _i in unity))
+    if _SERIAL_ALL.search(text) or re.search(r"^=*\s*\d+ of \d+ tests? failed\b", text, re.MULTILINE):
+        passed = failed = 0
+        for every, some, bad, out_of in _SERIAL.findall(text):
+            passed += int(every or some or 0) + (int(out_of) - int(bad) if bad else 0)
+            failed += int(bad or 0)
+        return passed, failed
     for passed, failed in _SUMMARIES:
         p, f = _count(passed, text), _count(failed, text)
         if p is not None or f is not None:

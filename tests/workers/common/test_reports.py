@@ -326,6 +326,11 @@ def test_reporter_files_give_cases_and_the_runners_summary() -> None:
     ("\u2714 adds\n\u2139 tests 3\n\u2139 pass 3\n\u2139 fail 0\n", [], (3, 0)),
     ("  47 tests passed\n", [], (47, 0)),
     ("PASS: t/a\n# TOTAL: 1\n# PASS:  1\n# FAIL:  0\n", [("t/a", "passed")], (1, 0)),
+    # automake's serial harness, one banner per directory (real: libgpg-error 1.46).
+    ("PASS: cfg.sh\n==================\n1 test passed\n==================\nPASS: t-a\nFAIL: t-b\nPASS: t-c\n"
+     "==================\n1 of 3 tests failed\n==================\n",
+     [("cfg.sh", "passed"), ("t-a", "passed"), ("t-b", "failed"), ("t-c", "passed")], (3, 1)),
+    ("PASS: t-a\nPASS: t-b\nAll 2 tests passed\n", [("t-a", "passed"), ("t-b", "passed")], (2, 0)),
     # A program's own progress lines are no verdicts (zlib's "make test").
     ("uncompress(): hello, hello!\nlarge_inflate(): OK\n\t\t*** zlib test OK ***\n", [], None),
     ("PASS: t/a\nXFAIL: t/b\nXPASS: t/c\n# PASS:  1\n# XFAIL: 1\n# XPASS: 1\n# FAIL:  0\n",
@@ -391,3 +396,13 @@ def test_jest_json_round_trips_every_assertion(results: list[tuple[str, str]]) -
     assert [c.outcome for c in report.cases] == [{"pending": "skipped", "todo": "skipped"}.get(s, s)
                                                  for _n, s in results]
     assert (report.passed, report.failed) == (report.summary_passed, report.summary_failed)
+
+
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 40)), min_size=1, max_size=6))
+def test_automake_serial_banners_sum_over_directories(dirs: list[tuple[int, int]]) -> None:
+    """Per directory the serial harness prints "All N tests passed", "1 test passed", or "F of N tests failed"."""
+    banners = [(f"All {n} tests passed" if n > 1 else "1 test passed") if failed == 0 else
+               f"{min(failed, n)} of {n} tests failed" for n, failed in dirs]
+    text = "".join(f"make[1]: Entering directory\n====\n{b}\n====\n" for b in ["All 2 tests passed", *banners])
+    bad = sum(min(f, n) for n, f in dirs)
+    assert runner_summary(text) == (2 + sum(n for n, _f in dirs) - bad, bad)
