@@ -237,11 +237,11 @@ def runner_summary(text: str) -> tuple[int, int] | None:
     if unity:
         return (sum(max(0, int(t) - int(f) - int(i)) for t, f, i in unity), sum(int(f) for _t, f, _i in unity))
     if _SERIAL_ALL.search(text) or re.search(r"^=*\s*\d+ of \d+ tests? failed\b", text, re.MULTILINE):
-        passed = failed = 0
+        ok = not_ok = 0
         for every, some, bad, out_of in _SERIAL.findall(text):
-            passed += int(every or some or 0) + (int(out_of) - int(bad) if bad else 0)
-            failed += int(bad or 0)
-        return passed, failed
+            ok += int(every or some or 0) + (int(out_of) - int(bad) if bad else 0)
+            not_ok += int(bad or 0)
+        return ok, not_ok
     for passed, failed in _SUMMARIES:
         p, f = _count(passed, text), _count(failed, text)
         if p is not None or f is not None:
