@@ -249,3 +249,14 @@ def test_requirement_files_bring_the_files_they_name(tmp_path: Path) -> None:
                                  "requirements/docs.txt": "sphinx\n", "pins.txt": "sphinx==7\n"}))
     assert "-r requirements/dev.txt" in p.deps_script and "docs.txt" not in p.deps_script.replace("dev.txt", "")
     assert {"requirements/dev.txt", "requirements/docs.txt", "pins.txt"} <= set(p.manifests)
+
+
+def test_a_configure_naming_inputs_the_sources_lack_is_generated_again(tmp_path: Path) -> None:
+    """A Debian dfsg repack drops a directory and patches configure.ac; the shipped configure still names it."""
+    configure = 'ac_config_files="$ac_config_files Makefile doc/Makefile gmp.h:gmp-h.in"\n'
+    files = {"configure": configure, "configure.ac": "AC_INIT\n", "Makefile.in": "", "gmp-h.in": ""}
+    p = plan(checkout(tmp_path / "a", files))
+    assert p.build_script.startswith("autoreconf -fi && ")
+    assert "doc/Makefile.in" in next(d for d in p.decisions if d.topic == "configure").reason
+    fresh = plan(checkout(tmp_path / "b", {**files, "doc/Makefile.in": ""}))
+    assert fresh.build_script.startswith("{ [ -f configure ] || autoreconf -fi; }")
