@@ -406,3 +406,11 @@ def test_automake_serial_banners_sum_over_directories(dirs: list[tuple[int, int]
     text = "".join(f"make[1]: Entering directory\n====\n{b}\n====\n" for b in ["All 2 tests passed", *banners])
     bad = sum(min(f, n) for n, f in dirs)
     assert runner_summary(text) == (2 + sum(n for n, _f in dirs) - bad, bad)
+
+
+def test_xunit_printed_among_the_output_is_read() -> None:
+    """mocha < 2.2 ignores the xunit reporter's output option and prints the XML (real: etag's mocha 1.21)."""
+    printed = "> etag@1.8.1 test\n" + MOCHA_XUNIT + "\n"
+    report = parse_results("npm", 0, {"test-output.txt": printed.encode()})
+    assert report is not None and report.runner == "mocha" and report.itemised
+    assert (report.passed, report.failed, report.summary_passed) == (2, 1, 2)
