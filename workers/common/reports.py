@@ -232,8 +232,13 @@ _SERIAL = re.compile(r"^=*\s*(?:All (\d+) tests? passed|(\d+) tests? passed|(\d+
                      re.MULTILINE)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def runner_summary(text: str) -> tuple[int, int] | None:
-    """(passed, failed) from the runner's own summary line(s), or None when it printed none kiln knows."""
+    """(passed, failed) from the runner's own summary line(s), or None when it printed none kiln knows. Colour
+    codes are no part of a line (mocha 1.x colours "17 passing" even into a pipe)."""
+    text = _ANSI.sub("", text)
     unity = _UNITY.findall(text)
     if unity:
         return (sum(max(0, int(t) - int(f) - int(i)) for t, f, i in unity), sum(int(f) for _t, f, _i in unity))

@@ -321,6 +321,7 @@ def test_reporter_files_give_cases_and_the_runners_summary() -> None:
     ("parse: PASSED\nrender: FAILED\n", [("parse", "passed"), ("render", "failed")], None),
     ("  calc\n    \u2713 adds\n\n  47 passing (12ms)\n  2 failing\n", [], (47, 2)),
     ("Tests:       1 failed, 46 passed, 47 total\n", [], (46, 1)),
+    ("\x1b[92m \x1b[0m\x1b[32m 17 passing\x1b[0m\x1b[90m (15ms)\x1b[0m\n", [], (17, 0)),  # mocha 1.21
     (" Test Files  3 passed (3)\n      Tests  1 failed | 46 passed (47)\n", [], (46, 1)),
     ("TAP version 13\nok 1 - a\nnot ok 2 - b\n# pass 1\n# fail 1\n", [("a", "passed"), ("b", "failed")], (1, 1)),
     ("\u2714 adds\n\u2139 tests 3\n\u2139 pass 3\n\u2139 fail 0\n", [], (3, 0)),
