@@ -50,7 +50,7 @@ from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildRequest
 from kiln.schemas.ingest import IngestRequest
 from kiln.streams import admin
-from kiln.streams.blobstore import FileBlobStore
+from kiln.streams.blobstore import FileBlobStore, open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import ClientError
 from kiln.streams.infra import COMPONENT_STEPS, run_steps
@@ -189,7 +189,9 @@ async def main(only: list[str], budget_s: float) -> None:
                 "KILN_METRICS_PORT": str(free_port())})
             try:
                 worker.wait_assigned()
-                async with KilnClient(settings, f"bench-{uuid.uuid4().hex[:6]}") as kiln:
+                # A large suite's result comes back as a claim check on the store the worker writes to.
+                async with KilnClient(settings, f"bench-{uuid.uuid4().hex[:6]}",
+                                      blob_store=open_blob_store(settings)) as kiln:
                     execs = ExecClient(kiln)
                     ingested: set[str] = set()
                     for task in tasks:
