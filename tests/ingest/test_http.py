@@ -2,35 +2,22 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from urllib.parse import quote, unquote_to_bytes
 
 import httpx
 import pytest
-import uvicorn
 
 from kiln.ingest.http import IMMUTABLE, create_app
-from kiln.streams.processes import free_port
 from tests.ingest.conftest import Ingested
 from tests.ingest.gitrepos import NON_UTF8, all_commits, files_at, git, show
+from tests.loopback import serving
 
 
 @pytest.fixture(scope="module")
 def saucer(rich: Ingested) -> Iterator[httpx.Client]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(rich.store), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+    with serving(create_app(rich.store)) as url, httpx.Client(base_url=url, timeout=30) as client:
         yield client
-    server.should_exit = True
-    thread.join(10)
 
 
 def file_url(path: bytes) -> str:

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
 from kiln.ingest.service import ingest
@@ -18,12 +14,12 @@ from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildRequest
 from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
-from kiln.streams.processes import free_port
 from kiln.workers.builder.agent import AgentConfig, ModelClient, classify
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits
 from tests.ingest.gitrepos import Builder, write
+from tests.loopback import serving
 
 pytestmark = pytest.mark.docker
 README = """# widget
@@ -40,12 +36,6 @@ and run the tests:
 sh run-tests.sh
 ```
 """
-
-
-def _wait_started(server: uvicorn.Server) -> None:
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def readme_project(path: Path) -> None:
@@ -94,16 +84,9 @@ async def test_an_openai_compatible_model_drives_the_agent(docker_engine: Any, t
         step = script[min(len(asked) - 1, len(script) - 1)]
         return {"choices": [{"message": {"role": "assistant", "content": f"Sure.\n{json.dumps(step)}"}}]}
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    await asyncio.to_thread(_wait_started, server)
-    try:
-        model = ModelClient(f"http://127.0.0.1:{port}", "test-model")
+    with serving(app) as url:
+        model = ModelClient(url, "test-model")
         event = await build(tmp_path, docker_engine, AgentConfig(budget=4, model=model))
-    finally:
-        server.should_exit = True
     assert event.usable and event.recipe == "agent", event.detail
     assert [d.reason.split(",")[0] for d in event.decisions if d.topic.startswith("agent ")][-2:] == ["model", "model"]
     assert "README and CI commands" in asked[0] and len(asked) == 2

@@ -41,7 +41,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -49,18 +48,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 
 from kiln.schemas.rl import RolloutGroup, RolloutRequest, RolloutTask, Sampling
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
-from kiln.streams.processes import WorkerProcess, free_port
+from kiln.streams.processes import WorkerProcess
 from kiln.streams.settings import KilnSettings
 from kiln.workers.inference.endpoints import EndpointAnswerError, Turn, span_versions
 from kiln.workers.inference.hf import build_tiny_model
 from kiln.workers.inference.tokenizer import HFTokenizer, load_tokenizer, tokenize_prompt
 from kiln.workers.rollout.tasks import Addition, exact_match
+from tests.loopback import serving
 from tests.streams.harness import read_all
 from tests.workers.conftest import worker_env
 from tests.workers.exec.conftest import exec_worker
@@ -173,17 +172,8 @@ def engine(request: pytest.FixtureRequest, tokenizer: HFTokenizer) -> Iterator[t
         body = await raw.json()
         return fake.vllm(body) if kind == "vllm" else fake.sglang(body)
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "the fake engine did not start"
-        time.sleep(0.05)
-    yield fake, f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with serving(app) as url:
+        yield fake, url
 
 
 def addition(prompt: str, index: int) -> str:
