@@ -56,8 +56,8 @@ def report(title: str, metrics: dict[str, float], notes: dict[str, str] | None =
     for name, value in metrics.items():
         print(f"METRIC {name} {value:.6g}", flush=True)
         table.add_row(name, f"{value:.4g}")
-    for name, value in (notes or {}).items():
-        table.add_row(name, value)
+    for name, note in (notes or {}).items():
+        table.add_row(name, note)
     console.print(table)
 
 

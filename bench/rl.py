@@ -151,10 +151,12 @@ def time_to_target(async_s: float | None, async_wall: float, sync_s: float | Non
 
 def hf_config(config: RunConfig, out: Path) -> RunConfig:
     """``--model hf``: the tiny Llama of tests/workers/rollout/test_learning_hf.py (``addition_model``, built from
-    the run's seed) with the settings it learns with there."""
+    the run's seed) with the character model's learning settings (``RunConfig``'s: 64 groups a step, lr 1e-3,
+    entropy 0.03). The smoke test's faster settings (16 groups, lr 1e-2, entropy 0.003) collapse to one answer:
+    measured, async seed 1 stayed at 0.10 held-out greedy accuracy for 400 versions, where these reached 0.30 at
+    version 211."""
     model = addition_model(out / f"hf-s{config.seed}", seed=config.seed)
-    return config.model_copy(update={"model": str(model), "groups_per_step": 16, "lr": 1e-2, "entropy_coef": 0.003,
-                                     "max_ahead": 48})
+    return config.model_copy(update={"model": str(model)})
 
 
 async def staged(settings: KilnSettings, config: RunConfig) -> tuple[RunRecord, list[RolloutGroup], dict[str, float]]:
