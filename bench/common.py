@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import statistics
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from rich.console import Console
+from rich.logging import RichHandler
 from rich.table import Table
 
 from kiln.streams import admin
@@ -76,3 +79,13 @@ async def offer_at_rate(rate: float, seconds: float, job: Callable[[int], Awaita
             n += 1
         await asyncio.sleep(0.001)
     await asyncio.gather(*tasks)
+
+
+def learning_runs(record_dir: Path) -> KilnSettings:
+    """Set up an RL bench: each run's evaluations and kills (``kiln.rl.run``) logged as its progress, the record
+    directory made, the broker up."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s",
+                        handlers=[RichHandler(console=console, show_path=False)])
+    logging.getLogger("kiln.rl.run").setLevel(logging.INFO)
+    record_dir.mkdir(parents=True, exist_ok=True)
+    return broker()

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
-import logging
 import os
 import statistics
 import tempfile
@@ -45,9 +44,7 @@ import threading
 import time
 from pathlib import Path
 
-from rich.logging import RichHandler
-
-from bench.common import broker, console, report
+from bench.common import console, learning_runs, report
 from bench.exec import build_image
 from kiln.schemas.rl import RolloutGroup
 from kiln.streams.infra import COMPONENT_STEPS, run_steps
@@ -279,12 +276,7 @@ async def main() -> None:
     parser.add_argument("--skip-modes", action="store_true")
     parser.add_argument("--record-dir", type=Path, default=Path(tempfile.gettempdir()) / "kiln-bench-rl")
     args = parser.parse_args()
-    # The runs log each evaluation and kill (kiln.rl.run): that is the bench's progress.
-    logging.basicConfig(level=logging.WARNING, format="%(message)s",
-                        handlers=[RichHandler(console=console, show_path=False)])
-    logging.getLogger("kiln.rl.run").setLevel(logging.INFO)
-    args.record_dir.mkdir(parents=True, exist_ok=True)
-    settings = broker()
+    settings = learning_runs(args.record_dir)
     image = None
     if args.exec or args.modes_exec:
         run_steps(COMPONENT_STEPS["docker"])

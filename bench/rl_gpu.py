@@ -30,13 +30,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import tempfile
 from pathlib import Path
 
-from rich.logging import RichHandler
-
-from bench.common import broker, console, report
+from bench.common import console, learning_runs, report
 from bench.rl import mean_lag, seconds_per_step, time_to_target
 from kiln.schemas.rl import RolloutGroup
 from kiln.streams.replay import read_topic
@@ -92,11 +89,7 @@ async def main() -> None:
     parser.add_argument("--rollout-workers", type=int, default=2)
     parser.add_argument("--record-dir", type=Path, default=Path(tempfile.gettempdir()) / "kiln-bench-rl-gpu")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="%(message)s",
-                        handlers=[RichHandler(console=console, show_path=False)])
-    logging.getLogger("kiln.rl.run").setLevel(logging.INFO)
-    args.record_dir.mkdir(parents=True, exist_ok=True)
-    settings = broker()
+    settings = learning_runs(args.record_dir)
     metrics: dict[str, float] = {}
     records: list[RunRecord] = []
     for seed in args.seeds:
