@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -21,7 +20,7 @@ from kiln.streams.infra import COMPONENT_STEPS, run_script, run_steps
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec
 from kiln.workers.common.registry import Registry
-from tests import collection
+from tests import collection, topic_hygiene
 
 
 def pytest_report_collectionfinish() -> list[str]:
@@ -43,12 +42,14 @@ def _ensure(component: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def kafka() -> KilnSettings:
-    """A running Apache Kafka broker on loopback; settings pointing at it."""
+def kafka() -> Iterator[KilnSettings]:
+    """A running Apache Kafka broker on loopback; settings pointing at it. The session's test topics are deleted at
+    its end (tests/topic_hygiene.py)."""
     _ensure("kafka")
     settings = KilnSettings(bootstrap_servers=os.environ.get("KILN_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
     admin.wait_for_broker(settings)
-    return settings
+    with topic_hygiene.session_topics(settings):
+        yield settings
 
 
 @pytest.fixture(scope="session")
@@ -87,7 +88,7 @@ def registry(s3_settings: KilnSettings, docker_engine: object) -> Registry:
 @pytest.fixture
 def unique() -> str:
     """A short unique suffix for topic, group and bucket names, so tests never share state."""
-    return uuid.uuid4().hex[:10]
+    return topic_hygiene.unique_name()
 
 
 @pytest.fixture

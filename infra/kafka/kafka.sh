@@ -5,7 +5,8 @@
 #   kafka.sh stop      stop the broker (idempotent)
 #   kafka.sh status    exit 0 when the broker answers on its port
 # Env: KILN_KAFKA_PORT (9092), KILN_KAFKA_CONTROLLER_PORT (port+1), KILN_KAFKA_SASL_PORT (port+2),
-#      KILN_KAFKA_HEAP (512m), KILN_KAFKA_DATA,
+#      KILN_KAFKA_HEAP (512m), KILN_KAFKA_DATA, KILN_KAFKA_START_TIMEOUT (600 s: a broker holding thousands of
+#      partitions loads each log before it opens its port, minutes on a busy 2-core machine),
 #      KILN_KAFKA_SHARE_GROUPS (1; 0 formats without share.version, like a broker that lacks share groups).
 # Two client listeners: PLAINTEXT on the port (loopback only: the local admin path, a super user) and
 # SASL_PLAINTEXT with SCRAM-SHA-256 on port+2, where the StandardAuthorizer lets a principal do only what its ACLs
@@ -104,6 +105,8 @@ format() {
     || { cat "$DATA/logs/format.log" >&2; die "kafka format failed"; }
 }
 
+partition_count() { find "$DATA/data" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | wc -l; }
+
 start() {
   install
   write_config
@@ -121,10 +124,17 @@ start() {
     "-Dlog4j2.configurationFile=$DATA/log4j2.yaml" -cp "$KAFKA_HOME/libs/*" kafka.Kafka "$DATA/server.properties" \
     >"$DATA/logs/stdout.log" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
-  local deadline=$((SECONDS + 90))
+  local timeout="${KILN_KAFKA_START_TIMEOUT:-600}" began=$SECONDS next_report=$((SECONDS + 30))
   until tcp_open 127.0.0.1 "$PORT" && grep -q "Kafka Server started" "$DATA/logs/server.log" 2>/dev/null; do
     pid_alive "$PIDFILE" || { tail -30 "$DATA/logs/stdout.log" "$DATA/logs/server.log" >&2 || true; die "kafka exited"; }
-    ((SECONDS < deadline)) || die "kafka did not open port $PORT in 90s"
+    if ((SECONDS - began >= timeout)); then
+      tail -5 "$DATA/logs/server.log" >&2 || true
+      die "kafka did not open port $PORT in ${timeout}s (KILN_KAFKA_START_TIMEOUT)"
+    fi
+    if ((SECONDS >= next_report)); then
+      log "kafka still starting after $((SECONDS - began))s: $(partition_count) partition logs in $DATA/data"
+      next_report=$((SECONDS + 30))
+    fi
     sleep 0.3
   done
   log "kafka ready on 127.0.0.1:$PORT"

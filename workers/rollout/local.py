@@ -201,6 +201,16 @@ class LearningRun:
         return int(answer["kiln"]["version_start"]), right / len(prompts)
 
     async def run(self) -> RunRecord:
+        """One learning run on its own topics, deleted when it ends (a broker loads every partition's log when it
+        starts, so topics left run after run slow it)."""
+        try:
+            return await self._run()
+        finally:
+            for problem in admin.delete_topics(self.settings, [self.settings.topic(t.name)
+                                                               for t in _topics(self.settings)]):
+                log.warning("%s: could not delete a topic: %s", self.config.name, problem)
+
+    async def _run(self) -> RunRecord:
         c = self.config
         admin.create_topics(self.settings, _topics(self.settings))
         # Colocated, the trainer's process serves: it starts first (it must answer before anything samples).

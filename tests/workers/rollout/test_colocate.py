@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from kiln.streams import admin
 from kiln.streams.settings import KilnSettings
 from kiln.workers.inference.engine import Engine, SamplingParams
 from kiln.workers.inference.model import TOKENIZER, ModelConfig, TinyLM, weights_digest
@@ -44,8 +45,12 @@ def test_a_same_device_update_copies_the_weights_into_the_engine() -> None:
 async def test_a_colocated_learning_run(kafka: KilnSettings, tmp_path: Path) -> None:
     config = RunConfig(name="colocated", colocate=True, steps=3, groups_per_step=4, n=4, rollout_workers=1,
                        rollout_slots=8, eval_every_s=5, deadline_s=150)
-    record = await LearningRun(kafka, config, tmp_path).run()
+    run = LearningRun(kafka, config, tmp_path)
+    record = await run.run()
     assert [u.version for _t, u in record.updates] == [1, 2, 3]
     assert all(u.servers_updated == 1 and u.servers_failed == {} for _t, u in record.updates)
     assert record.evaluations[-1].version == 3  # the server answering evaluations is the trainer's own engine
     assert record.lineage_ok and record.versions_monotonic and record.dead_letters == 0
+    topics = admin.admin_client(kafka).list_topics(timeout=30).topics
+    left = [t for t in topics if t.startswith(run.settings.topic_prefix)]
+    assert not left  # the run deletes its topics: a broker loads every partition's log when it starts
