@@ -20,7 +20,7 @@ from kiln.streams.stage import TopicSpec
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits
-from tests.workers.builder.projects import python_project
+from tests.workers.builder.projects import make_project, python_project
 
 
 @pytest.fixture
@@ -49,16 +49,27 @@ def worker_env(settings: KilnSettings, **extra: str) -> dict[str, str]:
     return {"KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_CACHE": str(settings.cache), **extra}
 
 
-@pytest.fixture(scope="session")
-def project_image(docker_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A small Python project ingested and built once per session: an image exec sessions may open."""
-    root = tmp_path_factory.mktemp("exec-image")
+def _built_image(docker_engine: Any, root: Path, project: Callable[[Path], object], repository: str) -> str:
+    """``project`` ingested and built by the builder (rules, tests run): the image's reference."""
     store = SaucerStore(FileBlobStore(root / "blobs"), root / "cache")
-    python_project(root / "src")
-    assert asyncio.run(ingest(IngestRequest(name="demo/exec", location=str(root / "src")), "r", store,
+    project(root / "src")
+    assert asyncio.run(ingest(IngestRequest(name=repository, location=str(root / "src")), "r", store,
                               root / "w")).status == "ingested"
-    event = asyncio.run(build_revision(BuildRequest(repository="demo/exec"), store, docker_engine,
+    event = asyncio.run(build_revision(BuildRequest(repository=repository), store, docker_engine,
                                        BaseImages("kiln/base:latest", "kiln/toolchain:latest"), root / "w",
                                        Limits(timeout_s=300)))
     assert event.usable and event.image, event.detail
     return event.image
+
+
+@pytest.fixture(scope="session")
+def project_image(docker_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A small Python project ingested and built once per session: an image exec sessions may open."""
+    return _built_image(docker_engine, tmp_path_factory.mktemp("exec-image"), python_project, "demo/exec")
+
+
+@pytest.fixture(scope="session")
+def make_image(docker_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A C project whose ``make test`` is a test binary printing its own per-test lines and count (no reporter
+    kiln can choose), built once per session."""
+    return _built_image(docker_engine, tmp_path_factory.mktemp("make-image"), make_project, "demo/make")

@@ -191,16 +191,21 @@ _PER_TEST = (
 )
 
 
+_SEVERITY: dict[Outcome, int] = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+
+
 def per_test_lines(text: str, runner: str) -> TestReport:
     """Per-test results from a suite's printed lines: TAP, automake's harness (XFAIL/XPASS included), or the
-    per-test convention (above) with the most cases, earlier ones winning ties; a name seen twice keeps its last
-    outcome. The runner's summary line, if any, is attached."""
+    per-test convention (above) with the most cases, earlier ones winning ties. A name seen twice keeps its worst
+    outcome: the judged code shares the runner's stdout, and a "PASS: name" it prints before or after the runner's
+    "FAIL: name" must not undo the failure. The runner's summary line, if any, is attached."""
     best = max((tap(text, runner).cases, automake(text).cases), key=len)
     for pattern, name_group, outcome_group in _PER_TEST:
         found: dict[str, TestCaseResult] = {}
         for m in pattern.finditer(text):
-            found[m.group(name_group)] = TestCaseResult(name=m.group(name_group),
-                                                        outcome=_OUTCOME[m.group(outcome_group).lower()])
+            name, outcome = m.group(name_group), _OUTCOME[m.group(outcome_group).lower()]
+            if name not in found or _SEVERITY[outcome] > _SEVERITY[found[name].outcome]:
+                found[name] = TestCaseResult(name=name, outcome=outcome)
         if len(found) > len(best):
             best = list(found.values())
     return tally(runner, best, runner_summary(text))

@@ -92,8 +92,10 @@ class TestsPassRatio:
     </patch>``, a ```diff fence, or the whole text), each completion in one exec ``run_once`` call on ``image`` (a
     builder-built image of the revision; a dataset column ``image`` overrides it per row): the ``tests`` verifier
     (``kiln.workers.verifiers.TestsVerifier``). A patch that does not apply, touches the tests or their
-    configuration (``kiln.workers.common.patches``), or a run without tests, scores 0; a report that shows no
-    failure from a run whose exit status (measured outside the sandbox) failed counts an error."""
+    configuration (``kiln.workers.common.patches``), or a run without tests, scores 0, as does a report kiln cannot
+    trust: per-test results that disagree with the runner's own summary, or none failing from a run whose exit
+    status (measured outside the sandbox) failed. A dataset column ``expected_tests`` (the image's test names, from
+    its build event) makes only those count: a name the run lacks counts failed, one it adds counts nothing."""
 
     __name__ = "kiln_tests_pass_ratio"  # TRL logs rewards under their functions' names
     __test__ = False  # not a pytest class, despite the name
@@ -107,8 +109,9 @@ class TestsPassRatio:
         images = columns.get("image") or [self.image] * len(completions)
         if any(image is None for image in images):
             raise ValueError("TestsPassRatio needs an image: pass one, or give the dataset an 'image' column")
-        tasks = [_task("tests", {"image": str(image), "timeout_s": self.timeout_s,
-                                 "limits": self.limits.model_dump()}) for image in images]
+        expected = columns.get("expected_tests") or [[]] * len(completions)
+        tasks = [_task("tests", {"image": str(image), "timeout_s": self.timeout_s, "limits": self.limits.model_dump(),
+                                 "expected_tests": list(names)}) for image, names in zip(images, expected, strict=True)]
         return self._background.score(tasks, [completion_text(c) for c in completions])
 
     def close(self) -> None:

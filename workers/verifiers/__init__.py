@@ -394,20 +394,35 @@ class SWEVerifier:
 def _contract(check: SWECheck, report: TestReport | None, exit_code: int | None,
               detail: dict[str, Any]) -> Verdict:
     """1 exactly when every FAIL_TO_PASS and PASS_TO_PASS test passed in per-test results kiln trusts."""
-    problem = unusable_reason(report) if report else ("tests_did_not_run", "no test results")
-    if report is None or (problem is not None and problem[0] == "tests_not_itemised"):
-        return Verdict(0.0, {**detail, "stage": "report", "error": problem[1] if problem else ""})
-    failing = [c.name for c in report.cases if c.outcome in ("failed", "error")]
-    if exit_code != 0 and not failing:
-        return Verdict(0.0, {**detail, "stage": "report", "error": "the run failed but its report shows no "
-                                                                    "failing test"})
-    passed = {c.name for c in report.cases if c.outcome == "passed"}
+    if report is None:
+        return Verdict(0.0, {**detail, "stage": "report", "error": "no test results"})
+    untrusted = _untrusted(report, exit_code)
+    if untrusted:
+        return Verdict(0.0, {**detail, "stage": "report", "error": untrusted})
+    passed, _failed = _outcomes(report)
     fail_to_pass = [t for t in check.fail_to_pass if t not in passed]
     pass_to_pass = [t for t in check.pass_to_pass if t not in passed]
     if fail_to_pass or pass_to_pass:
         return Verdict(0.0, {**detail, "stage": "report", "fail_to_pass_not_passing": fail_to_pass[:10],
                              "pass_to_pass_not_passing": pass_to_pass[:10]})
     return Verdict(1.0, {**detail, "passed": len(passed)})
+
+
+def _untrusted(report: TestReport, exit_code: int | None) -> str:
+    """Why a run's per-test results cannot be a reward ("" when they can): they disagree with the runner's own
+    summary (or there are none), or the run failed while they show no failing test — as a forged report would."""
+    problem = unusable_reason(report)
+    if problem is not None and problem[0] == "tests_not_itemised":
+        return problem[1]
+    if exit_code != 0 and not any(c.outcome in ("failed", "error") for c in report.cases):
+        return "the run failed but its report shows no failing test"
+    return ""
+
+
+def _outcomes(report: TestReport) -> tuple[set[str], set[str]]:
+    """(passed, failed) test names; a name reported both ways failed (a printed pass cannot undo a failure)."""
+    failed = {c.name for c in report.cases if c.outcome in ("failed", "error")}
+    return {c.name for c in report.cases if c.outcome == "passed"} - failed, failed
 
 
 _JUNIT = "/tmp/kiln-reports/swe-junit.xml"
@@ -498,12 +513,18 @@ class TestsCheck(BaseModel):
     image: str = Field(min_length=1)
     timeout_s: float = Field(600.0, gt=0, le=3600)
     limits: SessionLimits | None = None
+    expected_tests: list[str] = Field(default_factory=list, description="The image's tests (its build event's "
+                                      "report): with them the reward is the share of these that pass; a name the "
+                                      "run adds counts nothing and a name it lacks counts failed.")
 
 
 class TestsVerifier(_PerCompletion):
     """A patch that does not apply, touches the tests or their configuration (``kiln.workers.common.patches``), or
-    a run without tests, scores 0; a report that shows no failure from a run whose exit status (measured outside the
-    sandbox) failed counts an error."""
+    a run without tests, scores 0. The judged code shares the runner's process or stdout, so what it could forge is
+    bounded: a report whose per-test results disagree with the runner's own summary (printed passes added to a
+    suite's lines) scores 0, as does one that shows no failing test from a run whose exit status (measured outside
+    the sandbox) failed; a test reported both passing and failing failed; with ``expected_tests`` only those
+    names count."""
 
     __test__ = False
 
@@ -525,11 +546,21 @@ class TestsVerifier(_PerCompletion):
             return self.failed(e)
         report = result.tests
         total = report.passed + report.failed + report.errors if report else 0
+        last = result.steps[-1] if result.steps else None
         if report is None or not total:
-            last = result.steps[-1] if result.steps else None
             timed_out = last is not None and last.timed_out
             return Verdict(0.0, {"stage": "no tests ran"}, "timeout" if timed_out else None)
-        return Verdict(report.passed / total, {"passed": report.passed, "failed": report.failed + report.errors})
+        untrusted = _untrusted(report, last.exit_code if last is not None else None)
+        if untrusted:
+            return Verdict(0.0, {"stage": "report", "error": untrusted})
+        passed, failed = _outcomes(report)
+        if check.expected_tests:
+            expected = set(check.expected_tests)
+            passing = len(expected & passed)
+            return Verdict(passing / len(expected), {"passed": passing, "failed": len(expected) - passing,
+                                                     "unexpected": len((passed | failed) - expected)})
+        return Verdict(len(passed) / len(passed | failed),
+                       {"passed": len(passed), "failed": len(failed)})
 
 
 class LeanCodeCheck(BaseModel):
