@@ -2,12 +2,12 @@
 
 Test results: JUnit XML (pytest, CTest, mocha's xunit reporter), ``go test -json``, ``cargo test`` text, jest's
 and vitest's JSON, TAP (``node --test`` to a file, ava, tap), and the lines make-driven suites and test binaries
-print per test (automake, GoogleTest, Unity, ``PASS name`` / ``name ... ok``), each with the runner's own summary
-line when it prints one (``47 passing``, ``Tests passed: 349``, ``# pass 3``, ``[  PASSED  ] 12 tests``). A run
-whose per-test results cannot be read is a report with ``itemised=False`` (and the summary's counts), never one
-pseudo-test. Coverage: coverage.py JSON, Go cover profiles, gcov JSON (GCC), istanbul JSON (c8/nyc), lcov
-(llvm-cov, for Rust). Every parser raises ``ReportError`` on malformed input and nothing else; paths are made
-relative to the project root.
+print per test (automake, GoogleTest, Unity, ``PASS name`` / ``name ... ok`` / ``*** name OK ***``), each with
+the runner's own summary line when it prints one (``47 passing``, ``Tests passed: 349``, ``# pass 3``, ``[  PASSED
+] 12 tests``). A run whose per-test results cannot be read is a report with ``itemised=False`` (and the summary's
+counts), never one pseudo-test. Coverage: coverage.py JSON, Go cover profiles, gcov JSON (GCC), istanbul JSON
+(c8/nyc), lcov (llvm-cov, for Rust). Every parser raises ``ReportError`` on malformed input and nothing else; paths
+are made relative to the project root.
 
 What is trusted: files a runner's reporter writes into the reports directory (JUnit, JSON, ``go test -json``) are
 preferred; stdout is parsed only where kiln cannot choose a reporter (make suites, test binaries, ``npm test``
@@ -188,6 +188,10 @@ _PER_TEST = (
                 re.MULTILINE), 1, 2),
     # "name: PASSED" (upper case only: "large_inflate(): OK" among a program's own output is no verdict).
     (re.compile(r"^[ \t]*(\S.*?):[ \t]*(PASS|PASSED|FAIL|FAILED|SKIP|SKIPPED|ERROR)[ \t]*$", re.MULTILINE), 1, 2),
+    # A banner per make target: "*** zlib shared test OK ***", "*** zlib test FAILED ***" (real: zlib 1.2.13, one
+    # per target of "make test": teststatic, testshared, test64; the lines are its only verdicts).
+    (re.compile(r"^[ \t]*\*{3}[ \t]*(\S.*?)[ \t]+(OK|PASS|PASSED|FAIL|FAILED)[ \t]*\*{3}[ \t]*$",
+                re.MULTILINE), 1, 2),
 )
 
 

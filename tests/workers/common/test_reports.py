@@ -332,8 +332,9 @@ def test_reporter_files_give_cases_and_the_runners_summary() -> None:
      "==================\n1 of 3 tests failed\n==================\n",
      [("cfg.sh", "passed"), ("t-a", "passed"), ("t-b", "failed"), ("t-c", "passed")], (3, 1)),
     ("PASS: t-a\nPASS: t-b\nAll 2 tests passed\n", [("t-a", "passed"), ("t-b", "passed")], (2, 0)),
-    # A program's own progress lines are no verdicts (zlib's "make test").
-    ("uncompress(): hello, hello!\nlarge_inflate(): OK\n\t\t*** zlib test OK ***\n", [], None),
+    # A program's own progress lines are no verdicts, its make targets' banners are (zlib's "make test").
+    ("uncompress(): hello, hello!\nlarge_inflate(): OK\n\t\t*** zlib test OK ***\n", [("zlib test", "passed")],
+     None),
     ("PASS: t/a\nXFAIL: t/b\nXPASS: t/c\n# PASS:  1\n# XFAIL: 1\n# XPASS: 1\n# FAIL:  0\n",
      [("t/a", "passed"), ("t/b", "passed"), ("t/c", "failed")], (2, 1)),
 ])
@@ -362,11 +363,13 @@ _NAME = st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True)
 
 
 @given(st.lists(st.tuples(_NAME, st.booleans()), min_size=1, max_size=30, unique_by=lambda t: t[0]),
-       st.sampled_from(["PASS: {n}", "[PASS] {n}", "{n} ... ok", "x.c:1:{n}:PASS", "[       OK ] {n} (0 ms)"]),
+       st.sampled_from(["PASS: {n}", "[PASS] {n}", "{n} ... ok", "x.c:1:{n}:PASS", "[       OK ] {n} (0 ms)",
+                        "\t\t*** {n} OK ***"]),
        st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=200))
 def test_printed_per_test_lines_round_trip(tests: list[tuple[str, bool]], style: str, noise: str) -> None:
     failed = {"PASS: {n}": "FAIL: {n}", "[PASS] {n}": "[FAIL] {n}", "{n} ... ok": "{n} ... FAILED",
-              "x.c:1:{n}:PASS": "x.c:1:{n}:FAIL", "[       OK ] {n} (0 ms)": "[  FAILED  ] {n} (0 ms)"}[style]
+              "x.c:1:{n}:PASS": "x.c:1:{n}:FAIL", "[       OK ] {n} (0 ms)": "[  FAILED  ] {n} (0 ms)",
+              "\t\t*** {n} OK ***": "\t\t*** {n} FAILED ***"}[style]
     lines = [(style if ok else failed).format(n=name) for name, ok in tests]
     passed = sum(ok for _n, ok in tests)
     # Noise without line structure a convention could read (no newline, no colon, no dots, no brackets).
@@ -415,3 +418,25 @@ def test_xunit_printed_among_the_output_is_read() -> None:
     report = parse_results("npm", 0, {"test-output.txt": printed.encode()})
     assert report is not None and report.runner == "mocha" and report.itemised
     assert (report.passed, report.failed, report.summary_passed) == (2, 1, 2)
+
+
+# zlib 1.2.13's "make check" (= "make test": its targets teststatic, testshared and test64), cut from a real run in
+# kiln's image: each target prints its program's progress, then one banner, its only verdict.
+ZLIB_PROGRESS = ("hello world\nzlib version 1.2.13 = 0x12d0, compile flags = 0xa9\nuncompress(): hello, hello!\n"
+                 "gzread(): hello, hello!\ngzgets() after gzseek:  hello!\ninflate(): hello, hello!\n"
+                 "large_inflate(): OK\nafter inflateSync(): hello, hello!\ninflate with dictionary: hello, hello!\n")
+
+
+def test_zlib_make_test_banners_are_its_per_test_results() -> None:
+    printed = "".join(f"{ZLIB_PROGRESS}\t\t*** zlib {kind}test OK ***\n" for kind in ("", "shared ", "64-bit "))
+    report = parse_results("autotools", 0, {"make-check.txt": printed.encode()})
+    assert report is not None and report.itemised and report.runner == "make check"
+    assert [(c.name, c.outcome) for c in report.cases] == [
+        ("zlib test", "passed"), ("zlib shared test", "passed"), ("zlib 64-bit test", "passed")]
+    assert unusable_reason(report) is None
+    # A failing target stops make: the banners so far are the results, the failure among them.
+    failing = (f"{ZLIB_PROGRESS}\t\t*** zlib test OK ***\n{ZLIB_PROGRESS}\t\t*** zlib shared test FAILED ***\n"
+               "make: *** [Makefile:104: testshared] Error 1\n")
+    report = parse_results("autotools", 2, {"make-check.txt": failing.encode()})
+    assert report is not None and [(c.name, c.outcome) for c in report.cases] == [
+        ("zlib test", "passed"), ("zlib shared test", "failed")]
