@@ -20,7 +20,7 @@ from kiln.streams.stage import TopicSpec
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits
-from tests.workers.builder.projects import make_project, python_project
+from tests.workers.builder.projects import cmake_project, make_project, python_project
 
 
 @pytest.fixture
@@ -73,3 +73,9 @@ def make_image(docker_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     """A C project whose ``make test`` is a test binary printing its own per-test lines and count (no reporter
     kiln can choose), built once per session."""
     return _built_image(docker_engine, tmp_path_factory.mktemp("make-image"), make_project, "demo/make")
+
+
+@pytest.fixture(scope="session")
+def cmake_image(docker_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A C project tested by CTest (which runs the binaries under build/ as they were built), built once."""
+    return _built_image(docker_engine, tmp_path_factory.mktemp("cmake-image"), cmake_project, "demo/cmake")

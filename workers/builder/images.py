@@ -176,6 +176,16 @@ def dockerfile_image(client: Any, plan: Plan, checkout: Path, bases: BaseImages,
         return build(client, ctx, text, tag, timeout_s, labels, nocache=fresh)
 
 
+# Systems whose test command runs what was built without rebuilding it (CTest runs the binaries under build/; a
+# Makefile's test binary may be run directly). A revision's tests must judge its sources as they are when they run:
+# a patch applied in a session (a verifier's completion, a task's gold patch) is compiled first, or the run would
+# score the unpatched code. Their builds are incremental: on an unchanged tree the rebuild does nothing.
+_REBUILD_FIRST = ("cmake", "make")
+
+
 def test_command(plan: Plan) -> str:
-    where = "" if plan.recipe == "dockerfile" else "cd /work && "
-    return f"mkdir -p /tmp/kiln-reports && {where}{plan.test_script}"
+    if plan.recipe == "dockerfile":
+        return f"mkdir -p /tmp/kiln-reports && {plan.test_script}"
+    # A subshell: a build script that changes directory (a project in a subdirectory) leaves the test's alone.
+    rebuild = f"({plan.build_script}) >&2 || exit $?; " if plan.system in _REBUILD_FIRST else ""
+    return f"mkdir -p /tmp/kiln-reports && cd /work || exit $?; {rebuild}{plan.test_script}"
