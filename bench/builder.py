@@ -60,14 +60,17 @@ SUMMARIES = {  # the tool's own summary of what ran: (pattern, which groups coun
     "cargo": re.compile(r"test result: \w+\. (\d+) (passed); (\d+) (failed)"),
     "go": re.compile(r"^\s*--- (PASS|FAIL)", re.MULTILINE),
     "cmake": re.compile(r"tests passed, \d+ tests failed out of (\d+)"),
-    "autotools": re.compile(r"^(PASS|FAIL|XFAIL|XPASS): ", re.MULTILINE),
+    # automake's per-test lines, or a banner per make target where the suite prints only those (zlib's "make test":
+    # "*** zlib shared test OK ***").
+    "autotools": re.compile(r"^(?:(PASS|FAIL|XFAIL|XPASS): |[ \t]*\*{3} .+ (OK|FAILED) \*{3}[ \t]*$)", re.MULTILINE),
 }
 
 
 def human_count(system: str, output: str) -> int:
     """How many tests the human-known command executed, from its own summary lines: npm runners (mocha, jest,
     vitest, ava, TAP, node) and make-driven suites by their runner's summary line (``47 passing``, ``Tests:  46
-    passed, 47 total``, ``# pass 3``, ``Tests passed: 349``, GoogleTest's and Unity's)."""
+    passed, 47 total``, ``# pass 3``, ``Tests passed: 349``, GoogleTest's and Unity's); autotools suites by their
+    per-test lines (automake's ``PASS: t``, zlib's ``*** zlib test OK ***``)."""
     pattern = SUMMARIES.get(system)
     if pattern is None:
         summary = runner_summary(output)

@@ -26,7 +26,7 @@ from kiln.schemas.builder import Decision
 from kiln.workers.builder.dockerfile import confine
 from kiln.workers.builder.errors import PlanError
 
-RULES_VERSION = 10
+RULES_VERSION = 11
 REPORTS = "/tmp/kiln-reports"
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
 LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time
@@ -671,7 +671,7 @@ def _npm(root: Path, p: Plan, ci: CiJobs) -> None:
         setup = "".join(f"{step} && " for step in found.setup)
         p.decide("test command", " && ".join([*found.setup, found.command]),
                  f"the {found.runner} command of scripts.test (and the steps before it), run with a reporter writing "
-                 "per-test results to a file kiln reads (lint steps left out)")
+                 "per-test results to a file kiln reads (lint steps and a stop at the first failure left out)")
     else:
         p.decide("test command", command, "package.json scripts.test, without its pre/post hooks (lint, audit); "
                                           "no runner kiln can give a reporter: per-test lines read from its output")
@@ -734,10 +734,17 @@ _REPORTER_OPTIONS = re.compile(r"\s(?:(?:--reporter|-R|--reporter-options?|-O|--
                                r"--test-reporter|--test-reporter-destination)(?:[= ](?!-)\S+)?|--json)(?=\s|$)")
 
 
+# Stop at the first failure (mocha's and jest's --bail/-b, vitest's --bail=N): the tests after it never report, so
+# a patch that breaks one test would score as one that breaks them all (real: merge-descriptors 1.0.1, whose first
+# test fails on Node 20 and whose --bail left 1 result of 8).
+_BAIL = re.compile(r"\s(?:--bail(?:[= ]\d+)?|-b)(?=\s|$)")
+
+
 def with_reporter(runner: str, command: str) -> str:
-    """``command`` with its own reporter options removed and kiln's added: a report file in the reports directory
-    (mocha's xunit, jest's and vitest's JSON, node's TAP) next to the human output."""
-    bare = _REPORTER_OPTIONS.sub("", f" {command}").strip()
+    """``command`` with its own reporter options and any stop at the first failure removed, and kiln's reporter
+    added: a report file in the reports directory (mocha's xunit, jest's and vitest's JSON, node's TAP) next to the
+    human output."""
+    bare = _BAIL.sub("", _REPORTER_OPTIONS.sub("", f" {command}")).strip()
     if runner == "mocha":
         # _mocha is the runner itself: mocha 1.x's bin/mocha wrapper runs it through a spawn option Node 20 no
         # longer has, and prints nothing (real: etag, methods). "--reporter-options" (plural) is what mocha < 6
@@ -754,6 +761,27 @@ def with_reporter(runner: str, command: str) -> str:
 
 
 C_COVERAGE_ENV = {"CFLAGS": "--coverage -O0 -g", "CXXFLAGS": "--coverage -O0 -g", "LDFLAGS": "--coverage"}
+# Symbols wrapped at link time (ld --wrap): gcov's runtime (libgcov) calls open, close, fcntl, ... itself, so in a
+# program that wraps one of them, --coverage leaves __wrap_<symbol> undefined (real: libxcrypt 4.4.33's
+# test/getrandom-fallbacks wraps open and close and fails to link, and make check stops before its first test).
+_LD_WRAP = re.compile(r"-Wl,--?wrap[,=]\w+")
+_MAKE_FILES = ("Makefile.am", "Makefile.in", "Makefile", "makefile", "GNUmakefile", "configure.ac")
+
+
+def _c_coverage(root: Path, p: Plan) -> None:
+    """gcov instrumentation (``C_COVERAGE_ENV``) for a make or autotools build, left out where the project wraps
+    symbols at link time: tests that link and run without coverage beat coverage of tests that cannot link."""
+    for path in [root / name for name in _MAKE_FILES] + [d / name for d in sorted(root.iterdir()) if d.is_dir()
+                                                         for name in _MAKE_FILES[:3]]:
+        wrap = _LD_WRAP.search(path.read_text(errors="replace")) if path.is_file() else None
+        if wrap:
+            p.decide("coverage", "none", f"{path.relative_to(root)} links with {wrap.group(0)!r} (ld --wrap): "
+                                         "gcov's runtime calls the wrapped symbols too, and a test program built "
+                                         "with --coverage would not link")
+            return
+    p.env = dict(C_COVERAGE_ENV)
+
+
 GCOV = (f"find . -name '*.gcda' | while read -r f; do (cd \"$(dirname \"$f\")\" && "
         f"gcov --json-format --stdout \"$(basename \"$f\")\") >> {REPORTS}/gcov.jsonl 2>/dev/null; done")
 
@@ -804,7 +832,7 @@ def _make(root: Path, p: Plan, ci: CiJobs) -> None:
     else:
         raise PlanError("the Makefile has no test target, no target that links a test binary, and neither CI nor "
                         "the README names one or a test binary")
-    p.env = dict(C_COVERAGE_ENV)
+    _c_coverage(root, p)
     p.lint_script = C_LINT
     run = f"make {target}" if target else shlex.quote(binary or "false")
     p.test_script = f"{run} 2>&1 | tee {REPORTS}/make-check.txt; rc=${{PIPESTATUS[0]}}; {GCOV}; exit $rc"
@@ -827,7 +855,7 @@ def stale_configure(root: Path) -> str | None:
 
 
 def _autotools(root: Path, p: Plan, ci: CiJobs) -> None:
-    p.env = dict(C_COVERAGE_ENV)
+    _c_coverage(root, p)
     p.build_script = "{ [ -f configure ] || autoreconf -fi; } && sh ./configure && make -j 4"
     missing = stale_configure(root)
     if missing:

@@ -3,6 +3,7 @@ what broke the rules before, and ``EXPECTED_OUTCOME`` says what the build must r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.ingest.gitrepos import Builder, write
@@ -309,14 +310,45 @@ def tox_project(path: Path) -> Builder:
     return b
 
 
-CLASS_PROJECTS = {
+LD_WRAP_MAKEFILE = """calc_test: calc.o calc_test.o
+\t$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) -Wl,--wrap,open
+
+test: teststatic testrepeat
+
+teststatic: calc_test
+\t@if ./calc_test; then echo '\t\t*** calc test OK ***'; else echo '\t\t*** calc test FAILED ***'; false; fi
+
+testrepeat: calc_test
+\t@if ./calc_test && ./calc_test; then echo '\t\t*** calc repeated test OK ***'; \\
+\telse echo '\t\t*** calc repeated test FAILED ***'; false; fi
+
+.PHONY: test teststatic testrepeat
+"""
+
+
+def ld_wrap_project(path: Path) -> Builder:
+    """Two classes of real C projects in one. Its test program links with ``-Wl,--wrap,open`` (a mock the tests
+    need on some platforms; real: libxcrypt 4.4.33's getrandom-fallbacks): gcov's runtime calls ``open`` too, so
+    built with --coverage it does not link, and was a failed build. And, like zlib's, ``make test`` prints one
+    banner per target, "*** calc test OK ***", among the program's own progress lines: its only verdicts (zlib was
+    ``tests_not_itemised``)."""
+    b = Builder(path)
+    write(path, "calc.c", "int add(int a, int b) {\n  return a + b;\n}\n")
+    write(path, "calc_test.c", '#include <stdio.h>\nint add(int a, int b);\nint main(void) {\n'
+                               '    printf("add(2, 3): %d\\n", add(2, 3));\n    return add(2, 3) != 5;\n}\n')
+    write(path, "Makefile", LD_WRAP_MAKEFILE)
+    b.commit("a test program linked with ld --wrap, and a banner per make target")
+    return b
+
+
+CLASS_PROJECTS: dict[str, Callable[[Path], Builder]] = {
     "npm-prepare": npm_prepare_project, "cargo-dev-deps": cargo_dev_deps_project,
     "scm-version": scm_version_project, "test-group": test_group_project,
     "collection-error": collection_error_project, "unusable-dockerfile": unusable_dockerfile_project,
     "test-binary": test_binary_project, "make-task-runner": make_task_runner_project,
     "go-without-module": go_without_module_project, "npm-dev-tools": npm_dev_tools_project,
     "mocha": mocha_project, "jest": jest_project, "vitest": vitest_project, "summary-only": summary_only_project,
-    "binary-target": binary_target_project, "tox": tox_project,
+    "binary-target": binary_target_project, "tox": tox_project, "ld-wrap": ld_wrap_project,
 }
 # name -> (usable, failure class, tests passed)
 EXPECTED_OUTCOME: dict[str, tuple[bool, str | None, int | None]] = {
@@ -328,4 +360,5 @@ EXPECTED_OUTCOME: dict[str, tuple[bool, str | None, int | None]] = {
     "summary-only": (False, "tests_not_itemised", None),
     "binary-target": (True, None, 3),
     "tox": (True, None, 2),
+    "ld-wrap": (True, None, 2),
 }

@@ -53,3 +53,6 @@ async def test_failure_class_fixture(name: str, class_store: SaucerStore, docker
     if name == "tox":
         assert next(d for d in event.decisions if d.topic == "test command").choice == "pytest tests"
         assert next(d for d in event.decisions if d.topic == "test dependencies").choice == "requirements/tests.txt"
+    if name == "ld-wrap":
+        assert event.tests is not None and [c.name for c in event.tests.cases] == ["calc test", "calc repeated test"]
+        assert next(d for d in event.decisions if d.topic == "coverage").choice == "none"

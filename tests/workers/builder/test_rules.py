@@ -189,6 +189,10 @@ def test_a_makefile_whose_only_target_is_the_test_binary_runs_it(tmp_path: Path)
     ({"test": "jest --json tests/"}, "jest tests/ --ci --json --outputFile=/tmp/kiln-reports/jest.json"),
     ({"test": "mocha -R dot -O foo=bar test"},
      "_mocha test --reporter xunit --reporter-options output=/tmp/kiln-reports/mocha.xml"),
+    # A stop at the first failure hides every later test's result (real: merge-descriptors 1.0.1 on Node 20).
+    ({"test": "mocha --reporter spec --bail --check-leaks test/"},
+     "_mocha --check-leaks test/ --reporter xunit --reporter-options output=/tmp/kiln-reports/mocha.xml"),
+    ({"test": "jest -b --bail=2 tests/"}, "jest tests/ --ci --json --outputFile=/tmp/kiln-reports/jest.json"),
     ({"test": "tape test/*.js | tap-spec"}, None),
     ({"test": "npm test"}, None),
 ])
@@ -260,3 +264,16 @@ def test_a_configure_naming_inputs_the_sources_lack_is_generated_again(tmp_path:
     assert "doc/Makefile.in" in next(d for d in p.decisions if d.topic == "configure").reason
     fresh = plan(checkout(tmp_path / "b", {**files, "doc/Makefile.in": ""}))
     assert fresh.build_script.startswith("{ [ -f configure ] || autoreconf -fi; }")
+
+
+def test_a_project_wrapping_symbols_at_link_time_is_built_without_coverage(tmp_path: Path) -> None:
+    """gcov's runtime calls open/close itself: a test program linked with ``-Wl,--wrap,open`` does not link with
+    --coverage (real: libxcrypt 4.4.33, whose make check stopped at that link before any test)."""
+    autotools = {"configure.ac": "AC_INIT\n", "Makefile.am": "SUBDIRS = test\n", "configure": "",
+                 "test/Makefile.am": "t_LDFLAGS = -Wl,--wrap,getrandom -Wl,--wrap,open\n"}
+    p = plan(checkout(tmp_path / "a", autotools))
+    assert p.system == "autotools" and p.env == {}
+    assert "test/Makefile.am links with '-Wl,--wrap,getrandom'" in next(
+        d.reason for d in p.decisions if d.topic == "coverage")
+    plain = plan(checkout(tmp_path / "b", {**autotools, "test/Makefile.am": "t_LDFLAGS = -Wl,-z,now\n"}))
+    assert plain.env["LDFLAGS"] == "--coverage" and not any(d.topic == "coverage" for d in plain.decisions)
