@@ -440,3 +440,16 @@ def test_zlib_make_test_banners_are_its_per_test_results() -> None:
     report = parse_results("autotools", 2, {"make-check.txt": failing.encode()})
     assert report is not None and [(c.name, c.outcome) for c in report.cases] == [
         ("zlib test", "passed"), ("zlib shared test", "failed")]
+
+
+def test_mocha_1_xunit_counts_each_failure_once() -> None:
+    """mocha 1.21's xunit reporter writes the failure count into both ``failures`` and ``errors`` (real:
+    merge-descriptors 1.0.1 on Node 20, 5 passed and 3 failed); mocha 10 writes it into ``errors`` only."""
+    cases = "".join(f'<testcase classname="merge" name="t{i}" time="0">{"<failure>x</failure>" if i < 3 else ""}'
+                    "</testcase>" for i in range(8))
+    printed = f'<testsuite name="Mocha Tests" tests="8" failures="3" errors="3" skipped="0">{cases}</testsuite>\n'
+    report = parse_results("npm", 1, {"test-output.txt": printed.encode()})
+    assert report is not None and (report.passed, report.failed) == (5, 3)
+    assert (report.summary_passed, report.summary_failed) == (5, 3) and unusable_reason(report) is None
+    mocha10 = junit(printed.replace('failures="3"', 'failures="0"'), "mocha", summary=True)
+    assert (mocha10.summary_passed, mocha10.summary_failed) == (5, 3)
