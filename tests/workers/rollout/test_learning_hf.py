@@ -22,9 +22,10 @@ pytestmark = pytest.mark.docker
 async def test_a_hugging_face_model_learns_addition_through_every_stage(kafka: KilnSettings, project_image: str,
                                                                        tmp_path: Path) -> None:
     model = addition_model(tmp_path / "model", seed=1)
-    # Steps take ~0.7 s here; starting the processes most of the time (a trainer restart ~30 s: transformers).
-    config = RunConfig(name="hf", model=str(model), steps=80, groups_per_step=16, lr=1e-2, entropy_coef=0.003,
-                       target=0.08, deadline_s=300, exec_image=project_image, seed=1, kill_trainer_at=3,
+    # Steps take ~0.5-0.7 s here (a trainer restart ~30 s: transformers). The run ends at the target: on a quiet
+    # machine it reached 0.08 at versions 66-95 (3 runs); bounded at 80 versions it missed in 2 of 3 runs.
+    config = RunConfig(name="hf", model=str(model), steps=240, groups_per_step=16, lr=1e-2, entropy_coef=0.003,
+                       target=0.08, deadline_s=400, exec_image=project_image, seed=1, kill_trainer_at=3,
                        eval_every_s=10, max_ahead=48)
     record = await LearningRun(kafka, config, tmp_path).run()
     trace = [(round(e.t), e.version, e.accuracy) for e in record.evaluations]
