@@ -523,8 +523,8 @@ class TestsVerifier(_PerCompletion):
     a run without tests, scores 0. The judged code shares the runner's process or stdout, so what it could forge is
     bounded: a report whose per-test results disagree with the runner's own summary (printed passes added to a
     suite's lines) scores 0, as does one that shows no failing test from a run whose exit status (measured outside
-    the sandbox) failed; a test reported both passing and failing failed; with ``expected_tests`` only those
-    names count."""
+    the sandbox) failed. With ``expected_tests`` only those names count, and one reported both passing and failing
+    failed."""
 
     __test__ = False
 
@@ -553,14 +553,15 @@ class TestsVerifier(_PerCompletion):
         untrusted = _untrusted(report, last.exit_code if last is not None else None)
         if untrusted:
             return Verdict(0.0, {"stage": "report", "error": untrusted})
-        passed, failed = _outcomes(report)
         if check.expected_tests:
+            passed, failed = _outcomes(report)
             expected = set(check.expected_tests)
             passing = len(expected & passed)
             return Verdict(passing / len(expected), {"passed": passing, "failed": len(expected) - passing,
                                                      "unexpected": len((passed | failed) - expected)})
-        return Verdict(len(passed) / len(passed | failed),
-                       {"passed": len(passed), "failed": len(failed)})
+        # Counted per case, not per name: TAP suites repeat assertion names ("should be equal"), and printed lines
+        # can only add cases to a list-shaped report, never remove the runner's failures.
+        return Verdict(report.passed / total, {"passed": report.passed, "failed": report.failed + report.errors})
 
 
 class LeanCodeCheck(BaseModel):
