@@ -50,6 +50,8 @@ COMPONENT_STEPS: dict[str, list[Step]] = {
     "registry": [Step("registry: start on s3", "registry/registry.sh", ("start",))],
     "lean": [Step("lean: REPL sandbox (bubblewrap)", "lean/sandbox.sh", ("install",))],
     "ops": [Step("ops: promtool, headless chromium", "ops/ops.sh", ("install",))],
+    "compose": [Step("compose: Docker Compose v2", "compose/compose.sh", ("install",)),
+                Step("compose: the stack's local images", "compose/compose.sh", ("images",))],
 }
 
 

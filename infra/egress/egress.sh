@@ -2,6 +2,12 @@
 # The egress boundary for builds: a kiln-owned Docker network whose only reachable address is a forward proxy
 # (Debian's tinyproxy) that lets CONNECT/GET through to an allowlist of package registries and nothing else.
 #   egress.sh start | stop | status | env
+#   egress.sh serve     in a container on the host's network (the compose stack's `egress` service): the network
+#                       exists already (made by compose), the rules are installed, tinyproxy runs in the foreground,
+#                       and the rules are removed again when it is stopped
+#   egress.sh ready     exit 0 when the proxy answers on the gateway (the service's health check)
+#   egress.sh check     from a container on the egress network (a build step's view): the proxy answers, refuses a
+#                       host outside its allowlist, and no other port of the gateway, nor any other address, answers
 # Enforced by the host's packet filter (dockerd runs with --iptables=false, so kiln writes its own rules):
 #   - from the bridge, only tcp to <gateway>:<port> (the proxy) is accepted; everything else is rejected, and
 #     nothing is forwarded off the bridge (no route to the internet, other hosts or private ranges);
@@ -14,6 +20,7 @@
 #   - the proxy runs as its own user, and that user's connections to loopback, link-local and private ranges are
 #     rejected (the resolver excepted), so an allowed name that resolves inward still goes nowhere.
 # Env: KILN_EGRESS_NETWORK (kiln-egress), KILN_EGRESS_SUBNET (172.31.250.0/24), KILN_EGRESS_PORT (3128),
+#      KILN_EGRESS_CHAIN (KILN-EGRESS: the iptables chains' name),
 #      KILN_EGRESS_ALLOW (space-separated host names; suffix match; default: the package registries below),
 #      KILN_EGRESS_ALLOW_EXTRA (hosts added to that list, e.g. storage.googleapis.com, where proxy.golang.org
 #      redirects module zips: a generic storage host anyone can put a bucket on, so never a default).
@@ -32,8 +39,9 @@ ALLOW="${KILN_EGRESS_ALLOW:-$DEFAULT_ALLOW} ${KILN_EGRESS_ALLOW_EXTRA:-}"
 DATA="${KILN_EGRESS_DATA:-/var/lib/kiln-egress/$NETWORK}"
 PIDFILE="$DATA/tinyproxy.pid"
 PROXY_USER=kiln-egress
-CHAIN=KILN-EGRESS
-OUT_CHAIN=KILN-EGRESS-OUT
+# One set of chains per egress network: the host's and a compose stack's coexist.
+CHAIN="${KILN_EGRESS_CHAIN:-KILN-EGRESS}"
+OUT_CHAIN="$CHAIN-OUT"
 BUILD_CGROUP="${KILN_BUILD_CGROUP:-kiln-builds}"
 BUILD_PIDS="${KILN_BUILD_CGROUP_PIDS:-8192}"
 INWARD="127.0.0.0/8 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 169.254.0.0/16 100.64.0.0/10 0.0.0.0/8"
@@ -144,6 +152,37 @@ build_cgroup() {
 
 proxy_ready() { tcp_open "$GATEWAY" "$PORT"; }
 
+# What rules() and layer2() installed, removed (serve's exit: a stopped stack leaves no filter behind).
+unrules() {
+  iptables -D INPUT -i "$BRIDGE" -j "$CHAIN" 2>/dev/null || true
+  iptables -D FORWARD -i "$BRIDGE" -j REJECT 2>/dev/null || true
+  iptables -D FORWARD -o "$BRIDGE" -j REJECT 2>/dev/null || true
+  iptables -D OUTPUT -m owner --uid-owner "$(id -u "$PROXY_USER")" -j "$OUT_CHAIN" 2>/dev/null || true
+  iptables -F "$CHAIN" 2>/dev/null && iptables -X "$CHAIN" 2>/dev/null || true
+  iptables -F "$OUT_CHAIN" 2>/dev/null && iptables -X "$OUT_CHAIN" 2>/dev/null || true
+  ebtables -D FORWARD -s "$(subnet_mac)" -j DROP 2>/dev/null || true
+  if command -v ip6tables >/dev/null; then
+    ip6tables -D INPUT -i "$BRIDGE" -j REJECT 2>/dev/null || true
+    ip6tables -D FORWARD -i "$BRIDGE" -j REJECT 2>/dev/null || true
+  fi
+}
+
+bridge_up() { ip -4 addr show dev "$BRIDGE" 2>/dev/null | grep -q "inet $GATEWAY/"; }
+
+serve() {
+  id -u "$PROXY_USER" >/dev/null 2>&1 || die "user $PROXY_USER missing (the egress image creates it)"
+  wait_for "bridge $BRIDGE with $GATEWAY (network $NETWORK)" 60 bridge_up
+  trap unrules EXIT
+  rules
+  config
+  log "serving tinyproxy on $GATEWAY:$PORT for $NETWORK (allow: $(echo $ALLOW | wc -w) registries)"
+  tinyproxy -d -c "$DATA/tinyproxy.conf" &
+  local pid=$!
+  trap 'kill -TERM "$pid" 2>/dev/null' TERM INT
+  wait "$pid" || true
+  wait "$pid" 2>/dev/null || true
+}
+
 start() {
   apt_install tinyproxy
   # Debian's package starts its own instance on 8888: kiln runs its own, so that one stays off.
@@ -177,10 +216,30 @@ print_env() {
   printf 'KILN_BUILD_NETWORK=%s\nKILN_BUILD_PROXY=http://%s:%s\n' "$NETWORK" "$GATEWAY" "$PORT"
 }
 
+# A build step's view of the boundary; exits non-zero (and says what) when anything beside the proxy answers.
+check() {
+  wait_for "egress proxy on $GATEWAY:$PORT" 60 proxy_ready
+  local code
+  code=$(curl -s -o /dev/null -w '%{http_code}' -x "http://$GATEWAY:$PORT" --max-time 10 http://kiln-check.invalid/ || true)
+  [[ $code == 403 ]] || die "the proxy let a host outside its allowlist through (HTTP $code)"
+  local port
+  for port in 22 80 443 2375 5000 7070 8500 9092 9100 29092; do
+    timeout 3 bash -c "exec 3<>/dev/tcp/$GATEWAY/$port" 2>/dev/null && die "port $port of the gateway answers"
+  done
+  local target
+  for target in 1.1.1.1/443 8.8.8.8/53 10.0.0.1/80 192.168.0.1/80; do
+    timeout 3 bash -c "exec 3<>/dev/tcp/$target" 2>/dev/null && die "${target%/*} answers from the egress network"
+  done
+  log "egress boundary checked: only the proxy answers on $NETWORK"
+}
+
 case "${1:-}" in
   start) start ;;
   stop) stop_pidfile "$PIDFILE" tinyproxy ;;
   status) status ;;
   env) print_env ;;
-  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+  serve) serve ;;
+  ready) proxy_ready ;;
+  check) check ;;
+  *) echo "usage: $0 start|stop|status|env|serve|ready|check" >&2; exit 2 ;;
 esac

@@ -4,6 +4,7 @@
 #   kafka.sh start     install, write config, format once, start, wait until it serves requests (idempotent)
 #   kafka.sh stop      stop the broker (idempotent)
 #   kafka.sh status    exit 0 when the broker answers on its port
+#   kafka.sh home      the installed jars' directory (its libs/ holds them)
 # Env: KILN_KAFKA_PORT (9092), KILN_KAFKA_CONTROLLER_PORT (port+1), KILN_KAFKA_SASL_PORT (port+2),
 #      KILN_KAFKA_HEAP (512m), KILN_KAFKA_DATA, KILN_KAFKA_START_TIMEOUT (600 s: a broker holding thousands of
 #      partitions loads each log before it opens its port, minutes on a busy 2-core machine),
@@ -154,5 +155,6 @@ case "${1:-}" in
   stop) stop_pidfile "$PIDFILE" kafka ;;
   status) status ;;
   version) echo "$KAFKA_VERSION" ;;
-  *) echo "usage: $0 install|start|stop|status|version" >&2; exit 2 ;;
+  home) echo "$KAFKA_HOME" ;;
+  *) echo "usage: $0 install|start|stop|status|version|home" >&2; exit 2 ;;
 esac

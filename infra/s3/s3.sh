@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real S3-compatible server on loopback: versitygw (Apache-2.0) with its POSIX backend, built from the Go module proxy.
-#   s3.sh install | start | stop | status | env
+#   s3.sh install | start | stop | status | env | bin (the built binary's path)
 # Env: KILN_S3_PORT (7070), KILN_S3_ACCESS_KEY / KILN_S3_SECRET_KEY (default: generated once per installation
 #      under $KILN_CACHE/secrets), KILN_S3_DATA.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
@@ -56,5 +56,6 @@ case "${1:-}" in
   stop) stop_pidfile "$PIDFILE" versitygw ;;
   status) status ;;
   env) print_env ;;
-  *) echo "usage: $0 install|start|stop|status|env" >&2; exit 2 ;;
+  bin) echo "$BIN" ;;
+  *) echo "usage: $0 install|start|stop|status|env|bin" >&2; exit 2 ;;
 esac
