@@ -21,8 +21,6 @@ DOCKER="${KILN_DOCKER_CLI:-$(command -v /usr/bin/docker || command -v docker)}"
 engine_ready() { "$DOCKER" version --format '{{.Server.Version}}' >/dev/null 2>&1; }
 
 engine() {
-  # docker-compose (Debian's, v1) validates docker-compose.yml in the tests; users may use `docker compose`.
-  command -v docker-compose >/dev/null || apt_install docker-compose
   if engine_ready; then
     # `docker info` does not list the flag: read it from the command line of the dockerd this script started.
     pid_alive "$PIDFILE" || return 0

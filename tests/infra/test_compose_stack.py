@@ -84,12 +84,21 @@ class Stack:
         return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
+def stack_sandboxes() -> str:
+    """Sandboxes (sessions, runners) of the stack's exec worker: its liveness locks live under /run/kiln/exec (the
+    suite's own exec workers lock under their temp dirs)."""
+    listed = subprocess.run(["docker", "ps", "-a", "--filter", "label=kiln.lock", "--format",
+                             '{{.ID}} {{.Label "kiln.lock"}}'], capture_output=True, text=True, check=True).stdout
+    return " ".join(line.split()[0] for line in listed.splitlines() if line.split()[1].startswith("/run/kiln/exec/"))
+
+
 def leftovers() -> dict[str, str]:
     """Whatever of the project the engine (and the host's firewall) still has."""
     label = f"label=com.docker.compose.project={PROJECT}"
-    found = {kind: subprocess.run(["docker", kind, "ls", *(["-a"] if kind == "container" else []), "-q", "--filter",
-                                   label], capture_output=True, text=True, check=True).stdout.strip()
-             for kind in ("container", "volume", "network")}
+    found = {"sandbox": stack_sandboxes()}
+    for kind in ("container", "volume", "network"):
+        listing = ["docker", kind, "ls", *(["-a"] if kind == "container" else []), "-q", "--filter", label]
+        found[kind] = subprocess.run(listing, capture_output=True, text=True, check=True).stdout.strip()
     rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=False).stdout
     found["iptables"] = "\n".join(line for line in rules.splitlines() if "KILN-STACK-EGRESS" in line)
     return {kind: ids for kind, ids in found.items() if ids}
@@ -138,7 +147,7 @@ def test_every_service_is_up_and_healthy(stack: Stack) -> None:
 
 def test_the_readme_trainer_snippet_runs_against_the_stack(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
     namespace: dict[str, Any] = {}
-    exec(compile(readme_snippet(), "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    exec(compile(readme_snippet(), "README.md", "exec"), namespace)  # the README's own code
     os.environ["KILN_BOOTSTRAP_SERVERS"] = stack.settings.bootstrap_servers
     try:
         asyncio.run(asyncio.wait_for(namespace["main"](), 120))
@@ -236,16 +245,16 @@ def test_a_worker_container_killed_mid_job_is_replaced_and_the_job_replayed(stac
                                    text=True, check=True).stdout) for c in sleepers]
 
     before = restarts()
+    pids = [int(subprocess.run(["docker", "inspect", "--format", "{{.State.Pid}}", c], capture_output=True, text=True,
+                               check=True).stdout) for c in sleepers]
 
     async def scenario() -> tuple[SleepResult, float]:
         async with KilnClient(stack.settings, client_id="compose-kill") as kiln:
             pending = await kiln.submit("sleep", SleepRequest(seconds=8, tag="killed"))
             await asyncio.sleep(4)  # taken by a worker, mid-sleep
             killed = time.monotonic()
-            for container in sleepers:  # the whole process tree dies at once, as a preempted node's would
-                pid = subprocess.run(["docker", "inspect", "--format", "{{.State.Pid}}", container],
-                                     capture_output=True, text=True, check=True).stdout.strip()
-                os.kill(int(pid), 9)
+            for pid in pids:  # the whole process tree dies at once, as a preempted node's would
+                os.kill(pid, 9)
             envelope = await asyncio.wait_for(pending, 180)
             return kiln.result_of(envelope), time.monotonic() - killed
 
@@ -257,6 +266,7 @@ def test_a_worker_container_killed_mid_job_is_replaced_and_the_job_replayed(stac
 
 
 def test_down_leaves_nothing_of_the_project(stack: Stack) -> None:
+    assert stack_sandboxes(), "the exec worker keeps warm runners while it runs"
     _, down = readme_commands()
     done = subprocess.run(down, cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
