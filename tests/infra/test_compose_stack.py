@@ -28,6 +28,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 from sandbox_fusion import RunCodeRequest, RunStatus, run_code
+from testcontainers.core.container import DockerContainer
 
 from kiln.schemas.builder import BuildRequest
 from kiln.schemas.builtin import SleepRequest, SleepResult
@@ -157,20 +158,23 @@ def test_the_readme_trainer_snippet_runs_against_the_stack(stack: Stack, capsys:
 
 
 def test_build_steps_reach_package_registries_through_the_stack_proxy_only(stack: Stack) -> None:
-    def on_egress(*command: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["docker", "run", "--rm", "--network", "kiln-stack-egress", "kiln/base:latest",
-                               *command], capture_output=True, text=True, timeout=120, check=False)
+    def on_egress(*command: str) -> tuple[int, str, str]:
+        """A throwaway container where build steps run: the stack's egress network, nothing else."""
+        with DockerContainer("kiln/base:latest").with_kwargs(network="kiln-stack-egress") \
+                .with_command(["sleep", "300"]) as probe:
+            code, (out, err) = probe.get_wrapped_container().exec_run(list(command), demux=True)
+        return code, (out or b"").decode(), (err or b"").decode()
 
     proxy = "http://172.31.251.1:3128"
     fetched = on_egress("python3", "-c", "import urllib.request as u; print(u.build_opener(u.ProxyHandler("
                         f"{{'https': '{proxy}'}})).open('https://pypi.org/simple/pip/', timeout=30).status)")
-    assert fetched.stdout.strip() == "200", fetched.stderr
+    assert fetched[1].strip() == "200", fetched
     for target in (f"http://127.0.0.1:{stack.ports['KAFKA']}/", "http://example.com/"):
         refused = on_egress("python3", "-c", "import urllib.request as u; u.build_opener(u.ProxyHandler("
                             f"{{'http': '{proxy}'}})).open('{target}', timeout=30)")
-        assert "403" in refused.stderr, (target, refused.stderr[-500:])
+        assert "403" in refused[2], (target, refused)
     direct = on_egress("bash", "-c", f"exec 3<>/dev/tcp/172.31.251.1/{stack.ports['KAFKA']}")
-    assert direct.returncode != 0
+    assert direct[0] != 0
 
 
 def test_a_repository_is_ingested_built_and_tested_in_a_session(stack: Stack) -> None:
