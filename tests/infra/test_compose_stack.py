@@ -1,8 +1,9 @@
 """`docker compose up`, for real: the README's compose commands bring the whole stack up from the images this machine
-builds (infra/compose/no-hub.yml), and a user on the host uses it — the README's trainer snippet, a repository ingested,
-built and tested through the stack's workers, a batch through the gateway with SandboxFusion's own client, the status
-page, a worker container killed mid-job whose job its replacement replays — then `docker compose down -v` leaves no
-container, volume, network or firewall rule of the project behind.
+builds (infra/compose/no-hub.yml), and a user on the host uses it — the README's trainer snippet, a repository
+ingested, built and tested through the stack's workers, patches scored on it by the verify worker, a batch through
+the gateway with SandboxFusion's own client, the status page, a worker container killed mid-job whose job its
+replacement replays — then `docker compose down -v` leaves no container, volume, network, sandbox or firewall rule
+of the project behind.
 
 The stack publishes its ports on loopback at free ports (KILN_STACK_*_PORT), beside the suite's own broker, S3 and
 registry."""
@@ -33,6 +34,7 @@ from testcontainers.core.container import DockerContainer
 from kiln.schemas.builder import BuildRequest
 from kiln.schemas.builtin import SleepRequest, SleepResult
 from kiln.schemas.ingest import IngestRequest
+from kiln.schemas.rl import RolloutTask
 from kiln.streams.client import KilnClient
 from kiln.streams.infra import COMPONENT_STEPS, run_steps
 from kiln.streams.processes import free_port
@@ -40,6 +42,7 @@ from kiln.streams.settings import KilnSettings
 from kiln.workers.builder.client import BuilderClient
 from kiln.workers.exec.client import ExecClient
 from kiln.workers.ingest.client import SaucerClient
+from kiln.workers.verify.client import VerifyClient
 
 pytestmark = pytest.mark.docker
 
@@ -184,8 +187,6 @@ def test_a_repository_is_ingested_built_and_tested_in_a_session(stack: Stack) ->
              "GIT_COMMITTER_EMAIL": "kiln@kiln.invalid", "PATH": "/usr/bin:/bin"}
     for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "calc"]):
         subprocess.run(["git", *args], cwd=checkout, env=fixed, check=True, capture_output=True)
-    # The ingest worker runs as uid 1000 (a laptop user's own repositories are theirs too).
-    subprocess.run(["chown", "-R", "1000:1000", str(stack.repos)], check=True)
 
     async def scenario() -> tuple[Any, Any, Any]:
         async with KilnClient(stack.settings, client_id="compose-test") as kiln:
@@ -199,9 +200,23 @@ def test_a_repository_is_ingested_built_and_tested_in_a_session(stack: Stack) ->
                 ran = await execs.run_tests(session)
             finally:
                 await execs.close_session(session)
-            return ingested, built, ran
+            # Rewards for two patches through the stack's verify worker (which runs them on its exec worker).
+            task = RolloutTask(task_id="calc-mul", prompt="Fix calc.mul.", verifier="tests",
+                               check={"image": built.image})
+            verdicts = await VerifyClient(kiln).verify(task, [fix, fix.replace("a * b", "a - b")])
+            return ingested, built, ran, verdicts
 
-    ingested, built, ran = asyncio.run(asyncio.wait_for(scenario(), 600))
+    source = (checkout / "calc" / "__init__.py").read_text()
+    target = checkout / "calc" / "__init__.py"
+    target.write_text(source.replace("def mul(a: int, b: int) -> int:\n    return a + b",
+                                     "def mul(a: int, b: int) -> int:\n    return a * b"))
+    fix = subprocess.run(["git", "diff"], cwd=checkout, capture_output=True, text=True, check=True).stdout
+    target.write_text(source)
+    assert "a * b" in fix
+    # The ingest worker runs as uid 1000 (a laptop user's own repositories are theirs too).
+    subprocess.run(["chown", "-R", "1000:1000", str(stack.repos)], check=True)
+    ingested, built, ran, verdicts = asyncio.run(asyncio.wait_for(scenario(), 600))
+    assert [(v.passed, v.failed) for v in verdicts] == [(3, 0), (1, 2)], verdicts  # a - b breaks two of calc's 3
     assert ingested.status == "ingested" and ingested.commits == 1
     assert built.system == "python" and built.tests is not None and built.tests.failed >= 1, built
     assert ran.tests is not None and ran.tests.passed >= 1 and ran.tests.failed >= 1  # calc's mul adds: one fails
