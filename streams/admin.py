@@ -10,9 +10,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from kiln.streams.errors import InfraError
+from kiln.streams.errors import ConfigError, InfraError
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec, topology
 
@@ -35,13 +35,68 @@ def admin_client(settings: KilnSettings) -> AdminClient:
     return AdminClient(settings.kafka())
 
 
+@dataclass(frozen=True)
+class Durability:
+    """How the topics kiln creates are replicated on the cluster it finds."""
+
+    brokers: int
+    replication: int
+    min_insync_replicas: int
+
+    @property
+    def can_lose_acknowledged_writes(self) -> bool:
+        """With acks=all (kiln's producers), a write is acknowledged once min.insync.replicas replicas have it: on a
+        cluster of several brokers, one replica (or one in-sync replica required) loses it with its broker."""
+        return self.brokers > 1 and (self.replication < 2 or self.min_insync_replicas < 2)
+
+
+def cluster_durability(settings: KilnSettings, admin: AdminClient | None = None,
+                       timeout: float = 30.0) -> Durability:
+    """Replication and min.insync.replicas for new topics: the settings' if set, else the cluster's own defaults
+    (a broker's default.replication.factor and min.insync.replicas), else min(3, brokers) and min(2, replication)
+    where a broker does not report them."""
+    admin = admin or admin_client(settings)
+    brokers = sorted(admin.list_topics(timeout=timeout).brokers)
+    if not brokers:
+        raise InfraError(f"the cluster at {settings.bootstrap_servers} lists no broker")
+    resource = ConfigResource(ResourceType.BROKER, str(brokers[0]))
+    try:
+        entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(timeout)
+        defaults = {name: entry.value for name, entry in entries.items()}
+    except Exception as e:  # a broker that does not describe its configs: the fallbacks below
+        log.info("broker %s did not describe its configs (%s): replication from the broker count", brokers[0], e)
+        defaults = {}
+
+    def reported(name: str) -> int | None:
+        value = defaults.get(name)
+        return int(value) if value is not None and value.lstrip("-").isdigit() and int(value) > 0 else None
+
+    replication = (settings.topic_replication or reported("default.replication.factor")
+                   or min(3, len(brokers)))
+    min_insync = (settings.topic_min_insync_replicas or reported("min.insync.replicas")
+                  or min(2, replication))
+    return Durability(len(brokers), replication, min(min_insync, replication))
+
+
 def create_topics(settings: KilnSettings, specs: list[TopicSpec] | None = None,
                   timeout: float = 30.0) -> dict[str, str]:
-    """Create missing topics (prefixed by settings), by default every registered stage's; returns
-    name -> 'created' | 'exists'."""
+    """Create missing topics (prefixed by settings), by default every registered stage's, replicated as
+    ``cluster_durability`` says; returns name -> 'created' | 'exists'. On a cluster of several brokers, refuses
+    (ConfigError) to create topics that could lose an acknowledged write unless ``settings.allow_unsafe_topics``."""
     admin = admin_client(settings)
+    durability = cluster_durability(settings, admin, timeout)
+    if durability.can_lose_acknowledged_writes and not settings.allow_unsafe_topics:
+        raise ConfigError(
+            f"refusing to create topics with replication {durability.replication} and min.insync.replicas "
+            f"{durability.min_insync_replicas} on a cluster of {durability.brokers} brokers: an acknowledged write "
+            "would be lost with one broker. Set KILN_TOPIC_REPLICATION (>= 2) and KILN_TOPIC_MIN_INSYNC_REPLICAS "
+            "(>= 2), or the cluster's default.replication.factor and min.insync.replicas; KILN_ALLOW_UNSAFE_TOPICS=1 "
+            "creates them anyway")
+    replicated = ({"min.insync.replicas": str(durability.min_insync_replicas)} if durability.brokers > 1 else {})
     wanted = [
-        NewTopic(settings.topic(s.name), num_partitions=s.partitions, replication_factor=-1, config=s.config)
+        NewTopic(settings.topic(s.name), num_partitions=s.partitions,
+                 replication_factor=durability.replication if durability.brokers > 1 else -1,
+                 config={**s.config, **replicated})
         for s in (specs if specs is not None else topology())
     ]
     existing = set(admin.list_topics(timeout=timeout).topics)

@@ -81,22 +81,32 @@ topics = typer.Typer(help="Stage topics.", no_args_is_help=True)
 app.add_typer(topics, name="topics")
 
 
-def _create_topics() -> None:
+UNSAFE = Annotated[bool, typer.Option("--allow-unsafe-replication", help="On a cluster of several brokers, create "
+                                       "topics with replication 1 or min.insync.replicas 1 anyway.")]
+
+
+def _create_topics(allow_unsafe: bool = False) -> None:
     settings = get_settings()
+    if allow_unsafe:
+        settings = settings.model_copy(update={"allow_unsafe_topics": True})
     admin.wait_for_broker(settings)
+    durability = admin.cluster_durability(settings)
     result = admin.create_topics(settings)
     created = sum(1 for v in result.values() if v == "created")
-    out.print(f"topics: {created} created, {len(result) - created} already present")
+    out.print(f"topics: {created} created, {len(result) - created} already present (replication "
+              f"{durability.replication}, min.insync.replicas {durability.min_insync_replicas}, "
+              f"{durability.brokers} broker{'s' if durability.brokers > 1 else ''})")
 
 
 @app.command()
 def init(
     bucket: Annotated[list[str] | None, typer.Option(help="Extra S3 buckets to create (e.g. the registry's).")] = None,
+    allow_unsafe: UNSAFE = False,
 ) -> None:
     """Create the stage topics, the blob store (bucket) and extra buckets: a deployment's one-shot setup."""
     from kiln.streams.blobstore import S3BlobStore, open_blob_store
 
-    _create_topics()
+    _create_topics(allow_unsafe)
     settings = get_settings()
     open_blob_store(settings)
     for name in bucket or []:
@@ -105,9 +115,10 @@ def init(
 
 
 @topics.command("create")
-def topics_create() -> None:
-    """Create every stage's request, result and DLQ topics with their partition counts and configs."""
-    _create_topics()
+def topics_create(allow_unsafe: UNSAFE = False) -> None:
+    """Create every stage's request, result and DLQ topics with their partition counts and configs, replicated as
+    the cluster's defaults say (KILN_TOPIC_REPLICATION / KILN_TOPIC_MIN_INSYNC_REPLICAS override them)."""
+    _create_topics(allow_unsafe)
 
 
 @topics.command("list")

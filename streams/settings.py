@@ -48,6 +48,12 @@ class KilnSettings(BaseSettings):
                                     "list): new requests go to the first not draining, results are read from all. "
                                     "Empty: the one at bootstrap_servers.")
     topic_prefix: str = Field("", description="Prefix for every topic name, to share one cluster.")
+    topic_replication: int | None = Field(None, ge=1, description="Replication of the topics kiln creates; unset: "
+                                          "the cluster's default.replication.factor (else min(3, brokers)).")
+    topic_min_insync_replicas: int | None = Field(None, ge=1, description="min.insync.replicas of the topics kiln "
+                                                  "creates; unset: the cluster's (else min(2, replication)).")
+    allow_unsafe_topics: bool = Field(False, description="Create topics that can lose an acknowledged write on a "
+                                      "multi-broker cluster (replication 1 or min.insync.replicas 1) anyway.")
     cache: Path = Field(default_factory=_default_cache, description="Cache and state directory (outside repo).")
     blob_store: str = Field(
         "", description="'file:///path' or 's3://bucket/prefix'; empty = file store under the cache directory."

@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Apache Kafka from Maven Central jars: one KRaft broker+controller on 127.0.0.1 with share groups enabled.
+# Apache Kafka from Maven Central jars: KRaft broker+controller nodes on 127.0.0.1 with share groups enabled — one
+# by default, or a replicated cluster of KILN_KAFKA_BROKERS nodes (each broker + controller voter).
 #   kafka.sh install   resolve the pinned jars into $KILN_CACHE/kafka-<version>/libs (mvn, cached)
 #   kafka.sh start     install, write config, format once, start, wait until it serves requests (idempotent)
-#   kafka.sh stop      stop the broker (idempotent)
-#   kafka.sh status    exit 0 when the broker answers on its port
+#   kafka.sh stop      stop the broker(s) (idempotent)
+#   kafka.sh status    exit 0 when every broker answers on its port
+#   kafka.sh bootstrap the bootstrap servers (host:port,...) of the broker or cluster these settings describe
+#   kafka.sh pids      "node_id pid" of each running node (for fault injection: a bench kills and restarts them)
+#   kafka.sh start-node N / stop-node N   one node of a cluster (its restart after a kill)
 #   kafka.sh home      the installed jars' directory (its libs/ holds them)
 # Env: KILN_KAFKA_PORT (9092), KILN_KAFKA_CONTROLLER_PORT (port+1), KILN_KAFKA_SASL_PORT (port+2),
 #      KILN_KAFKA_HEAP (512m), KILN_KAFKA_DATA, KILN_KAFKA_START_TIMEOUT (600 s: a broker holding thousands of
 #      partitions loads each log before it opens its port, minutes on a busy 2-core machine),
-#      KILN_KAFKA_SHARE_GROUPS (1; 0 formats without share.version, like a broker that lacks share groups).
+#      KILN_KAFKA_SHARE_GROUPS (1; 0 formats without share.version, like a broker that lacks share groups),
+#      KILN_KAFKA_BROKERS (1; N: a cluster, node i on port + 10*(i-1) (+1 controller, +2 SASL), data under
+#      $KILN_RUN/kafka-<port>-x<N>/n<i>; default replication min(3, N), min.insync.replicas min(2, N), internal
+#      topics likewise, unclean leader election off).
 # Two client listeners: PLAINTEXT on the port (loopback only: the local admin path, a super user) and
 # SASL_PLAINTEXT with SCRAM-SHA-256 on port+2, where the StandardAuthorizer lets a principal do only what its ACLs
 # allow (nothing by default). Users and ACLs are made through the admin API (tests/streams/test_sasl.py shows how).
@@ -21,9 +28,37 @@ PORT="${KILN_KAFKA_PORT:-9092}"
 CONTROLLER_PORT="${KILN_KAFKA_CONTROLLER_PORT:-$((PORT + 1))}"
 SASL_PORT="${KILN_KAFKA_SASL_PORT:-$((PORT + 2))}"
 HEAP="${KILN_KAFKA_HEAP:-512m}"
-DATA="${KILN_KAFKA_DATA:-$KILN_RUN/kafka-$PORT}"
-PIDFILE="$DATA/kafka.pid"
 SHARE_GROUPS="${KILN_KAFKA_SHARE_GROUPS:-1}"
+BROKERS="${KILN_KAFKA_BROKERS:-1}"
+[[ $BROKERS =~ ^[1-9]$ ]] || { echo "KILN_KAFKA_BROKERS must be 1-9, not '$BROKERS'" >&2; exit 2; }
+CLUSTER_DATA="${KILN_KAFKA_DATA:-$KILN_RUN/kafka-$PORT-x$BROKERS}"
+REPLICATION=$((BROKERS < 3 ? BROKERS : 3))
+MIN_ISR=$((BROKERS < 2 ? 1 : 2))
+
+# use_node I: the ports, data directory and pid file of node I (a single broker keeps its historical layout).
+use_node() {
+  NODE=$1
+  if ((BROKERS == 1)); then
+    NODE_PORT=$PORT NODE_CONTROLLER=$CONTROLLER_PORT NODE_SASL=$SASL_PORT DATA="${KILN_KAFKA_DATA:-$KILN_RUN/kafka-$PORT}"
+  else
+    NODE_PORT=$((PORT + 10 * (NODE - 1))); NODE_CONTROLLER=$((NODE_PORT + 1)); NODE_SASL=$((NODE_PORT + 2))
+    DATA="$CLUSTER_DATA/n$NODE"
+  fi
+  PIDFILE="$DATA/kafka.pid"
+}
+use_node 1
+
+voters() {
+  local i out=""
+  for ((i = 1; i <= BROKERS; i++)); do out+="${out:+,}$i@127.0.0.1:$((PORT + 10 * (i - 1) + 1))"; done
+  echo "$out"
+}
+
+bootstrap() {
+  local i out=""
+  for ((i = 1; i <= BROKERS; i++)); do use_node "$i"; out+="${out:+,}127.0.0.1:$NODE_PORT"; done
+  echo "$out"
+}
 
 install() {
   [[ -f $KAFKA_HOME/.complete ]] && return 0
@@ -34,15 +69,36 @@ install() {
   touch "$KAFKA_HOME/.complete"
 }
 
+# The quorum line and the replication lines: a single node's (replication 1, min ISR 1; byte for byte what it has
+# always been, so an upgrade does not restart a running broker), or a cluster's.
+quorum_config() {
+  if ((BROKERS == 1)); then echo "controller.quorum.bootstrap.servers=127.0.0.1:$NODE_CONTROLLER"
+  else echo "controller.quorum.voters=$(voters)"; fi
+}
+
+replication_config() {
+  if ((BROKERS == 1)); then
+    printf '%s\n' offsets.topic.replication.factor=1 offsets.topic.num.partitions=8 \
+      transaction.state.log.replication.factor=1 transaction.state.log.min.isr=1 \
+      share.coordinator.state.topic.replication.factor=1 share.coordinator.state.topic.min.isr=1
+  else
+    printf '%s\n' "default.replication.factor=$REPLICATION" "min.insync.replicas=$MIN_ISR" \
+      unclean.leader.election.enable=false "offsets.topic.replication.factor=$REPLICATION" \
+      offsets.topic.num.partitions=8 "transaction.state.log.replication.factor=$REPLICATION" \
+      "transaction.state.log.min.isr=$MIN_ISR" "share.coordinator.state.topic.replication.factor=$REPLICATION" \
+      "share.coordinator.state.topic.min.isr=$MIN_ISR"
+  fi
+}
+
 write_config() {
   mkdir -p "$DATA/logs"
-  # Single node on loopback: every internal topic has replication 1 and min ISR 1, rebalances start at once.
+  # Loopback only; rebalances start at once.
   cat >"$DATA/server.properties" <<EOF
 process.roles=broker,controller
-node.id=1
-controller.quorum.bootstrap.servers=127.0.0.1:$CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT
+node.id=$NODE
+$(quorum_config)
+listeners=PLAINTEXT://127.0.0.1:$NODE_PORT,CONTROLLER://127.0.0.1:$NODE_CONTROLLER,SASL_PLAINTEXT://127.0.0.1:$NODE_SASL
+advertised.listeners=PLAINTEXT://127.0.0.1:$NODE_PORT,CONTROLLER://127.0.0.1:$NODE_CONTROLLER,SASL_PLAINTEXT://127.0.0.1:$NODE_SASL
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
@@ -54,12 +110,7 @@ allow.everyone.if.no.acl.found=false
 log.dirs=$DATA/data
 num.partitions=1
 auto.create.topics.enable=false
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=8
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+$(replication_config)
 group.initial.rebalance.delay.ms=0
 group.consumer.min.session.timeout.ms=3000
 group.consumer.session.timeout.ms=10000
@@ -98,63 +149,100 @@ java_cmd() {
 
 format() {
   [[ -f $DATA/data/meta.properties ]] && return 0
-  local share_feature=share.version=1
+  local share_feature=share.version=1 quorum=(--standalone)
   [[ $SHARE_GROUPS == 1 ]] || share_feature=share.version=0
+  ((BROKERS == 1)) || quorum=()  # a cluster's voters are static (controller.quorum.voters)
   log "formatting KRaft storage in $DATA/data ($share_feature)"
-  java_cmd kafka.tools.StorageTool format --standalone --cluster-id "kiln-$(printf '%016d' "$PORT")" \
+  java_cmd kafka.tools.StorageTool format "${quorum[@]}" --cluster-id "kiln-$(printf '%016d' "$PORT")" \
     --config "$DATA/server.properties" --feature "$share_feature" >"$DATA/logs/format.log" 2>&1 \
     || { cat "$DATA/logs/format.log" >&2; die "kafka format failed"; }
 }
 
 partition_count() { find "$DATA/data" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | wc -l; }
 
-start() {
-  install
+# launch_node I: write node I's config, format it once, start it unless it runs with that config already.
+launch_node() {
+  use_node "$1"
   write_config
   local key; key=$(sha256sum "$DATA/server.properties" | cut -c1-16)
   if same_config_running "$PIDFILE" "$DATA/config.key" "$key"; then
-    log "kafka already running on 127.0.0.1:$PORT"; return 0
+    log "kafka node $NODE already running on 127.0.0.1:$NODE_PORT"; return 0
   fi
   pid_alive "$PIDFILE" && stop_pidfile "$PIDFILE" kafka  # started with another configuration: restart
-  tcp_open 127.0.0.1 "$PORT" && die "port $PORT is taken by another process"
-  tcp_open 127.0.0.1 "$SASL_PORT" && die "port $SASL_PORT (SASL listener) is taken by another process"
+  tcp_open 127.0.0.1 "$NODE_PORT" && die "port $NODE_PORT is taken by another process"
+  tcp_open 127.0.0.1 "$NODE_SASL" && die "port $NODE_SASL (SASL listener) is taken by another process"
   format
   echo "$key" >"$DATA/config.key"
-  log "starting kafka $KAFKA_VERSION on 127.0.0.1:$PORT (heap $HEAP)"
+  log "starting kafka $KAFKA_VERSION node $NODE on 127.0.0.1:$NODE_PORT (heap $HEAP)"
   nohup java "-Xmx$HEAP" "-Xms$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
     "-Dlog4j2.configurationFile=$DATA/log4j2.yaml" -cp "$KAFKA_HOME/libs/*" kafka.Kafka "$DATA/server.properties" \
     >"$DATA/logs/stdout.log" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
+}
+
+# await_node I: until node I serves requests (a cluster's nodes each wait for a quorum of controllers).
+await_node() {
+  use_node "$1"
   local timeout="${KILN_KAFKA_START_TIMEOUT:-600}" began=$SECONDS next_report=$((SECONDS + 30))
-  until tcp_open 127.0.0.1 "$PORT" && grep -q "Kafka Server started" "$DATA/logs/server.log" 2>/dev/null; do
+  until tcp_open 127.0.0.1 "$NODE_PORT" && grep -q "Kafka Server started" "$DATA/logs/server.log" 2>/dev/null; do
     pid_alive "$PIDFILE" || { tail -30 "$DATA/logs/stdout.log" "$DATA/logs/server.log" >&2 || true; die "kafka exited"; }
     if ((SECONDS - began >= timeout)); then
       tail -5 "$DATA/logs/server.log" >&2 || true
-      die "kafka did not open port $PORT in ${timeout}s (KILN_KAFKA_START_TIMEOUT)"
+      die "kafka did not open port $NODE_PORT in ${timeout}s (KILN_KAFKA_START_TIMEOUT)"
     fi
     if ((SECONDS >= next_report)); then
-      log "kafka still starting after $((SECONDS - began))s: $(partition_count) partition logs in $DATA/data"
+      log "kafka node $NODE still starting after $((SECONDS - began))s: $(partition_count) partition logs in $DATA/data"
       next_report=$((SECONDS + 30))
     fi
     sleep 0.3
   done
-  log "kafka ready on 127.0.0.1:$PORT"
+  log "kafka node $NODE ready on 127.0.0.1:$NODE_PORT"
+}
+
+start() {
+  install
+  local i
+  for ((i = 1; i <= BROKERS; i++)); do launch_node "$i"; done
+  for ((i = 1; i <= BROKERS; i++)); do await_node "$i"; done
+  ((BROKERS == 1)) || log "kafka cluster of $BROKERS ready: $(bootstrap) (replication $REPLICATION, min ISR $MIN_ISR)"
 }
 
 status() {
-  if pid_alive "$PIDFILE" && tcp_open 127.0.0.1 "$PORT"; then
-    echo "kafka $KAFKA_VERSION running on 127.0.0.1:$PORT (pid $(cat "$PIDFILE"), data $DATA)"
-  else
-    echo "kafka not running on 127.0.0.1:$PORT"; return 1
-  fi
+  local i down=0
+  for ((i = 1; i <= BROKERS; i++)); do
+    use_node "$i"
+    if pid_alive "$PIDFILE" && tcp_open 127.0.0.1 "$NODE_PORT"; then
+      echo "kafka $KAFKA_VERSION node $NODE running on 127.0.0.1:$NODE_PORT (pid $(cat "$PIDFILE"), data $DATA)"
+    else
+      echo "kafka node $NODE not running on 127.0.0.1:$NODE_PORT"; down=1
+    fi
+  done
+  return "$down"
 }
+
+stop() {
+  local i
+  for ((i = 1; i <= BROKERS; i++)); do use_node "$i"; stop_pidfile "$PIDFILE" "kafka node $NODE"; done
+}
+
+pids() {
+  local i
+  for ((i = 1; i <= BROKERS; i++)); do use_node "$i"; pid_alive "$PIDFILE" && echo "$NODE $(cat "$PIDFILE")"; done
+  return 0
+}
+
+node_arg() { [[ ${1:-} =~ ^[1-9]$ ]] && (($1 <= BROKERS)) || die "node must be 1..$BROKERS"; echo "$1"; }
 
 case "${1:-}" in
   install) install ;;
   start) start ;;
-  stop) stop_pidfile "$PIDFILE" kafka ;;
+  stop) stop ;;
   status) status ;;
+  bootstrap) bootstrap ;;
+  pids) pids ;;
+  start-node) n=$(node_arg "${2:-}"); install; launch_node "$n"; await_node "$n" ;;
+  stop-node) n=$(node_arg "${2:-}"); use_node "$n"; stop_pidfile "$PIDFILE" "kafka node $NODE" ;;
   version) echo "$KAFKA_VERSION" ;;
   home) echo "$KAFKA_HOME" ;;
-  *) echo "usage: $0 install|start|stop|status|version|home" >&2; exit 2 ;;
+  *) echo "usage: $0 install|start|stop|status|bootstrap|pids|start-node N|stop-node N|version|home" >&2; exit 2 ;;
 esac

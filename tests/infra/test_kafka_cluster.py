@@ -1,0 +1,90 @@
+"""A replicated Kafka cluster (`KILN_KAFKA_BROKERS=3 kiln broker start`): three KRaft nodes, each broker and
+controller voter, with replication 3 and min.insync.replicas 2 by default; `kiln topics create` takes those from the
+cluster it finds and refuses replication 1 there unless told to."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka.admin import ConfigResource, ResourceType
+
+from kiln.streams import admin
+from kiln.streams.infra import infra_dir
+from kiln.streams.settings import KilnSettings
+
+BASE_PORT = 29192  # nodes on 29192, 29202, 29212 (+1 controller, +2 SASL each): beside the suite's broker on 9092
+CLUSTER_ENV = {"KILN_KAFKA_PORT": str(BASE_PORT), "KILN_KAFKA_BROKERS": "3"}
+
+
+def kafka_sh(*args: str) -> str:
+    return subprocess.run(["bash", str(infra_dir() / "kafka" / "kafka.sh"), *args], env={**os.environ, **CLUSTER_ENV},
+                          capture_output=True, text=True, check=True, timeout=600).stdout
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[KilnSettings]:
+    kafka_sh("start")
+    settings = KilnSettings(bootstrap_servers=kafka_sh("bootstrap").strip())
+    try:
+        assert admin.wait_for_broker(settings) == 3
+        yield settings
+    finally:
+        kafka_sh("stop")
+
+
+def kiln(settings: KilnSettings, prefix: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kiln.streams.cli", *args], capture_output=True, text=True,
+                          check=False, timeout=120, env={**os.environ, "KILN_BOOTSTRAP_SERVERS":
+                                                         settings.bootstrap_servers, "KILN_TOPIC_PREFIX": prefix,
+                                                         **env})
+
+
+def test_the_cluster_replicates_its_internal_topics(cluster: KilnSettings) -> None:
+    client = admin.admin_client(cluster)
+    broker = ConfigResource(ResourceType.BROKER, "1")
+    configs = client.describe_configs([broker])[broker].result(30)
+    assert {k: configs[k].value for k in ("default.replication.factor", "min.insync.replicas",
+                                           "offsets.topic.replication.factor", "unclean.leader.election.enable")} \
+        == {"default.replication.factor": "3", "min.insync.replicas": "2", "offsets.topic.replication.factor": "3",
+            "unclean.leader.election.enable": "false"}
+    pids = kafka_sh("pids").split()
+    assert len(pids) == 6 and pids[0::2] == ["1", "2", "3"]
+
+
+def test_topics_create_takes_replication_from_the_cluster_and_refuses_replication_1(cluster: KilnSettings) -> None:
+    prefix, unsafe = f"c{uuid.uuid4().hex[:8]}.", f"u{uuid.uuid4().hex[:8]}."
+    client = admin.admin_client(cluster)
+    try:
+        created = kiln(cluster, prefix, "topics", "create")
+        assert created.returncode == 0, created.stderr
+        assert "replication 3, min.insync.replicas 2, 3 brokers" in " ".join(created.stdout.split())
+        ours = {name: t for name, t in client.list_topics(timeout=30).topics.items() if name.startswith(prefix)}
+        assert len(ours) > 10
+        assert {len(p.replicas) for t in ours.values() for p in t.partitions.values()} == {3}
+        resources = [ConfigResource(ResourceType.TOPIC, name) for name in ours]
+        insync = {r.name: f.result(30)["min.insync.replicas"].value
+                  for r, f in client.describe_configs(resources).items()}
+        assert set(insync.values()) == {"2"}, insync
+
+        refused = kiln(cluster, unsafe, "topics", "create", KILN_TOPIC_REPLICATION="1")
+        assert refused.returncode != 0
+        assert "refusing to create topics with replication 1" in " ".join(refused.stderr.split())
+        assert not [n for n in client.list_topics(timeout=30).topics if n.startswith(unsafe)]
+        told = kiln(cluster, unsafe, "topics", "create", "--allow-unsafe-replication", KILN_TOPIC_REPLICATION="1")
+        assert told.returncode == 0, told.stderr
+        replicas = {len(p.replicas) for n, t in client.list_topics(timeout=30).topics.items() if n.startswith(unsafe)
+                    for p in t.partitions.values()}
+        assert replicas == {1}
+    finally:
+        admin.delete_topics(cluster, [n for n in client.list_topics(timeout=30).topics
+                                      if n.startswith((prefix, unsafe))])
+
+
+def test_a_single_broker_is_not_refused(kafka: KilnSettings) -> None:
+    durability = admin.cluster_durability(kafka)
+    assert (durability.brokers, durability.replication, durability.can_lose_acknowledged_writes) == (1, 1, False)
