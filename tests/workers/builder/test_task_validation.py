@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from kiln.rl.tasks import Problem, RepositoryTasks
 from kiln.streams.client import KilnClient
 from kiln.streams.settings import KilnSettings
 from kiln.workers.builder.tasks import validate
 from kiln.workers.exec.client import ExecClient
-from kiln.workers.rollout.tasks import Problem, RepositoryTasks
 from kiln.workers.rollout.verifiers import VerifierContext, Verifiers
 from kiln.workers.verifiers import InvalidTask
 from tests.workers.builder.projects import CALC_PY

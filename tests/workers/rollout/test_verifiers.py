@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln.rl.tasks import Addition, Propositions, exact_match
 from kiln.schemas.exec import ExecRequest
 from kiln.schemas.rl import RolloutGroup, RolloutRequest, RolloutTask, Sampling
 from kiln.streams.client import KilnClient
@@ -21,11 +22,10 @@ from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.inference.model import ModelConfig
 from kiln.workers.inference.process import ServerProcess
-from kiln.workers.rollout.tasks import Addition, Propositions, exact_match
 from kiln.workers.rollout.verifiers import VerifierContext, Verifiers
 from tests.conftest import _ensure
+from tests.stages import worker_env
 from tests.streams.harness import read_all
-from tests.workers.conftest import worker_env
 from tests.workers.exec.conftest import exec_worker
 from tests.workers.lean.conftest import lean_worker
 
