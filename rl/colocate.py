@@ -15,7 +15,8 @@ import time
 
 import uvicorn
 
-from kiln.rl.train import PolicyUpdate, RolloutTrainer, SameDevice, TrainSettings
+from kiln.rl.train import RolloutTrainer, SameDevice, TrainSettings
+from kiln.schemas.rl import PolicyUpdate
 from kiln.streams.errors import ConfigError
 from kiln.streams.settings import KilnSettings
 from kiln.workers.inference.engine import Engine

@@ -27,8 +27,8 @@ from pydantic import BaseModel, Field, model_validator
 
 from kiln.rl.actor import UpdateFollower
 from kiln.rl.tasks import Addition, exact_match
-from kiln.rl.train import ROLLOUTS, UPDATES, PolicyUpdate, lineage
-from kiln.schemas.rl import RolloutGroup
+from kiln.rl.train import ROLLOUTS, UPDATES, lineage
+from kiln.schemas.rl import PolicyUpdate, RolloutGroup
 from kiln.streams import admin
 from kiln.streams.blobstore import open_blob_store
 from kiln.streams.processes import WorkerProcess, free_port, wait_healthy

@@ -40,7 +40,7 @@ from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.rl.trainer import Group, PolicyTrainer, Precision, Sample, StepReport, hf_logits
-from kiln.schemas.rl import RolloutGroup
+from kiln.schemas.rl import PolicyUpdate, RolloutGroup
 from kiln.streams import admin
 from kiln.streams.blobstore import BlobStore, open_blob_store
 from kiln.streams.errors import ConfigError
@@ -94,29 +94,6 @@ STEPS = Counter("kiln_train_steps_total", "Optimizer steps checkpointed and comm
 STEP_SECONDS = Histogram("kiln_train_step_seconds", "Forward, backward and optimizer step.", registry=registry)
 PAUSED = Histogram("kiln_train_broadcast_pause_seconds", "Longest server pause of one weight update.",
                    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0), registry=registry)
-
-
-class PolicyUpdate(BaseModel):
-    """One event on ``policy.updates``."""
-
-    version: int
-    checkpoint: str
-    groups: int
-    groups_total: int = Field(description="groups trained on since the first step (carried in the checkpoint)")
-    samples: int
-    reward_mean: float
-    loss: float
-    entropy: float
-    step_s: float
-    lag_mean: float = Field(description="versions between the one a sample started with and this step's")
-    lag_max: int
-    lag_histogram: dict[int, int] = Field(default_factory=dict, description="samples per lag in versions")
-    servers_updated: int
-    servers_failed: dict[str, str]
-    paused_ms: float = Field(0.0, description="the longest pause of decoding on a server for this update")
-    parent: str = Field("", description="the checkpoint this step started from")
-    ranges: dict[int, tuple[int, int]] = Field(default_factory=dict,
-                                               description="rollouts partition -> [first, end) offsets trained on")
 
 
 def _host_copy(value: Any) -> Any:

@@ -11,7 +11,7 @@ from bench.rl import time_to_target
 from kiln.rl.cli import app
 from kiln.rl.local import Evaluation, RunConfig, RunRecord
 from kiln.rl.report import lag_histogram, paused_fraction, write_report
-from kiln.rl.train import PolicyUpdate
+from kiln.schemas.rl import PolicyUpdate
 
 
 def _update(version: int, histogram: dict[int, int]) -> PolicyUpdate:

@@ -34,6 +34,7 @@ from typing import Annotated, Any, Literal, Protocol, TypeVar, get_args
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from kiln.schemas.exec import RunStep, SessionLimits
+from kiln.schemas.images import REPORTS_DIR
 from kiln.schemas.reports import TestReport
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.client import KilnClient
@@ -425,7 +426,7 @@ def _outcomes(report: TestReport) -> tuple[set[str], set[str]]:
     return {c.name for c in report.cases if c.outcome == "passed"} - failed, failed
 
 
-_JUNIT = "/tmp/kiln-reports/swe-junit.xml"
+_JUNIT = f"{REPORTS_DIR}/swe-junit.xml"
 _ADDED_TEST = re.compile(r"^\+\s*(?:async\s+)?def\s+(test\w*)\s*\(", re.MULTILINE)
 
 
