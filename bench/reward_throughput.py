@@ -72,7 +72,7 @@ from kiln.workers.common.containers import docker_client
 from kiln.workers.exec.client import ExecClient
 from kiln.workers.exec.stage import stage as exec_stage
 from kiln.workers.rollout.stage import RolloutSettings
-from kiln.workers.rollout.verifiers import ExecVerifier, VerifierContext
+from kiln.workers.verifiers import ExecVerifier, VerifierContext
 from tests.integrations.gateway.conftest import gateway_process
 
 IMAGE = "kiln/toolchain:latest"
@@ -481,7 +481,7 @@ def execcheck_run(verifier: ExecVerifier, group: int) -> PathRun:
                 t = time.perf_counter()
                 try:
                     verdicts = await verifier.verify(task, completions, f"bench-{g}")
-                    wrong = [f"verdict {v.reward} {v.detail}" for v in verdicts if v.reward != 1.0]
+                    wrong = [f"verdict {v.reward} {v.details}" for v in verdicts if v.reward != 1.0]
                 except Exception as e:
                     wrong = [f"{type(e).__name__}: {e}"] * group
                 seconds = time.perf_counter() - t

@@ -83,3 +83,8 @@ def test_the_deprecated_paths_are_shims_only() -> None:
     left = {str(p.relative_to(ROOT)) for d in ("gateway", "trainers", "rewards", "demo")
             for p in (ROOT / "workers" / d).rglob("*") if p.is_file() and "__pycache__" not in p.parts}
     assert left == set(DEPRECATED_PATHS)
+
+
+def test_the_rollout_package_holds_the_stage_only() -> None:
+    """The RL loop around the stage (actor, trainer, loss, learning runs, ``kiln rl``) lives in rl/."""
+    assert {p.stem for p in (ROOT / "workers" / "rollout").glob("*.py")} == {"__init__", "spec", "stage", "episodes"}

@@ -1,11 +1,11 @@
 """Reward functions for TRL's ``GRPOTrainer`` (and anything that calls ``f(completions, **columns) -> list[float]``),
 computed by kiln's verifiers (``kiln.workers.verifiers``: the same code the rollout and ``verify`` stages run — one
 implementation): every completion of a batch is one set of kiln jobs, all in flight at once, so a batch of 512 runs in
-parallel across the exec or Lean workers. A reward object owns one ``KilnClient`` on a background event loop (TRL
-calls rewards synchronously, from its own thread). By default the verifier runs in this process and sends its jobs
-to the exec/Lean stages; ``through_stage=True`` sends the batch to the ``verify`` stage instead (reward work off the
-trainer's node). A completion whose check failed (a timeout, a job that failed for good) scores 0, logged: the
-batch is not lost for one."""
+parallel across the exec or Lean workers. A reward object owns one ``BlockingVerifyClient`` (a ``KilnClient`` on a
+background event loop: TRL calls rewards synchronously, from its own thread). By default the verifier runs in this
+process and sends its jobs to the exec/Lean stages; ``through_stage=True`` sends the batch to the ``verify`` stage
+instead (reward work off the trainer's node). A completion whose check failed (a timeout, a job that failed for good)
+scores 0, logged: the batch is not lost for one."""
 
 from __future__ import annotations
 
@@ -13,18 +13,16 @@ import asyncio
 import logging
 import os
 import socket
-import threading
-from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
+from kiln.integrations.trainers import task_of
 from kiln.schemas.exec import SessionLimits
 from kiln.schemas.rl import RolloutTask
-from kiln.streams.client import KilnClient
-from kiln.streams.settings import KilnSettings, get_settings
+from kiln.streams.settings import KilnSettings
 from kiln.workers.verifiers import PROGRAM_RUNNERS, VerifierContext, Verifiers
-from kiln.workers.verify.client import VerifyClient
+from kiln.workers.verify.client import BlockingVerifyClient
 
-T = TypeVar("T")
 log = logging.getLogger("kiln.rewards")
 RUNNERS = PROGRAM_RUNNERS
 
@@ -38,27 +36,22 @@ def completion_text(completion: Any) -> str:
     raise TypeError(f"a completion is a string or a list of messages, not {type(completion).__name__}")
 
 
-class _Background:
-    """One event loop thread and one ``KilnClient`` for a reward object's lifetime, and the verifiers it runs."""
+class _Scorer:
+    """A reward object's verdicts, on its own ``BlockingVerifyClient`` (TRL calls rewards synchronously, from its own
+    thread): through the ``verify`` stage, or from the verifiers run in this process on that client's loop."""
 
     def __init__(self, settings: KilnSettings | None, through_stage: bool = False) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="kiln-rewards", daemon=True)
-        self._thread.start()
-        self.kiln = KilnClient(settings or get_settings(), f"rewards.{socket.gethostname()}.{os.getpid()}")
+        self.bridge = BlockingVerifyClient(settings, f"rewards.{socket.gethostname()}.{os.getpid()}")
         self.through_stage = through_stage
-        self.verifiers = Verifiers(VerifierContext(self.kiln, failures_as_verdicts=True))
-
-    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        self.verifiers = Verifiers(VerifierContext(self.bridge.kiln, failures_as_verdicts=True))
 
     def score(self, tasks: Sequence[RolloutTask], completions: Sequence[str]) -> list[float]:
         """``completions[i]`` against ``tasks[i]``; completions of one task are one verifier call."""
-        return self.run(self._score(tasks, completions))
+        return self.bridge.run(self._score(tasks, completions))
 
     async def _score(self, tasks: Sequence[RolloutTask], completions: Sequence[str]) -> list[float]:
         if self.through_stage:
-            return [v.reward for v in await VerifyClient(self.kiln).verify_batch(tasks, completions)]
+            return [v.reward for v in await self.bridge.client.verify_batch(tasks, completions)]
         groups: dict[str, tuple[RolloutTask, list[int]]] = {}
         for i, task in enumerate(tasks):
             groups.setdefault(task.model_dump_json(), (task, []))[1].append(i)
@@ -67,7 +60,7 @@ class _Background:
             verdicts = await self.verifiers.get(task.verifier).verify(task, [completions[i] for i in at], "")
             for v in verdicts:
                 if v.failure:
-                    log.warning("a completion scored 0: %s: %s", v.failure, v.detail.get("error", ""))
+                    log.warning("a completion scored 0: %s: %s", v.failure, v.details.get("error", ""))
             return [0.0 if v.failure else v.reward for v in verdicts]
 
         answers = await asyncio.gather(*(group(task, at) for task, at in groups.values()))
@@ -78,9 +71,7 @@ class _Background:
         return rewards
 
     def close(self) -> None:
-        self.run(self.kiln.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self.bridge.close()
 
 
 def _task(verifier: str, check: dict[str, Any]) -> RolloutTask:
@@ -103,7 +94,7 @@ class TestsPassRatio:
     def __init__(self, image: str | None = None, *, settings: KilnSettings | None = None,
                  timeout_s: float = 600.0, limits: SessionLimits | None = None, through_stage: bool = False) -> None:
         self.image, self.timeout_s, self.limits = image, timeout_s, limits or SessionLimits()
-        self._background = _Background(settings, through_stage)
+        self._scorer = _Scorer(settings, through_stage)
 
     def __call__(self, completions: list[Any], **columns: Any) -> list[float]:
         images = columns.get("image") or [self.image] * len(completions)
@@ -112,10 +103,10 @@ class TestsPassRatio:
         expected = columns.get("expected_tests") or [[]] * len(completions)
         tasks = [_task("tests", {"image": str(image), "timeout_s": self.timeout_s, "limits": self.limits.model_dump(),
                                  "expected_tests": list(names)}) for image, names in zip(images, expected, strict=True)]
-        return self._background.score(tasks, [completion_text(c) for c in completions])
+        return self._scorer.score(tasks, [completion_text(c) for c in completions])
 
     def close(self) -> None:
-        self._background.close()
+        self._scorer.close()
 
 
 class OutputMatches:
@@ -134,7 +125,7 @@ class OutputMatches:
         if language not in RUNNERS:
             raise ValueError(f"language {language!r}: one of {', '.join(sorted(RUNNERS))}")
         self.language, self.image, self.timeout_s, self.limits = language, image, timeout_s, limits
-        self._background = _Background(settings, through_stage)
+        self._scorer = _Scorer(settings, through_stage)
 
     def __call__(self, completions: list[Any], **columns: Any) -> list[float]:
         stdins = columns.get("stdin") or [""] * len(completions)
@@ -145,10 +136,10 @@ class OutputMatches:
         tasks = [_task("program", {"language": self.language, "image": self.image, "stdin": str(i),
                                    "expected_output": str(e), "timeout_s": self.timeout_s, "limits": limits})
                  for i, e in zip(stdins, expected, strict=True)]
-        return self._background.score(tasks, [completion_text(c) for c in completions])
+        return self._scorer.score(tasks, [completion_text(c) for c in completions])
 
     def close(self) -> None:
-        self._background.close()
+        self._scorer.close()
 
 
 class LeanProofAccepted:
@@ -161,15 +152,15 @@ class LeanProofAccepted:
     def __init__(self, *, settings: KilnSettings | None = None, timeout_s: float = 60.0,
                  through_stage: bool = False) -> None:
         self.timeout_s = timeout_s
-        self._background = _Background(settings, through_stage)
+        self._scorer = _Scorer(settings, through_stage)
 
     def __call__(self, completions: list[Any], **columns: Any) -> list[float]:
         statements = columns.get("statement") or [""] * len(completions)
         tasks = [_task("lean_code", {"statement": str(s), "timeout_s": self.timeout_s}) for s in statements]
-        return self._background.score(tasks, [completion_text(c) for c in completions])
+        return self._scorer.score(tasks, [completion_text(c) for c in completions])
 
     def close(self) -> None:
-        self._background.close()
+        self._scorer.close()
 
 
 class Verified:
@@ -183,17 +174,15 @@ class Verified:
     __name__ = "kiln_verified"
 
     def __init__(self, *, settings: KilnSettings | None = None, through_stage: bool = True) -> None:
-        self._background = _Background(settings, through_stage)
+        self._scorer = _Scorer(settings, through_stage)
 
     def __call__(self, completions: list[Any], prompts: list[Any] | None = None, **columns: Any) -> list[float]:
-        from kiln.integrations.trainers import task_of
-
         labels = columns.get("kiln_task") or columns.get("answer")
         if labels is None:
             raise ValueError("Verified needs a 'kiln_task' (or 'answer') column")
         texts = [completion_text(p) if p is not None else "" for p in (prompts or [None] * len(completions))]
         tasks = [task_of(label, text) for label, text in zip(labels, texts, strict=True)]
-        return self._background.score(tasks, [completion_text(c) for c in completions])
+        return self._scorer.score(tasks, [completion_text(c) for c in completions])
 
     def close(self) -> None:
-        self._background.close()
+        self._scorer.close()
