@@ -21,6 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from kiln.integrations.gateway.errors import PeerError
 from kiln.integrations.gateway.settings import GatewaySettings
 from kiln.schemas.exec import CommandOutput, SessionLimits
 from kiln.streams.errors import KilnError
@@ -30,15 +31,6 @@ router = APIRouter(tags=["SWE-ReX"])
 _STATE = "/tmp/.kiln-swerex"  # per bash session: cwd and exported variables, inside the sandbox
 _FILE_INLINE = 60_000  # bytes a write carries inside its command; larger ones go through write_files first
 _SYNTAX = "kiln-swerex-syntax:"  # starts the wrapper's stderr when ``bash -n`` refused the command
-
-
-class PeerError(Exception):
-    """An exception the SWE-ReX client re-raises as ``class_path``."""
-
-    def __init__(self, class_path: str, message: str, extra_info: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.class_path = class_path
-        self.extra_info = extra_info or {}
 
 
 class _Peer(BaseModel):

@@ -26,6 +26,7 @@ from kiln.workers.builder.errors import PlanError, StepFailed
 from kiln.workers.builder.rules import RULES_VERSION, Plan, describe, plan
 from kiln.workers.common import reports
 from kiln.workers.common.containers import Limits, run_sandboxed
+from kiln.workers.common.errors import ReportError
 
 CACHE_NAMESPACE = "builds"
 
@@ -133,7 +134,7 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
                                                durations_s=_rounded(durations)))
             try:
                 tests = reports.parse_results(contract.system, run.exit_code, run.files, contract.module)
-            except reports.ReportError as e:
+            except ReportError as e:
                 tests, run.output = None, f"{e}\n{run.output}"
             problem = reports.unusable_reason(tests) if tests else ("tests_did_not_run", "no test results")
             if problem is not None:

@@ -52,17 +52,9 @@ from kiln.workers.common.containers import docker_client
 from kiln.workers.common.image_cache import ImageCache
 from kiln.workers.common.registry import Registry
 from kiln.workers.exec import spec
+from kiln.workers.exec.errors import LimitExceeded, SessionError
 from kiln.workers.exec.runners import RunnerPool, supervisor_binary
-from kiln.workers.exec.sessions import (
-    REPLAY_BYTES,
-    ROLE,
-    LabelSeal,
-    LimitExceeded,
-    Session,
-    SessionError,
-    SessionManager,
-    safe_path,
-)
+from kiln.workers.exec.sessions import REPLAY_BYTES, ROLE, LabelSeal, Session, SessionManager, safe_path
 
 
 class ExecSettings(BaseSettings):

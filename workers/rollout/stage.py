@@ -30,7 +30,8 @@ from kiln.streams.errors import RequestFailed, RoutineJobError, TransientJobErro
 from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
 from kiln.workers.exec.client import ExecClient
-from kiln.workers.inference.endpoints import EndpointAnswerError, InferenceEndpoint, endpoint_for
+from kiln.workers.inference.endpoints import InferenceEndpoint, endpoint_for
+from kiln.workers.inference.errors import EndpointAnswerError
 from kiln.workers.inference.tokenizer import PolicyTokenizer, load_tokenizer, tokenize_prompt
 from kiln.workers.rollout import spec
 from kiln.workers.rollout.episodes import Episode, run_episode

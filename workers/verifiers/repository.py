@@ -17,8 +17,9 @@ from kiln.schemas.images import REPORTS_DIR
 from kiln.schemas.reports import TestReport
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.errors import ClientError, RequestFailed
+from kiln.workers.common.errors import ReportError
 from kiln.workers.common.patches import APPLY_EXCLUDES, patch_text, protected_paths
-from kiln.workers.common.reports import ReportError, junit, unusable_reason
+from kiln.workers.common.reports import junit, unusable_reason
 from kiln.workers.exec.client import ExecClient
 from kiln.workers.verifiers.contract import PerCompletion, Verdict, VerifierContext, checked
 from kiln.workers.verifiers.errors import SandboxError

@@ -56,7 +56,8 @@ from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
 from kiln.streams.processes import WorkerProcess
 from kiln.streams.settings import KilnSettings
-from kiln.workers.inference.endpoints import EndpointAnswerError, Turn, span_versions
+from kiln.workers.inference.endpoints import Turn, span_versions
+from kiln.workers.inference.errors import EndpointAnswerError
 from kiln.workers.inference.hf import build_tiny_model
 from kiln.workers.inference.tokenizer import HFTokenizer, load_tokenizer, tokenize_prompt
 from tests.loopback import serving
