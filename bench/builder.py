@@ -41,6 +41,7 @@ from bench.corpus import Project, prepare, projects
 from kiln.ingest.service import ingest
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildEvent, BuildRequest
+from kiln.schemas.images import ImageContract
 from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.infra import COMPONENT_STEPS, run_steps
@@ -123,7 +124,7 @@ async def build_real(project: Project, source: Path, store: SaucerStore, client:
     seconds, human = time.monotonic() - started, 0
     if event.image:  # built: the human count, also for a run kiln could not itemise
         command = project.test.replace("go test", "go test -v") if project.system == "go" else project.test
-        env = json.loads(client.images.get(event.image).labels.get("kiln.env", "{}"))
+        env = ImageContract.from_labels(client.images.get(event.image).labels).env
         # As a person would in this image: the project's virtualenv (Python) first on PATH.
         reference = await asyncio.to_thread(
             run_sandboxed, client, event.image, f"export PATH=/opt/venv/bin:$PATH; cd /work && {command}",

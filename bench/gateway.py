@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import broker, median, percentile, report
+from kiln.integrations.gateway.settings import GatewaySettings
 from kiln.streams import admin
 from kiln.streams.client import KilnClient
 from kiln.streams.infra import COMPONENT_STEPS, run_steps
@@ -29,8 +30,7 @@ from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec
 from kiln.workers.exec.client import ExecClient
-from kiln.workers.gateway.settings import GatewaySettings
-from tests.workers.gateway.conftest import gateway_process
+from tests.integrations.gateway.conftest import gateway_process
 
 
 async def measure(clients: int, requests: int, one: Callable[[], Awaitable[None]]) -> tuple[list[float], float]:

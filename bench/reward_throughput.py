@@ -14,8 +14,8 @@ Paths, each at every ``--concurrency`` (closed loop: that many calls in flight):
 - ``execcheck``: the rollout stage's ``ExecVerifier`` (``ExecCheck``, ``isolate``: the checker runs sample code)
   verifying groups of ``--group`` completions (each group one prompt: its stdin; the checker runs every completion's
   program on it and prints the verdicts); concurrency = completions in flight; a completion's latency is its group's.
-- ``trl``: ``kiln.workers.rewards.OutputMatches`` scoring batches of ``concurrency`` completions (TRL calls a reward
-  function synchronously with a batch); a completion's latency is its batch's.
+- ``trl``: ``kiln.integrations.trainers.trl.OutputMatches`` scoring batches of ``concurrency`` completions (TRL calls
+  a reward function synchronously with a batch); a completion's latency is its batch's.
 
 Cases at ``--case-concurrency`` (64): ``cpp`` — a C++ a+b compiled and run (``gateway`` with language ``cpp`` vs
 bare ``g++ -O2 -std=c++17`` + run in the chroot); ``pytest`` — a small package and its test file run with
@@ -61,6 +61,7 @@ import httpx
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.common import broker, console, percentile, report
+from kiln.integrations.trainers.trl import OutputMatches
 from kiln.schemas.rl import RolloutTask
 from kiln.streams import admin
 from kiln.streams.client import KilnClient
@@ -70,16 +71,15 @@ from kiln.streams.stage import TopicSpec
 from kiln.workers.common.containers import docker_client
 from kiln.workers.exec.client import ExecClient
 from kiln.workers.exec.stage import stage as exec_stage
-from kiln.workers.rewards import OutputMatches
 from kiln.workers.rollout.stage import RolloutSettings
-from kiln.workers.rollout.verifiers import ExecVerifier, VerifierContext
-from tests.workers.gateway.conftest import gateway_process
+from kiln.workers.verifiers import ExecVerifier, VerifierContext
+from tests.integrations.gateway.conftest import gateway_process
 
 IMAGE = "kiln/toolchain:latest"
 PROGRAM = "a, b = map(int, input().split())\nprint(a + b)\n"
 CPP = ("#include <iostream>\nint main() { long long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; "
        "return 0; }\n")
-CPP_COMPILE = "g++ -O2 -std=c++17 -o main main.cpp"  # the gateway's own (workers/gateway/languages.py)
+CPP_COMPILE = "g++ -O2 -std=c++17 -o main main.cpp"  # the gateway's own (integrations/gateway/languages.py)
 PYTEST = "python3 -m pytest -q -p no:cacheprovider"
 # The checker of the execcheck path: every completion's program on the group's stdin (its prompt), verdict 1 when it
 # prints the group's answer. Programs of a group run side by side (each in its own directory).
@@ -481,7 +481,7 @@ def execcheck_run(verifier: ExecVerifier, group: int) -> PathRun:
                 t = time.perf_counter()
                 try:
                     verdicts = await verifier.verify(task, completions, f"bench-{g}")
-                    wrong = [f"verdict {v.reward} {v.detail}" for v in verdicts if v.reward != 1.0]
+                    wrong = [f"verdict {v.reward} {v.details}" for v in verdicts if v.reward != 1.0]
                 except Exception as e:
                     wrong = [f"{type(e).__name__}: {e}"] * group
                 seconds = time.perf_counter() - t

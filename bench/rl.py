@@ -46,15 +46,15 @@ from pathlib import Path
 
 from bench.common import console, learning_runs, report
 from bench.exec import build_image
+from kiln.rl.inprocess import run_in_process
+from kiln.rl.local import LearningRun, RunConfig, RunRecord, addition_model
+from kiln.rl.report import paused_fraction, write_report
+from kiln.rl.train import ROLLOUTS, UPDATES
 from kiln.schemas.rl import RolloutGroup
 from kiln.streams.infra import COMPONENT_STEPS, run_steps
 from kiln.streams.replay import read_topic
 from kiln.streams.settings import KilnSettings
 from kiln.workers.common.containers import docker_client
-from kiln.workers.rollout.inprocess import run_in_process
-from kiln.workers.rollout.local import LearningRun, RunConfig, RunRecord, addition_model
-from kiln.workers.rollout.report import paused_fraction, write_report
-from kiln.workers.rollout.train import ROLLOUTS, UPDATES
 
 ROLES = {"rl serve": "server", "rl train": "trainer", "rl actor": "actor", "worker rollout": "rollout",
          "worker exec": "exec"}
@@ -147,7 +147,7 @@ def time_to_target(async_s: float | None, async_wall: float, sync_s: float | Non
 
 
 def hf_config(config: RunConfig, out: Path) -> RunConfig:
-    """``--model hf``: the tiny Llama of tests/workers/rollout/test_learning_hf.py (``addition_model``, built from
+    """``--model hf``: the tiny Llama of tests/rl/test_learning_hf.py (``addition_model``, built from
     the run's seed) with the character model's learning settings (``RunConfig``'s: 64 groups a step, lr 1e-3,
     entropy 0.03). The smoke test's faster settings (16 groups, lr 1e-2, entropy 0.003) collapse to one answer:
     measured, async seed 1 stayed at 0.10 held-out greedy accuracy for 400 versions, where these reached 0.30 at

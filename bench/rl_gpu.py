@@ -3,7 +3,7 @@ causal LM (a Llama built here: a BPE tokenizer trained on the task's text, rando
 and trained by kiln's own trainer on the same device, async against sync in one run.
 
 One GPU cannot hold both ends of an NCCL group, so the server lives in the trainer's process (``kiln rl train
---serve-port``, ``workers/rollout/colocate.py``): each step's weights go to the engine by a device-to-device copy,
+--serve-port``, ``rl/colocate.py``): each step's weights go to the engine by a device-to-device copy,
 swapped in between two decode steps, while the completion routes keep answering the rollout workers. Everything
 else is the stages as any run has them (``LearningRun``): the broker (started as bench/common.py does), rollout
 workers with the in-process ``exact_match`` verifier, the actor, held-out greedy evaluation.
@@ -35,13 +35,13 @@ from pathlib import Path
 
 from bench.common import console, learning_runs, report
 from bench.rl import mean_lag, seconds_per_step, time_to_target
+from kiln.rl.local import LearningRun, RunConfig, RunRecord
+from kiln.rl.report import write_report
+from kiln.rl.tasks import Addition
+from kiln.rl.train import ROLLOUTS
 from kiln.schemas.rl import RolloutGroup
 from kiln.streams.replay import read_topic
 from kiln.workers.inference.hf import build_tiny_model
-from kiln.workers.rollout.local import LearningRun, RunConfig, RunRecord
-from kiln.workers.rollout.report import write_report
-from kiln.workers.rollout.tasks import Addition
-from kiln.workers.rollout.train import ROLLOUTS
 
 
 def build_model(args: argparse.Namespace, seed: int) -> Path:

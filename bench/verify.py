@@ -2,7 +2,7 @@
 (issue 36).
 
 The batch: ``--prompts`` (64) digit additions x ``--samples`` (8) completions = 512, each prompt's completions one
-group, checked by the addition checker (``kiln.workers.rollout.tasks.ADDITION_CHECKER``, an ``exec`` task on
+group, checked by the addition checker (``kiln.rl.tasks.ADDITION_CHECKER``, an ``exec`` task on
 ``kiln/toolchain:latest``). Two paths, alternating ``--rounds`` times after a warm-up of each:
 
 - ``verify``: ``VerifyClient.verify_batch`` — one verify request per prompt, all in flight; the verify worker's
@@ -38,6 +38,7 @@ import uuid
 from pathlib import Path
 
 from bench.common import broker, console, report
+from kiln.rl.tasks import Addition
 from kiln.schemas.rl import RolloutTask
 from kiln.streams import admin
 from kiln.streams.client import KilnClient
@@ -45,7 +46,6 @@ from kiln.streams.infra import COMPONENT_STEPS, run_steps
 from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.stage import TopicSpec
 from kiln.workers.exec.client import ExecClient
-from kiln.workers.rollout.tasks import Addition
 from kiln.workers.verifiers import ExecCheck, exact_match
 from kiln.workers.verify.client import VerifyClient
 

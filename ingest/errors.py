@@ -11,7 +11,8 @@ SaucerError
 │   ├── PathNotFound
 │   └── ObjectNotFound  an object id is absent from the pack
 ├── NotAFile            the path names a tree or a submodule, not a blob (HTTP 409)
-└── CorruptPack         stored pack, index or manifest bytes are inconsistent
+├── CorruptPack         stored pack, index or manifest bytes are inconsistent
+└── RewriteFailed       the rewrite cannot apply to the source (e.g. the path was never in its history)
 """
 
 from __future__ import annotations
@@ -72,3 +73,7 @@ class NotAFile(SaucerError):
 
 class CorruptPack(SaucerError):
     """Stored artifacts are inconsistent with each other."""
+
+
+class RewriteFailed(SaucerError):
+    """The rewrite cannot apply to the source (e.g. the path was never in its history)."""

@@ -9,16 +9,12 @@ from pathlib import Path
 from urllib.parse import unquote_to_bytes
 
 from kiln.ingest.download import Git, init_bare
-from kiln.ingest.errors import SaucerError
+from kiln.ingest.errors import RewriteFailed
 from kiln.ingest.objects import TREE_MODE, TreeItem, rewrite_commit, serialize_tree, write_loose
 from kiln.ingest.reader import Repository, split_path
 from kiln.schemas.ingest import HistoryRewrite
 
 MAIN = "refs/heads/main"
-
-
-class RewriteFailed(SaucerError):
-    """The rewrite cannot apply to the source (e.g. the path was never in its history)."""
 
 
 async def rewrite_into(source: Repository, rewrite: HistoryRewrite, repo_dir: Path) -> tuple[Git, str | None]:

@@ -12,10 +12,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kiln.ingest.download import Git, check_location, download, is_scp_like
-from kiln.ingest.errors import DownloadFailed, InvalidLocation, InvalidReference, NotFound
+from kiln.ingest.errors import DownloadFailed, InvalidLocation, InvalidReference, NotFound, RewriteFailed
 from kiln.ingest.policy import IngestPolicy, Vetted, shown_form, vet
 from kiln.ingest.repack import repack
-from kiln.ingest.rewrite import RewriteFailed, rewrite_into
+from kiln.ingest.rewrite import rewrite_into
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.ingest import FailureReason, IngestEvent, IngestRequest
 from kiln.streams.cancel import in_thread

@@ -22,14 +22,15 @@ from kiln.schemas.ingest import IngestEvent, IngestRequest
 from kiln.schemas.lean import LeanRequest, LeanResult
 from kiln.schemas.ops import StageStats, WorkerHeartbeat
 from kiln.schemas.reports import CoverageReport, TestReport
-from kiln.schemas.rl import RolloutGroup, RolloutRequest
+from kiln.schemas.rl import PolicyUpdate, RolloutGroup, RolloutRequest
 from kiln.schemas.verify import VerifyRequest, VerifyResult
 
 SCHEMA_DIR = Path(__file__).parent / "jsonschema"
 MODELS: list[type[BaseModel]] = [
     RequestEnvelope, ResultEnvelope, EchoRequest, EchoResult, SleepRequest, SleepResult, TestReport, CoverageReport,
     IngestRequest, IngestEvent, LeanRequest, LeanResult, BuildRequest, BuildEvent,
-    ExecRequest, ExecResult, RolloutRequest, RolloutGroup, WorkerHeartbeat, StageStats, VerifyRequest, VerifyResult,
+    ExecRequest, ExecResult, RolloutRequest, RolloutGroup, PolicyUpdate, WorkerHeartbeat, StageStats, VerifyRequest,
+    VerifyResult,
 ]
 
 

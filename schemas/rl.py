@@ -1,4 +1,5 @@
-"""Models of the RL loop: a rollout request (one prompt group), the rollout group it becomes on ``rollouts``."""
+"""Models of the RL loop: a rollout request (one prompt group), the rollout group it becomes on ``rollouts``, the
+update a trainer step publishes on ``policy.updates``."""
 
 from __future__ import annotations
 
@@ -80,3 +81,27 @@ class RolloutGroup(BaseModel):
     endpoint: str
     generate_s: float
     verify_s: float
+
+
+class PolicyUpdate(BaseModel):
+    """One event on ``policy.updates``: a trainer step done (its version, checkpoint and figures) and the weights
+    it sent to the inference servers."""
+
+    version: int
+    checkpoint: str
+    groups: int
+    groups_total: int = Field(description="groups trained on since the first step (carried in the checkpoint)")
+    samples: int
+    reward_mean: float
+    loss: float
+    entropy: float
+    step_s: float
+    lag_mean: float = Field(description="versions between the one a sample started with and this step's")
+    lag_max: int
+    lag_histogram: dict[int, int] = Field(default_factory=dict, description="samples per lag in versions")
+    servers_updated: int
+    servers_failed: dict[str, str]
+    paused_ms: float = Field(0.0, description="the longest pause of decoding on a server for this update")
+    parent: str = Field("", description="the checkpoint this step started from")
+    ranges: dict[int, tuple[int, int]] = Field(default_factory=dict,
+                                               description="rollouts partition -> [first, end) offsets trained on")

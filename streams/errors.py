@@ -20,6 +20,7 @@ KilnError
 │       ├── MalformedRequest  the message does not parse or validate
 │       └── RoutineJobError   an expected way for a request to fail (a lost session, a missing file, a tactic past
 │                             its time): answered as a typed error result, never dead-lettered
+├── OffsetMapError         commit metadata that does not decode (written by something else, or corrupt)
 └── ClientError            the trainer client was misused or a request failed
     ├── RequestExpired     the deadline passed before a result arrived
     ├── RequestFailed      the job ended in the DLQ; carries its reason
@@ -129,3 +130,7 @@ class ResultLost(ClientError):
 
 class BlobUnavailable(BlobError, TransientJobError):
     """The blob store did not answer or refused the operation; retrying later may succeed."""
+
+
+class OffsetMapError(KilnError):
+    """Commit metadata that does not decode (written by something else, or corrupt)."""

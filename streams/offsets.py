@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
-from kiln.streams.errors import KilnError
+from kiln.streams.errors import OffsetMapError
 
 METADATA_PREFIX = "k1:"
 SPILL_PREFIX = "k2:"
@@ -27,10 +27,6 @@ MAX_METADATA_CHARS = 3000
 MAP_SOFT_LIMIT_CHARS = 2000
 """Past this the runtime stops taking a partition's jobs until its finished-ahead map shrinks."""
 MAP_RUNS_CHECKED = 150
-
-
-class OffsetMapError(KilnError):
-    """Commit metadata that does not decode (written by something else, or corrupt)."""
 
 
 def _varint(n: int, out: bytearray) -> None:

@@ -34,20 +34,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from kiln.streams import admin, codec
 from kiln.streams.blobstore import BlobStore
+from kiln.streams.errors import OffsetMapError
 from kiln.streams.executor import JobExecutor, Rest, new_worker_id
 from kiln.streams.fairqueue import FairQueue, Queued
 from kiln.streams.heartbeat import Heartbeat
 from kiln.streams.metrics import WorkerMetrics, start_worker_endpoints
 from kiln.streams.middleware import Middleware
-from kiln.streams.offsets import (
-    SPILL_PREFIX,
-    OffsetMapError,
-    PartitionOffsets,
-    commit_position,
-    coordinates,
-    decode_done,
-    poll_batch,
-)
+from kiln.streams.offsets import SPILL_PREFIX, PartitionOffsets, commit_position, coordinates, decode_done, poll_batch
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import Stage
 

@@ -22,6 +22,9 @@ from kiln.streams.stage import TopicSpec
 from kiln.workers.common.registry import Registry
 from tests import collection, topic_hygiene
 
+# Worker processes on per-test topics and the images they run, shared by tests/workers, tests/rl, tests/integrations.
+pytest_plugins = ["tests.stages"]
+
 
 def pytest_report_collectionfinish() -> list[str]:
     """Under "collected N items": the files a folder left out (tests/collection.py)."""

@@ -1,7 +1,7 @@
 """The dependency direction of docs/architecture.md, checked on every import in the package: schemas imports nothing
-of kiln's, the runtime (streams) knows no stage, and a stage reaches another stage only through its spec, client
-facade or errors — never its handler. Packages under workers/ without a spec (common, inference) are libraries any
-stage may use."""
+of kiln's, the runtime (streams) knows no stage, a stage reaches another stage only through its spec, client facade
+or errors — never its handler — and the RL loop (rl/) and the integrations (integrations/) build on the stages, never
+the other way round. Packages under workers/ without a spec (common, inference) are libraries any stage may use."""
 
 from __future__ import annotations
 
@@ -10,12 +10,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLIC_OF_A_STAGE = {"spec", "client", "errors"}
+TOPS = ("schemas", "streams", "workers", "ingest", "rl", "integrations")
+BELOW_THE_LOOP = ("schemas/", "streams/", "workers/", "ingest/")
+# The old import paths trainer configs name, kept for one release (each warns): the only modules below the loop that
+# import an integration, and only the one they stand for.
+DEPRECATED_PATHS = {
+    "workers/rewards/__init__.py": "kiln.integrations.trainers.trl",
+    "workers/trainers/__init__.py": "kiln.integrations.trainers",
+    **{f"workers/trainers/{name}.py": f"kiln.integrations.trainers.{name}"
+       for name in ("verl", "areal", "openrlhf", "prime")},
+}
 
 
 def _imports() -> list[tuple[str, str]]:
     """(importing file relative to the root, imported kiln module) for every import of kiln code."""
     found = []
-    for top in ("schemas", "streams", "workers", "ingest"):
+    for top in TOPS:
         for path in (ROOT / top).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
@@ -48,3 +58,33 @@ def test_a_stage_uses_another_stage_only_through_its_spec_client_or_errors() -> 
         if parts[2] != own and (len(parts) < 4 or parts[3] not in PUBLIC_OF_A_STAGE):
             crossings.append((importer, module))
     assert crossings == []
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_nothing_below_the_rl_loop_imports_it_or_the_integrations() -> None:
+    imports = _imports()
+    assert any(f.startswith("rl/") for f, _ in imports) and any(f.startswith("integrations/") for f, _ in imports)
+    upward = [(f, m) for f, m in imports if f.startswith(BELOW_THE_LOOP)
+              and (_within(m, "kiln.rl") or _within(m, "kiln.integrations")) and DEPRECATED_PATHS.get(f) != m]
+    assert upward == []
+    assert [(f, m) for f, m in imports if f.startswith("rl/") and _within(m, "kiln.integrations")] == []
+
+
+def test_the_deprecated_paths_are_shims_only() -> None:
+    """Each old path holds nothing but its warning and the re-export of the module it stands for."""
+    for path, module in DEPRECATED_PATHS.items():
+        tree = ast.parse((ROOT / path).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert imported == {"__future__", module}, path
+        assert not [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)], path
+    left = {str(p.relative_to(ROOT)) for d in ("gateway", "trainers", "rewards", "demo")
+            for p in (ROOT / "workers" / d).rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    assert left == set(DEPRECATED_PATHS)
+
+
+def test_the_rollout_package_holds_the_stage_only() -> None:
+    """The RL loop around the stage (actor, trainer, loss, learning runs, ``kiln rl``) lives in rl/."""
+    assert {p.stem for p in (ROOT / "workers" / "rollout").glob("*.py")} == {"__init__", "spec", "stage", "episodes"}

@@ -9,7 +9,8 @@ import logging
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from kiln.streams.offsets import OffsetMapError, decode_done
+from kiln.streams.errors import OffsetMapError
+from kiln.streams.offsets import decode_done
 
 log = logging.getLogger("kiln.stats")
 TIMEOUT_S = 10.0

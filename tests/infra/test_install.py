@@ -69,9 +69,9 @@ def test_a_wheel_installs_only_kiln_and_runs_a_job_outside_the_repository(kafka:
                     str(wheel)], check=True)
     added = set(os.listdir(site)) - before
     assert added == {"kiln", "kiln-0.1.0.dist-info"}, added
-    assert {"streams", "schemas", "workers", "ingest"}.isdisjoint(os.listdir(site))
+    assert {"streams", "schemas", "workers", "ingest", "rl", "integrations"}.isdisjoint(os.listdir(site))
     assert not (site / "kiln" / "streams").is_symlink() and (site / "kiln/schemas/jsonschema").is_dir()
-    assert (site / "kiln/workers/demo/calc-repo/tests/test_calc.py").is_file()  # the demo's repository ships
+    assert (site / "kiln/integrations/demo/calc-repo/tests/test_calc.py").is_file()  # the demo's repository ships
 
     # Its dependencies come from the shared environment (as a user's would from their own); then a job, from a
     # directory that is not the repository.

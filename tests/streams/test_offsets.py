@@ -11,14 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln.streams.offsets import (
-    MAX_METADATA_CHARS,
-    METADATA_PREFIX,
-    OffsetMapError,
-    PartitionOffsets,
-    decode_done,
-    encode_done,
-)
+from kiln.streams.errors import OffsetMapError
+from kiln.streams.offsets import MAX_METADATA_CHARS, METADATA_PREFIX, PartitionOffsets, decode_done, encode_done
 
 
 @st.composite

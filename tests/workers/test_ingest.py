@@ -23,8 +23,8 @@ from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.ingest.client import SaucerClient
 from tests.ingest.gitrepos import Builder, rich_repository, write
+from tests.stages import worker_env
 from tests.streams.harness import read_all
-from tests.workers.conftest import worker_env
 
 
 async def test_ingest_events_failures_and_replay_rebuild(stage_topics: Callable[..., KilnSettings],

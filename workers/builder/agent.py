@@ -25,7 +25,8 @@ from typing import Any
 import httpx
 
 from kiln.schemas.builder import Decision
-from kiln.workers.builder.rules import REPORTS, ci_commands, readme_commands
+from kiln.schemas.images import REPORTS_DIR, ImageContract
+from kiln.workers.builder.rules import ci_commands, readme_commands
 from kiln.workers.builder.sandbox import BuildSandbox
 from kiln.workers.common.containers import exec_capped, kill_on_cancel
 
@@ -168,7 +169,7 @@ def run_loop(plan: AgentPlan, run: Runner, root: Path, budget: int,
 def test_command(test: str) -> str:
     """The agent's test command as an image runs it: its output kept in the reports directory, where the per-test
     lines and the runner's summary are read from (no reporter of kiln's choosing is known for it)."""
-    return (f"mkdir -p {REPORTS} && cd /work && {{ {test}\n}} 2>&1 | tee {REPORTS}/test-output.txt; "
+    return (f"mkdir -p {REPORTS_DIR} && cd /work && {{ {test}\n}} 2>&1 | tee {REPORTS_DIR}/test-output.txt; "
             "exit ${PIPESTATUS[0]}")
 
 
@@ -197,8 +198,9 @@ def agent_image(client: Any, toolchain: str, checkout: Path, tag: str, labels: d
         built, test, decisions, output = run_loop(plan, run, checkout, budget, model)
         if built and test is not None:
             run("chown -R 1000:1000 /work")
+            contract = ImageContract(system="agent", test=test_command(test))
             container.commit(repository=tag.rsplit(":", 1)[0], tag=tag.rsplit(":", 1)[1],
-                             conf={"Labels": {**labels, "kiln.test": test_command(test)},
+                             conf={"Labels": {**labels, **contract.to_labels()},
                                    "Cmd": ["bash"], "WorkingDir": "/work"})
         return built, test, decisions, output
     finally:

@@ -21,6 +21,7 @@ from typing import Any
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 
+from kiln.schemas.images import REPORTS_DIR, ImageContract
 from kiln.streams import cancel
 from kiln.streams.errors import InfraError
 from kiln.workers.builder.errors import StepFailed
@@ -148,8 +149,8 @@ def dependency_image(client: Any, plan: Plan, checkout: Path, bases: BaseImages,
             target = ctx / "manifests" / m
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(checkout / m, target)
-        build(client, ctx, dockerfile, tag, timeout_s, {"kiln.role": "dependencies", "kiln.system": plan.system},
-              nocache=fresh)
+        labels = {"kiln.role": "dependencies", **ImageContract(system=plan.system).to_labels()}
+        build(client, ctx, dockerfile, tag, timeout_s, labels, nocache=fresh)
     return tag, False
 
 
@@ -185,7 +186,7 @@ _REBUILD_FIRST = ("cmake", "make")
 
 def test_command(plan: Plan) -> str:
     if plan.recipe == "dockerfile":
-        return f"mkdir -p /tmp/kiln-reports && {plan.test_script}"
+        return f"mkdir -p {REPORTS_DIR} && {plan.test_script}"
     # A subshell: a build script that changes directory (a project in a subdirectory) leaves the test's alone.
     rebuild = f"({plan.build_script}) >&2 || exit $?; " if plan.system in _REBUILD_FIRST else ""
-    return f"mkdir -p /tmp/kiln-reports && cd /work || exit $?; {rebuild}{plan.test_script}"
+    return f"mkdir -p {REPORTS_DIR} && cd /work || exit $?; {rebuild}{plan.test_script}"

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from kiln.ingest.errors import SaucerError
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildEvent, BuildRequest
+from kiln.schemas.images import ImageContract
 from kiln.streams.cancel import in_thread
 from kiln.streams.errors import InfraError
 from kiln.workers.builder import layers
 from kiln.workers.builder.errors import PlanError, StepFailed
 from kiln.workers.builder.images import BaseImages
-from kiln.workers.builder.rules import REPORTS, RULES_VERSION, plan
+from kiln.workers.builder.rules import RULES_VERSION, plan
 from kiln.workers.builder.service import build_revision, revision_version
 from kiln.workers.common import reports
 from kiln.workers.common.containers import Limits, run_sandboxed
@@ -95,15 +97,17 @@ async def build_layered(request: BuildRequest, store: SaucerStore, client: Any, 
         return event.model_copy(update={"failure": "timeout" if e.timed_out else "compile_failed",
                                         "detail": e.log[-4000:]})
     await in_thread(client.images.pull, image.reference, auth_config=registry.docker_auth())
-    labels = dict(client.images.get(image.reference).labels or {})
+    try:
+        contract = ImageContract.from_labels(client.images.get(image.reference).labels)
+    except ValidationError as e:
+        return event.model_copy(update={"failure": "infrastructure", "detail": f"{image.reference}: {e}"[-4000:]})
     event = event.model_copy(update={
-        "commit": commit, "status": "built", "recipe": "rules", "system": labels.get("kiln.system"),
+        "commit": commit, "status": "built", "recipe": "rules", "system": contract.system or None,
         "image": image.reference, "revision_image": image.kind, "parent_commit": image.parent})
-    if request.run_tests and labels.get("kiln.test"):
-        run = await in_thread(run_sandboxed, client, image.reference, labels["kiln.test"], role="build-test",
-                                      collect=REPORTS, limits=limits, env=json.loads(labels.get("kiln.env") or "{}"))
-        tests = reports.parse_results(labels.get("kiln.system", ""), run.exit_code, run.files,
-                                      labels.get("kiln.module", ""))
+    if request.run_tests and contract.test:
+        run = await in_thread(run_sandboxed, client, image.reference, contract.test, role="build-test",
+                              collect=contract.reports_dir, limits=limits, env=contract.env)
+        tests = reports.parse_results(contract.system, run.exit_code, run.files, contract.module)
         problem = reports.unusable_reason(tests) if tests else ("tests_did_not_run", "no test results")
         if problem is not None:
             return event.model_copy(update={"failure": problem[0], "tests": tests,

@@ -23,11 +23,11 @@ from typing import Any, NamedTuple
 import yaml
 
 from kiln.schemas.builder import Decision
+from kiln.schemas.images import REPORTS_DIR
 from kiln.workers.builder.dockerfile import confine
 from kiln.workers.builder.errors import PlanError
 
 RULES_VERSION = 11
-REPORTS = "/tmp/kiln-reports"
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
 LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time
 PRIORITY = ["cmake", "autotools", "cargo", "go", "python", "npm", "make"]
@@ -464,10 +464,11 @@ def _python(root: Path, p: Plan, ci: CiJobs) -> None:
     py = "$(command -v /opt/venv/bin/python || command -v python3)"
     # A module that does not import (a task's new tests before the fix) must not hide the others' results; the
     # collection error still makes the run unusable for a build (reports.unusable_reason).
-    pytest = f"-m pytest -q -p no:cacheprovider --continue-on-collection-errors --junitxml={REPORTS}/junit.xml {args}"
+    pytest = (f"-m pytest -q -p no:cacheprovider --continue-on-collection-errors --junitxml={REPORTS_DIR}/junit.xml "
+              f"{args}")
     p.test_script = (f"PY={py}; if $PY -c 'import coverage' 2>/dev/null; then "
                      f"$PY -m coverage run --source=. --omit='tests/*,*/tests/*,test_*.py,*/test_*.py,*_test.py' "
-                     f"{pytest}; rc=$?; $PY -m coverage json -q -o {REPORTS}/coverage-py.json; exit $rc; "
+                     f"{pytest}; rc=$?; $PY -m coverage json -q -o {REPORTS_DIR}/coverage-py.json; exit $rc; "
                      f"else $PY {pytest}; fi")
 
 
@@ -532,8 +533,8 @@ def _go(root: Path, p: Plan, ci: CiJobs) -> None:
     if vet:
         p.decide("vet", "off", "code from before modules was written for older toolchains, whose go test did not "
                                "refuse the checks vet has since gained")
-    p.test_script = (f"GOPROXY=off go test{vet} -json -coverprofile={REPORTS}/cover.out {packages} "
-                     f"> {REPORTS}/go-test.json")
+    p.test_script = (f"GOPROXY=off go test{vet} -json -coverprofile={REPORTS_DIR}/cover.out {packages} "
+                     f"> {REPORTS_DIR}/go-test.json")
 
 
 def _cargo_stub_paths(root: Path, manifests: list[str]) -> list[str]:
@@ -572,7 +573,7 @@ def _cargo(root: Path, p: Plan, ci: CiJobs) -> None:
     p.manifests = manifests + [m for m in ("Cargo.lock", ".cargo/config.toml", ".cargo/config") if (root / m).is_file()]
     # Instrumented once at build time; the test run reuses the same flags, so nothing is rebuilt.
     p.env = {"CARGO_TARGET_DIR": "/work/target", "RUSTFLAGS": "-C instrument-coverage",
-             "LLVM_PROFILE_FILE": f"{REPORTS}/prof/%p-%m.profraw"}
+             "LLVM_PROFILE_FILE": f"{REPORTS_DIR}/prof/%p-%m.profraw"}
     # Fetch against stub sources, so this layer depends on the manifests only: every target a manifest declares (a
     # missing one fails the manifest), every workspace member; cargo fetch takes dev-dependencies and all targets,
     # and writes Cargo.lock when the repository has none (it stays, so the offline build resolves the same).
@@ -588,10 +589,10 @@ def _cargo(root: Path, p: Plan, ci: CiJobs) -> None:
     objects = ("$(cargo test --no-run --offline --message-format=json 2>/dev/null | python3 -c \"import json,sys; "
                "print(' '.join('-object ' + m['executable'] for m in map(json.loads, sys.stdin) "
                "if m.get('executable') and m.get('profile', {}).get('test')))\")")
-    p.test_script = (f"cargo test --offline 2>&1 | tee {REPORTS}/cargo-test.txt; rc=${{PIPESTATUS[0]}}; "
-                     f"llvm-profdata merge -sparse {REPORTS}/prof/*.profraw -o /tmp/kiln-cov.profdata && "
+    p.test_script = (f"cargo test --offline 2>&1 | tee {REPORTS_DIR}/cargo-test.txt; rc=${{PIPESTATUS[0]}}; "
+                     f"llvm-profdata merge -sparse {REPORTS_DIR}/prof/*.profraw -o /tmp/kiln-cov.profdata && "
                      f"llvm-cov export -format=lcov -instr-profile=/tmp/kiln-cov.profdata "
-                     f"-ignore-filename-regex='/(\\.cargo|rustc|cargo-home)/' {objects} > {REPORTS}/lcov.info; "
+                     f"-ignore-filename-regex='/(\\.cargo|rustc|cargo-home)/' {objects} > {REPORTS_DIR}/lcov.info; "
                      "exit $rc")
 
 
@@ -676,8 +677,8 @@ def _npm(root: Path, p: Plan, ci: CiJobs) -> None:
         p.decide("test command", command, "package.json scripts.test, without its pre/post hooks (lint, audit); "
                                           "no runner kiln can give a reporter: per-test lines read from its output")
     p.test_script = (f"export PATH=$PWD/node_modules/.bin:$PATH; {setup}/opt/c8/bin/c8 --reporter=json "
-                     f"--report-dir={REPORTS} --exclude='test/**' --exclude='**/*.test.*' {command} 2>&1 | "
-                     f"tee {REPORTS}/test-output.txt; exit ${{PIPESTATUS[0]}}")
+                     f"--report-dir={REPORTS_DIR} --exclude='test/**' --exclude='**/*.test.*' {command} 2>&1 | "
+                     f"tee {REPORTS_DIR}/test-output.txt; exit ${{PIPESTATUS[0]}}")
 
 
 NPM_RUNNERS = ("mocha", "jest", "vitest", "node")
@@ -750,13 +751,13 @@ def with_reporter(runner: str, command: str) -> str:
         # longer has, and prints nothing (real: etag, methods). "--reporter-options" (plural) is what mocha < 6
         # knows (real: depd's mocha 5 printed its XML to stdout instead).
         bare = re.sub(r"(^|\s)mocha(?=\s|$)", r"\1_mocha", bare, count=1)
-        return f"{bare} --reporter xunit --reporter-options output={REPORTS}/mocha.xml"
+        return f"{bare} --reporter xunit --reporter-options output={REPORTS_DIR}/mocha.xml"
     if runner == "jest":
-        return f"{bare} --ci --json --outputFile={REPORTS}/jest.json"
+        return f"{bare} --ci --json --outputFile={REPORTS_DIR}/jest.json"
     if runner == "vitest":
         run = "" if re.search(r"\bvitest (run|--run)\b", bare) else " --run"
-        return f"{bare}{run} --reporter=default --reporter=json --outputFile.json={REPORTS}/vitest.json"
-    return bare.replace("node ", f"node --test-reporter=tap --test-reporter-destination={REPORTS}/node-tap.txt "
+        return f"{bare}{run} --reporter=default --reporter=json --outputFile.json={REPORTS_DIR}/vitest.json"
+    return bare.replace("node ", f"node --test-reporter=tap --test-reporter-destination={REPORTS_DIR}/node-tap.txt "
                                  "--test-reporter=spec --test-reporter-destination=stdout ", 1)
 
 
@@ -783,7 +784,7 @@ def _c_coverage(root: Path, p: Plan) -> None:
 
 
 GCOV = (f"find . -name '*.gcda' | while read -r f; do (cd \"$(dirname \"$f\")\" && "
-        f"gcov --json-format --stdout \"$(basename \"$f\")\") >> {REPORTS}/gcov.jsonl 2>/dev/null; done")
+        f"gcov --json-format --stdout \"$(basename \"$f\")\") >> {REPORTS_DIR}/gcov.jsonl 2>/dev/null; done")
 
 
 C_LINT = ("for f in $(find . -name '*.c' -not -path './build/*'); do gcc -fsyntax-only -Wall -Wextra \"$f\"; "
@@ -797,7 +798,7 @@ def _cmake(root: Path, p: Plan, ci: CiJobs) -> None:
     p.build_script = (f"cmake -S . -B build -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS='{flags}' "
                       f"-DCMAKE_CXX_FLAGS='{flags}' && cmake --build build -j 4")
     p.decide("test command", "ctest", "CMake project (CTest)")
-    p.test_script = (f"cd build && ctest --output-on-failure --output-junit {REPORTS}/ctest.xml; rc=$?; {GCOV}; "
+    p.test_script = (f"cd build && ctest --output-on-failure --output-junit {REPORTS_DIR}/ctest.xml; rc=$?; {GCOV}; "
                      "exit $rc")
 
 
@@ -835,7 +836,7 @@ def _make(root: Path, p: Plan, ci: CiJobs) -> None:
     _c_coverage(root, p)
     p.lint_script = C_LINT
     run = f"make {target}" if target else shlex.quote(binary or "false")
-    p.test_script = f"{run} 2>&1 | tee {REPORTS}/make-check.txt; rc=${{PIPESTATUS[0]}}; {GCOV}; exit $rc"
+    p.test_script = f"{run} 2>&1 | tee {REPORTS_DIR}/make-check.txt; rc=${{PIPESTATUS[0]}}; {GCOV}; exit $rc"
 
 
 def stale_configure(root: Path) -> str | None:
@@ -865,7 +866,7 @@ def _autotools(root: Path, p: Plan, ci: CiJobs) -> None:
     p.lint_script = C_LINT
     p.decide("test command", "make check", "autotools (configure, generated by autoreconf when only configure.ac "
                                            "is there): configure, make, make check")
-    p.test_script = f"make check 2>&1 | tee {REPORTS}/make-check.txt; rc=${{PIPESTATUS[0]}}; {GCOV}; exit $rc"
+    p.test_script = f"make check 2>&1 | tee {REPORTS_DIR}/make-check.txt; rc=${{PIPESTATUS[0]}}; {GCOV}; exit $rc"
 
 
 def _no_tests(root: Path, p: Plan, ci: CiJobs) -> None:

@@ -4,7 +4,6 @@ images, run the tests without network, parse results and coverage, and classify 
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import tempfile
 import time
@@ -17,15 +16,17 @@ from kiln.ingest.errors import SaucerError
 from kiln.ingest.reader import Repository
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildEvent, BuildRequest, Decision, FailureClass
+from kiln.schemas.images import REPORTS_DIR, ImageContract
 from kiln.streams.cancel import in_thread
 from kiln.streams.errors import BlobNotFound, InfraError
 from kiln.workers.builder import images
 from kiln.workers.builder.agent import AgentConfig, agent_image
 from kiln.workers.builder.agent import test_command as agent_test_command
 from kiln.workers.builder.errors import PlanError, StepFailed
-from kiln.workers.builder.rules import REPORTS, RULES_VERSION, Plan, describe, plan
+from kiln.workers.builder.rules import RULES_VERSION, Plan, describe, plan
 from kiln.workers.common import reports
 from kiln.workers.common.containers import Limits, run_sandboxed
+from kiln.workers.common.errors import ReportError
 
 CACHE_NAMESPACE = "builds"
 
@@ -93,11 +94,11 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
             event = event.model_copy(update={"system": the_plan.system, "recipe": the_plan.recipe,
                                              "decisions": the_plan.decisions, "toolchain": the_plan.toolchain})
             tag = image_tag(request.repository, commit)
-            # The exec stage reads how to test and lint a session on this image from these labels.
+            # The exec stage reads how to test and lint a session on this image from its contract.
+            contract = ImageContract(test=images.test_command(the_plan), env=the_plan.env, system=the_plan.system,
+                                     module=_go_module(checkout), lint=the_plan.lint_script)
             labels = {"kiln.repository": request.repository, "kiln.commit": commit,
-                      "kiln.rules": str(RULES_VERSION), "kiln.system": the_plan.system,
-                      "kiln.test": images.test_command(the_plan), "kiln.lint": the_plan.lint_script,
-                      "kiln.env": json.dumps(the_plan.env), "kiln.module": _go_module(checkout)}
+                      "kiln.rules": str(RULES_VERSION), **contract.to_labels()}
             try:
                 built = await _image(the_plan, request, client, bases, checkout, tag, labels, left, on_step,
                                      durations)
@@ -123,18 +124,17 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
         if request.run_tests:
             on_step("tests")
             t = time.monotonic()
-            module = labels["kiln.module"]
             run = await in_thread(
-                run_sandboxed, client, tag, images.test_command(the_plan), role="build-test", collect=REPORTS,
+                run_sandboxed, client, tag, contract.test, role="build-test", collect=contract.reports_dir,
                 limits=dataclasses.replace(limits, timeout_s=min(limits.timeout_s, left())),
-                env=the_plan.env)
+                env=contract.env)
             durations["tests"] = time.monotonic() - t
             if run.timed_out:
                 return _remember(store, failed("timeout", "the test suite ran past its time limit:\n" + run.output,
                                                durations_s=_rounded(durations)))
             try:
-                tests = reports.parse_results(the_plan.system, run.exit_code, run.files, module)
-            except reports.ReportError as e:
+                tests = reports.parse_results(contract.system, run.exit_code, run.files, contract.module)
+            except ReportError as e:
                 tests, run.output = None, f"{e}\n{run.output}"
             problem = reports.unusable_reason(tests) if tests else ("tests_did_not_run", "no test results")
             if problem is not None:
@@ -185,7 +185,7 @@ async def _with_agent(rules_failed: BuildEvent, request: BuildRequest, client: A
     assert rules_failed.commit is not None
     tag = image_tag(request.repository, rules_failed.commit)
     labels = {"kiln.repository": request.repository, "kiln.commit": rules_failed.commit,
-              "kiln.rules": str(RULES_VERSION), "kiln.system": "agent"}
+              "kiln.rules": str(RULES_VERSION)}  # and the contract, once the agent knows the test command
     started = time.monotonic()
     built, test, decisions, output = await in_thread(
         agent_image, client, bases.toolchain, checkout, tag, labels, agent.budget, agent.model, min(600.0, budget_s))
@@ -198,7 +198,7 @@ async def _with_agent(rules_failed: BuildEvent, request: BuildRequest, client: A
         "decisions": decisions, "image": tag, "image_id": str(client.images.get(tag).id)})
     if request.run_tests:
         run = await in_thread(run_sandboxed, client, tag, agent_test_command(test), role="build-test",
-                              collect=REPORTS, limits=limits)
+                              collect=REPORTS_DIR, limits=limits)
         tests = reports.parse_results("agent", run.exit_code, run.files)
         problem = reports.unusable_reason(tests) if tests else ("tests_did_not_run", "no test results")
         if problem is not None:

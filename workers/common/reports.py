@@ -28,13 +28,9 @@ from typing import Any, Literal
 from kiln.schemas.builder import FailureClass
 from kiln.schemas.exec import LintFinding
 from kiln.schemas.reports import CoverageReport, FileCoverage, TestCaseResult, TestReport
-from kiln.streams.errors import KilnError
+from kiln.workers.common.errors import ReportError
 
 Outcome = Literal["passed", "failed", "skipped", "error"]
-
-
-class ReportError(KilnError):
-    """A test or coverage report does not parse."""
 
 
 def _relative(path: str, roots: Iterable[str]) -> str:

@@ -22,13 +22,10 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from kiln.schemas.exec import ExecRequest
+from kiln.workers.exec.errors import SealError
 
 _INFO = b"kiln exec session key v1"
 _PROOFS = {"auth", "snapshot_auth"}
-
-
-class SealError(ValueError):
-    """A sealed key that does not open with this client's key."""
 
 
 def new_session_key() -> bytes:

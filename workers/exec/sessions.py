@@ -51,9 +51,10 @@ from docker.utils.socket import consume_socket_output, demux_adaptor, frames_ite
 from kiln.schemas.envelope import request_id_value
 from kiln.schemas.exec import CommandOutput, ExecRequest, ExecResult, FileContent, SessionLimits
 from kiln.streams.blobstore import BlobStore
-from kiln.streams.errors import BlobNotFound, ConfigError, InfraError, RoutineJobError
+from kiln.streams.errors import BlobNotFound, ConfigError, InfraError
 from kiln.workers.common.containers import untar_files
 from kiln.workers.exec import auth
+from kiln.workers.exec.errors import SessionDenied, SessionError, SessionLost
 
 ROLE = "exec-session"
 MAX_READ_BYTES = 16 << 20
@@ -88,22 +89,6 @@ for r in "${real[@]}"; do
 done
 exec tar -x -f - -C /work --no-same-owner -p
 """
-
-
-class SessionError(RoutineJobError):
-    """The request cannot apply to the session (bad path, image not allowed, ...): an answer, not a dead letter."""
-
-
-class SessionDenied(SessionError):
-    """The request's proof does not match the session (forged, altered, or a replay past the window)."""
-
-
-class SessionLost(SessionError):
-    """The session's container is gone (its worker died, or it expired); open a new one."""
-
-
-class LimitExceeded(SessionError):
-    """A requested limit is above what this deployment allows (``KILN_EXEC_MAX_*``)."""
 
 
 REPLAY_WINDOW = 4096  # results remembered per session for replayed request ids

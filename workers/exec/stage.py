@@ -17,19 +17,19 @@ import asyncio
 import base64
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import shlex
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from docker.errors import APIError, DockerException
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.schemas.exec import (
@@ -42,6 +42,7 @@ from kiln.schemas.exec import (
     StepOutput,
     file_content,
 )
+from kiln.schemas.images import ImageContract
 from kiln.schemas.reports import TestReport
 from kiln.streams.blobstore import open_blob_store
 from kiln.streams.settings import get_settings
@@ -51,17 +52,9 @@ from kiln.workers.common.containers import docker_client
 from kiln.workers.common.image_cache import ImageCache
 from kiln.workers.common.registry import Registry
 from kiln.workers.exec import spec
+from kiln.workers.exec.errors import LimitExceeded, SessionError
 from kiln.workers.exec.runners import RunnerPool, supervisor_binary
-from kiln.workers.exec.sessions import (
-    REPLAY_BYTES,
-    ROLE,
-    LabelSeal,
-    LimitExceeded,
-    Session,
-    SessionError,
-    SessionManager,
-    safe_path,
-)
+from kiln.workers.exec.sessions import REPLAY_BYTES, ROLE, LabelSeal, Session, SessionManager, safe_path
 
 
 class ExecSettings(BaseSettings):
@@ -132,7 +125,6 @@ REAPED = Counter("kiln_exec_reaped_containers_total", "Session containers remove
 
 WarmEntry = tuple[Any, list[str], int, int]
 MAX_FETCH_BYTES = 16 << 20  # files a run_once call fetches back, in all
-REPORTS = "/tmp/kiln-reports"  # where an image's test command leaves its reports (workers/builder/rules.py)
 
 
 class ExecService:
@@ -365,15 +357,15 @@ class ExecService:
             await ctx.cancel.run(self.images.ensure, image)
         steps = request.steps or ([RunStep(name="run", command=request.command, timeout_s=request.timeout_s)]
                                   if request.command else [])
-        labels, env, fetch = {}, dict(request.env), list(request.paths)
+        contract, env, fetch = ImageContract(), dict(request.env), list(request.paths)
         if request.tests:
-            labels = await ctx.cancel.run(_image_labels, self.manager, image)
-            if not labels.get("kiln.test"):
+            contract = await ctx.cancel.run(_image_contract, self.manager, image)
+            if not contract.test:
                 raise SessionError(f"image {image} records no test command")
-            steps = [*steps, RunStep(name="tests", command=f"rm -rf {REPORTS}; {labels['kiln.test']}",
+            steps = [*steps, RunStep(name="tests", command=f"rm -rf {contract.reports_dir}; {contract.test}",
                                      timeout_s=request.timeout_s)]
-            env = {**json.loads(labels.get("kiln.env") or "{}"), **env}
-            fetch.append(f"{REPORTS}/")
+            env = {**contract.env, **env}
+            fetch.append(f"{contract.reports_dir}/")
         call = {"files": [{"path": safe_path(f.path), "mode": f.mode,
                            "data": f.content_b64 if f.text is None else base64.b64encode(f.text.encode()).decode()}
                           for f in request.files],
@@ -403,13 +395,12 @@ class ExecService:
         fetched = {path: base64.b64decode(data) for path, data in (answer.get("files") or {}).items()}
         tests = None
         if request.tests:
-            found = {p.removeprefix(f"{REPORTS}/"): fetched.pop(p) for p in list(fetched)
-                     if p.startswith(f"{REPORTS}/")}
+            found = {p.removeprefix(f"{contract.reports_dir}/"): fetched.pop(p) for p in list(fetched)
+                     if p.startswith(f"{contract.reports_dir}/")}
             # A runner that writes reports but left none did not finish its suite (or was ended from inside).
-            if outputs and outputs[-1].name == "tests" and (found or REPORTS not in labels["kiln.test"]):
-                tests = checked_report(reports.parse_results(labels.get("kiln.system", "custom"),
-                                                             outputs[-1].exit_code, found,
-                                                             labels.get("kiln.module", "")), outputs[-1])
+            if outputs and outputs[-1].name == "tests" and (found or contract.reports_dir not in contract.test):
+                tests = checked_report(reports.parse_results(contract.system or "custom", outputs[-1].exit_code,
+                                                             found, contract.module), outputs[-1])
         files = [_file(p, d) for p, d in fetched.items()]
         return ExecResult(op="run_once", session_id="", partition=ctx.partition, image=image, steps=outputs,
                           output=outputs[-1] if outputs else None, files=files, tests=tests)
@@ -447,23 +438,23 @@ class ExecService:
         if request.op == "run":
             output = await self._run(session, request.command or "", request, ctx)
             return result.model_copy(update={"output": output})
-        labels = await ctx.cancel.run(_labels, session)
+        contract = await ctx.cancel.run(_session_contract, session)
         if request.op == "run_tests":
-            command = request.command or labels.get("kiln.test")
+            command = request.command or contract.test
             if not command:
                 raise SessionError(f"image {session.image} records no test command: pass one")
             # The run ends with every session process gone (swept from outside), so the reports read below were
             # written by this run and nothing can rewrite them.
-            output = await self._run(session, f"rm -rf {REPORTS}; {command}", request, ctx,
-                                     env=json.loads(labels.get("kiln.env") or "{}"))
-            files = await ctx.cancel.run(manager.collect, session, REPORTS)
-            tests = checked_report(reports.parse_results(labels.get("kiln.system", "custom"), output.exit_code,
-                                                         files, labels.get("kiln.module", "")), output)
+            output = await self._run(session, f"rm -rf {contract.reports_dir}; {command}", request, ctx,
+                                     env=contract.env)
+            files = await ctx.cancel.run(manager.collect, session, contract.reports_dir)
+            tests = checked_report(reports.parse_results(contract.system or "custom", output.exit_code, files,
+                                                         contract.module), output)
             return result.model_copy(update={"output": output, "tests": tests})
-        command = request.command or labels.get("kiln.lint")
+        command = request.command or contract.lint
         if not command:
             raise SessionError(f"image {session.image} records no lint command: pass one")
-        output = await self._run(session, command, request, ctx, env=json.loads(labels.get("kiln.env") or "{}"))
+        output = await self._run(session, command, request, ctx, env=contract.env)
         findings = reports.lint_findings(output.stdout)
         return result.model_copy(update={"output": output, "findings": findings})
 
@@ -496,11 +487,21 @@ def _file(path: str, data: bytes) -> FileContent:
         return file_content(path, data)
 
 
-def _image_labels(manager: SessionManager, image: str) -> dict[str, str]:
+def _contract(labels: Mapping[str, str] | None, image: str) -> ImageContract:
+    """What the image declares (its labels, written by the build stage); a contract this worker cannot read is the
+    request's error, answered, never a retry."""
     try:
-        return dict(manager.client.images.get(image).labels or {})
+        return ImageContract.from_labels(labels)
+    except ValidationError as e:
+        raise SessionError(f"image {image}: its image contract is unreadable here: {e}") from e
+
+
+def _image_contract(manager: SessionManager, image: str) -> ImageContract:
+    try:
+        labels = manager.client.images.get(image).labels
     except (APIError, DockerException):
-        return {}
+        labels = None
+    return _contract(labels, image)
 
 
 def _step_output(step: dict[str, Any]) -> StepOutput:
@@ -522,11 +523,12 @@ def _quote(path: str) -> str:
     return shlex.quote(safe_path(path))
 
 
-def _labels(session: Session) -> dict[str, str]:
+def _session_contract(session: Session) -> ImageContract:
     try:
-        return dict(session.container.image.labels or {})
+        labels = session.container.image.labels
     except (APIError, DockerException):
-        return {}
+        labels = None
+    return _contract(labels, session.image)
 
 
 def _created(container: Any) -> float:

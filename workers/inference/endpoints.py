@@ -23,21 +23,10 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from kiln.streams.errors import KilnError
-from kiln.workers.inference.weights import (
-    InitProcessGroupRequest,
-    UpdateTimings,
-    WeightUpdateError,
-    WeightUpdateRejected,
-    WeightUpdateRequest,
-)
+from kiln.workers.inference.errors import EndpointAnswerError, WeightUpdateError, WeightUpdateRejected
+from kiln.workers.inference.weights import InitProcessGroupRequest, UpdateTimings, WeightUpdateRequest
 
 EndpointKind = Literal["kiln", "vllm", "sglang"]
-
-
-class EndpointAnswerError(KilnError):
-    """An engine's answer lacks what a rollout needs (token ids, log-probs) or contradicts itself: the server is
-    not configured for RL (or not the engine named), and asking again gives the same answer."""
 
 
 @dataclass

@@ -21,6 +21,7 @@ import torch
 from prometheus_client import Counter, Gauge, Histogram
 from torch import Tensor, nn
 
+from kiln.workers.inference.errors import PromptTooLong
 from kiln.workers.inference.model import TOKENIZER, TinyDecoder, TinyLM, token_logprobs
 from kiln.workers.inference.tokenizer import PolicyTokenizer
 
@@ -79,10 +80,6 @@ def sample_token(logits: Tensor, params: SamplingParams, generator: torch.Genera
         probs = probs.clone()
         probs[order[outside]] = 0.0
     return int(torch.multinomial(probs, 1, generator=generator)), logprobs
-
-
-class PromptTooLong(ValueError):
-    """The prompt leaves no room to generate within the model's context."""
 
 
 class Decoder(Protocol):

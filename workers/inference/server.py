@@ -23,18 +23,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kiln.workers.inference.engine import Engine, Generation, PromptTooLong, SamplingParams
+from kiln.workers.inference.engine import Engine, Generation, SamplingParams
+from kiln.workers.inference.errors import PromptTooLong, WeightUpdateError, WeightUpdateRejected
 from kiln.workers.inference.hf_engine import Dtype
 from kiln.workers.inference.model import ModelShape, weights_digest
 from kiln.workers.inference.tokenizer import CharTokenizer, PolicyTokenizer
-from kiln.workers.inference.weights import (
-    InitProcessGroupRequest,
-    UpdateTimings,
-    WeightReceiver,
-    WeightUpdateError,
-    WeightUpdateRejected,
-    WeightUpdateRequest,
-)
+from kiln.workers.inference.weights import InitProcessGroupRequest, UpdateTimings, WeightReceiver, WeightUpdateRequest
 
 T = TypeVar("T")
 REQUESTS = Counter("kiln_inference_requests_total", "Completion requests.", ["route"])

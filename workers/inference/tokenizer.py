@@ -12,14 +12,10 @@ import string
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from kiln.streams.errors import KilnError
+from kiln.workers.inference.errors import TokenizerError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-
-class TokenizerError(KilnError):
-    """A model directory without a usable tokenizer (no EOS token, not a directory)."""
 
 
 class PolicyTokenizer(Protocol):

@@ -35,21 +35,13 @@ import torch.distributed as dist
 from pydantic import BaseModel, Field
 from torch import Tensor
 
-from kiln.streams.errors import KilnError
 from kiln.workers.inference.engine import Engine
+from kiln.workers.inference.errors import WeightUpdateError, WeightUpdateRejected
 
 log = logging.getLogger("kiln.inference.weights")
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16,
                                   "bfloat16": torch.bfloat16, "float64": torch.float64}
-
-
-class WeightUpdateError(KilnError):
-    """A weight transfer did not complete (a server died, timed out or refused); the server keeps its weights."""
-
-
-class WeightUpdateRejected(WeightUpdateError):
-    """The announced tensors do not match the server's parameters (names, shapes, dtypes)."""
 
 
 class InitProcessGroupRequest(BaseModel):

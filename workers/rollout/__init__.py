@@ -1,2 +1,2 @@
-"""The rollouts stage (prompt groups → samples → rewards from kiln's verifiers) and the learning loop's pieces: task
-sources, the policy-gradient loss, and the trainer."""
+"""The rollouts stage: prompt groups → samples from inference servers (multi-turn episodes with exec tool calls) →
+rewards from kiln's verifiers. The loop around it (actor, trainer, loss, learning runs) is ``kiln.rl``."""

@@ -30,7 +30,8 @@ from kiln.streams.errors import RequestFailed, RoutineJobError, TransientJobErro
 from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
 from kiln.workers.exec.client import ExecClient
-from kiln.workers.inference.endpoints import EndpointAnswerError, InferenceEndpoint, endpoint_for
+from kiln.workers.inference.endpoints import InferenceEndpoint, endpoint_for
+from kiln.workers.inference.errors import EndpointAnswerError
 from kiln.workers.inference.tokenizer import PolicyTokenizer, load_tokenizer, tokenize_prompt
 from kiln.workers.rollout import spec
 from kiln.workers.rollout.episodes import Episode, run_episode
@@ -136,7 +137,7 @@ async def handle(request: RolloutRequest, ctx: JobContext) -> RolloutGroup:
             text=episode.text, token_ids=episode.token_ids, logprobs=episode.logprobs, versions=episode.versions,
             finish_reason=episode.finish_reason, reward=verdict.reward, turns=episode.turns,
             tool_mask=episode.tool_mask if episode.tool_calls else [],
-            verifier={"name": request.task.verifier, **verdict.detail}))
+            verifier={"name": request.task.verifier, **verdict.details}))
     GROUPS.inc()
     GENERATE.observe(generated - started)
     versions = [v for e in episodes for v in e.versions]

@@ -1,36 +1,14 @@
-"""AReaL: kiln verdicts as AReaL reward functions.
-
-- ``reward_fn(prompt, completions, prompt_ids, completion_ids, **data)`` — AReaL's reward signature (its
-  ``RLVRWorkflow(reward_fn=...)`` or ``"kiln.workers.trainers.areal.reward_fn"``); AReaL's ``AsyncRewardWrapper``
-  runs it in a process pool, so it is a plain module-level function (each pool process keeps its own kiln client).
-- ``async_reward_fn`` — the same, awaitable, for workflows that call rewards on their own event loop.
-
-The task is the row's ``kiln_task`` column, else its ``answer`` or ``solution`` (``task_of``); a completion without a
-real verdict scores 0 (logged).
-"""
+"""Deprecated: ``kiln.workers.trainers.areal`` moved to ``kiln.integrations.trainers.areal``.
+This path keeps working for one release — the same objects, with a ``DeprecationWarning`` — so trainer
+configs that name it still run; name the new one."""
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
 
-from kiln.workers.trainers import shared_client, task_of
+from kiln.integrations.trainers.areal import async_reward_fn, reward_fn
 
+__all__ = ["async_reward_fn", "reward_fn"]
 
-def _task(prompt: str, data: dict[str, Any]) -> Any:
-    label = data.get("kiln_task")
-    if label is None:
-        label = data.get("answer", data.get("solution"))
-    return task_of(label, prompt)
-
-
-def reward_fn(prompt: str, completions: str, prompt_ids: list[int], completion_ids: list[int],
-              **data: Any) -> float:
-    del prompt_ids, completion_ids
-    return shared_client().verify(_task(prompt, data), [completions])[0].reward
-
-
-async def async_reward_fn(prompt: str, completions: str, prompt_ids: list[int], completion_ids: list[int],
-                          **data: Any) -> float:
-    del prompt_ids, completion_ids
-    client = shared_client()
-    return (await client.submit(client.client.verify(_task(prompt, data), [completions])))[0].reward
+warnings.warn("kiln.workers.trainers.areal is deprecated, use kiln.integrations.trainers.areal",
+              DeprecationWarning, stacklevel=2)

@@ -1,44 +1,14 @@
-"""OpenRLHF's remote reward protocol (``--remote_rm_url http://GATEWAY:8500/openrlhf/reward``), as its
-``SingleTurnAgentExecutor`` speaks it (openrlhf 0.11): ``POST {"query": [...], "prompts": [...], "labels": [...]}``
-→ ``{"rewards": [...], "scores": [...], "extra_logs": {...}}``. ``query`` is the decoded prompt and response;
-``labels`` the dataset's ``--label_key`` column: a kiln task (JSON) or a plain answer (``task_of``)."""
+"""Deprecated: ``kiln.workers.trainers.openrlhf`` moved to ``kiln.integrations.trainers.openrlhf``.
+This path keeps working for one release — the same objects, with a ``DeprecationWarning`` — so trainer
+configs that name it still run; name the new one."""
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
 
-from pydantic import BaseModel, Field
+from kiln.integrations.trainers.openrlhf import RewardRequest, RewardResponse, completion_of, rewards
 
-from kiln.workers.trainers import task_of
-from kiln.workers.verify.client import VerifyClient
+__all__ = ["RewardRequest", "RewardResponse", "completion_of", "rewards"]
 
-
-class RewardRequest(BaseModel):
-    query: list[str] = Field(max_length=4096)
-    prompts: list[str] = Field(default_factory=list)
-    labels: list[Any] = Field(default_factory=list)
-
-
-class RewardResponse(BaseModel):
-    rewards: list[float]
-    scores: list[float]
-    extra_logs: dict[str, list[Any]]
-
-
-def completion_of(query: str, prompt: str) -> str:
-    """The response: the query after its prompt (OpenRLHF sends prompt and response decoded together)."""
-    return query[len(prompt):] if prompt and query.startswith(prompt) else query
-
-
-async def rewards(client: VerifyClient, request: RewardRequest) -> RewardResponse:
-    n = len(request.query)
-    prompts = request.prompts or [""] * n
-    labels = request.labels or [None] * n
-    if len(prompts) != n or len(labels) != n:
-        raise ValueError(f"{n} queries, {len(prompts)} prompts, {len(labels)} labels")
-    tasks = [task_of(label, prompt) for label, prompt in zip(labels, prompts, strict=True)]
-    verdicts = await client.verify_batch(tasks, [completion_of(q, p) for q, p in zip(request.query, prompts,
-                                                                                      strict=True)])
-    scores = [v.reward for v in verdicts]
-    return RewardResponse(rewards=scores, scores=scores,
-                          extra_logs={"kiln_failed": [1.0 if v.failure else 0.0 for v in verdicts]})
+warnings.warn("kiln.workers.trainers.openrlhf is deprecated, use kiln.integrations.trainers.openrlhf",
+              DeprecationWarning, stacklevel=2)

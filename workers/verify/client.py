@@ -81,7 +81,9 @@ class VerifyClient:
 
 class BlockingVerifyClient:
     """A ``VerifyClient`` on an event loop thread of its own, with one ``KilnClient`` for its lifetime: for trainers
-    that call rewards synchronously, from any thread. ``submit`` runs a coroutine on that loop from another."""
+    that call rewards synchronously, from any thread. ``run`` runs any coroutine on that loop and waits for it (TRL's
+    reward functions run kiln's verifiers in process on this same loop and client); ``submit`` awaits one from
+    another event loop. kiln's one bridge from synchronous callers to its asyncio clients."""
 
     def __init__(self, settings: KilnSettings | None = None, client_id: str | None = None) -> None:
         self._loop = asyncio.new_event_loop()

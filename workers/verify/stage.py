@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kiln.schemas.verify import CompletionVerdict, VerifyRequest, VerifyResult
+from kiln.schemas.verify import FailureKind, VerifyRequest, VerifyResult
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed, RoutineJobError
 from kiln.streams.settings import get_settings
@@ -67,11 +67,19 @@ def _count(details: dict[str, object], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def verdict_of(verdict: Verdict, seconds: float) -> CompletionVerdict:
-    reason = str(verdict.detail.get("error") or verdict.detail.get("stage") or "") if verdict.failure else ""
-    return CompletionVerdict(reward=0.0 if verdict.failure else verdict.reward, failure=verdict.failure,
-                             reason=reason[:2000], passed=_count(verdict.detail, "passed"),
-                             failed=_count(verdict.detail, "failed"), details=verdict.detail, seconds=seconds)
+def answered(verdict: Verdict, seconds: float) -> Verdict:
+    """A verifier's verdict as the stage answers it: reward 0 with a failure, the failure's reason and the test
+    counts read from its details, the time it took."""
+    details = verdict.details
+    reason = str(details.get("error") or details.get("stage") or "") if verdict.failure else ""
+    return verdict.model_copy(update={"reward": 0.0 if verdict.failure else verdict.reward, "reason": reason[:2000],
+                                      "passed": _count(details, "passed"), "failed": _count(details, "failed"),
+                                      "seconds": seconds})
+
+
+def _every(request: VerifyRequest, error: str, failure: FailureKind) -> list[Verdict]:
+    """The same failed verdict for every completion of the request."""
+    return [Verdict(reward=0.0, details={"error": error}, failure=failure)] * len(request.completions)
 
 
 async def handle(request: VerifyRequest, ctx: JobContext) -> VerifyResult:
@@ -80,17 +88,17 @@ async def handle(request: VerifyRequest, ctx: JobContext) -> VerifyResult:
         verifier = _verifiers[0].get(task.verifier)
         verdicts = await verifier.verify(task, request.completions, ctx.envelope.request_id)
     except (VerifyError, SandboxError) as e:
-        verdicts = [Verdict(0.0, {"error": str(e)}, e.failure)] * len(request.completions)
+        verdicts = _every(request, str(e), e.failure)
     except RequestFailed as e:  # a stage the verifier relies on failed the request for good
-        verdicts = [Verdict(0.0, {"error": e.reason}, "sandbox_error")] * len(request.completions)
+        verdicts = _every(request, e.reason, "sandbox_error")
     except RoutineJobError as e:  # a verifier plugged in through kiln.verifiers, failing routinely
-        verdicts = [Verdict(0.0, {"error": str(e)}, "checker_error")] * len(request.completions)
+        verdicts = _every(request, str(e), "checker_error")
     if len(verdicts) != len(request.completions):
         message = f"verifier {task.verifier!r} gave {len(verdicts)} verdicts for {len(request.completions)}"
-        verdicts = [Verdict(0.0, {"error": message}, "checker_error")] * len(request.completions)
+        verdicts = _every(request, message, "checker_error")
     elapsed = time.perf_counter() - started
     SECONDS.labels(task.verifier).observe(elapsed)
-    out = [verdict_of(v, elapsed) for v in verdicts]
+    out = [answered(v, elapsed) for v in verdicts]
     for v in out:
         COMPLETIONS.labels(task.verifier, v.failure or "none").inc()
     return VerifyResult(task_id=task.task_id, verifier=task.verifier, verdicts=out, verify_s=elapsed)

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from kiln.ingest.service import ingest
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildRequest
+from kiln.schemas.images import ImageContract
 from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
 from kiln.workers.builder.agent import AgentConfig, ModelClient, classify
@@ -70,7 +71,7 @@ async def test_rules_fail_and_the_readme_agent_builds(docker_engine: Any, tmp_pa
     assert event.status == "built" and event.usable and event.recipe == "agent", event.detail
     assert any(d.topic == "agent repair" and d.choice == "sh build.sh" for d in event.decisions)
     assert event.tests is not None and event.tests.passed == 1
-    assert docker_engine.images.get(event.image).labels["kiln.system"] == "agent"
+    assert ImageContract.from_labels(docker_engine.images.get(event.image).labels).system == "agent"
 
 
 async def test_an_openai_compatible_model_drives_the_agent(docker_engine: Any, tmp_path: Path) -> None:

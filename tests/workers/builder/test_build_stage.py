@@ -23,9 +23,9 @@ from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.common.registry import Registry
 from tests.ingest.gitrepos import git, write
+from tests.stages import worker_env
 from tests.streams.harness import read_all
 from tests.workers.builder.projects import PROJECTS
-from tests.workers.conftest import worker_env
 
 
 @pytest.mark.docker

@@ -16,6 +16,7 @@ import pytest
 from kiln.ingest.service import ingest
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildEvent, BuildRequest
+from kiln.schemas.images import ImageContract
 from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.errors import InfraError
@@ -127,9 +128,10 @@ def _setuid_tarball() -> bytes:
 
 
 PROOF = "/tmp/proof.txt"
+FORGED_TEST = f"{ImageContract.LABELS['test']}=forged"  # the image contract's test command, forged
 ROOT_DOCKERFILE = f"""FROM debian:bookworm
 USER root
-LABEL kiln.role=exec-session kiln.lock=/etc/passwd kiln.lockns=host kiln.worker=evil kiln.test=forged other=x
+LABEL kiln.role=exec-session kiln.lock=/etc/passwd kiln.lockns=host kiln.worker=evil {FORGED_TEST} other=x
 VOLUME /data /work
 HEALTHCHECK --interval=1s CMD touch /tmp/health
 ONBUILD RUN touch /tmp/onbuild
@@ -154,7 +156,7 @@ async def test_the_project_build_never_runs_as_root_and_the_image_carries_only_k
     assert not config.get("Volumes") and not config.get("OnBuild") and not config.get("Healthcheck"), config
     labels = config.get("Labels") or {}
     assert not {"kiln.role", "kiln.lock", "kiln.lockns", "kiln.worker", "other"} & set(labels), labels
-    assert labels["kiln.test"] != "forged" and labels["kiln.repository"] == "attack/root"
+    assert ImageContract.from_labels(labels).test != "forged" and labels["kiln.repository"] == "attack/root"
     assert config["User"] == "1000:1000"
     proof = docker_engine.containers.run(event.image, ["cat", PROOF], network_mode="none", remove=True).decode()
     lines = proof.splitlines()

@@ -14,6 +14,7 @@ from botocore.config import Config
 
 from kiln.ingest.service import ingest
 from kiln.ingest.store import SaucerStore
+from kiln.schemas.images import REPORTS_DIR, ImageContract
 from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.settings import KilnSettings
@@ -73,12 +74,12 @@ async def test_twenty_revisions_as_layers(docker_engine: Any, registry: Registry
     assert kinds.count("base") == 3  # depth bounded: re-based after 8 layers
     assert all(i.depth <= 8 for i in images)
     assert layers.lookup(store.blobs, "demo/layered", commits[12]) == images[12]  # resolvable by commit
-    test_command = docker_engine.images.get(images[0].reference.split("@")[0] + ":" + commits[0][:12]).labels[
-        "kiln.test"]
+    test_command = ImageContract.from_labels(
+        docker_engine.images.get(images[0].reference.split("@")[0] + ":" + commits[0][:12]).labels).test
     for i, image in enumerate(images):
         await asyncio.to_thread(docker_engine.images.pull, image.reference, auth_config=reg.docker_auth())
         run = await asyncio.to_thread(run_sandboxed, docker_engine, image.reference, test_command, limits=limits,
-                                      role="revision-test", collect="/tmp/kiln-reports")
+                                      role="revision-test", collect=REPORTS_DIR)
         report = reports.parse_results("python", run.exit_code, run.files)
         assert report is not None and report.failed == 0, (i, run.output[-2000:])
         assert report.passed == expected_tests(i), (i, report.passed)

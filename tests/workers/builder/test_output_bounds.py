@@ -15,6 +15,7 @@ import pytest
 from kiln.ingest.service import ingest
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildRequest
+from kiln.schemas.images import REPORTS_DIR
 from kiln.schemas.ingest import IngestRequest
 from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.cancel import in_thread
@@ -46,13 +47,13 @@ async def _peak(work: Callable[[], Awaitable[T]]) -> tuple[T, int]:
 
 
 async def test_a_test_run_floods_output_and_reports(docker_engine: Any) -> None:
-    script = (f"{FLOOD.format(n=128 * MiB)}; mkdir -p /tmp/kiln-reports; "
-              f"head -c {64 * MiB} /dev/zero > /tmp/kiln-reports/junit.xml; echo the-end")
+    script = (f"{FLOOD.format(n=128 * MiB)}; mkdir -p {REPORTS_DIR}; "
+              f"head -c {64 * MiB} /dev/zero > {REPORTS_DIR}/junit.xml; echo the-end")
     limits = Limits(timeout_s=120, output_bytes=64 << 10, collect_bytes=8 * MiB)
     run, peak = await _peak(lambda: in_thread(run_sandboxed, docker_engine, "kiln/base:latest", script,
-                                              limits=limits, role="build-test", collect="/tmp/kiln-reports"))
+                                              limits=limits, role="build-test", collect=REPORTS_DIR))
     assert run.exit_code == 0 and run.files == {}
-    assert run.output.startswith("[kiln: /tmp/kiln-reports holds more than 8388608 bytes: not read]\n[kiln: ")
+    assert run.output.startswith(f"[kiln: {REPORTS_DIR} holds more than 8388608 bytes: not read]\n[kiln: ")
     assert run.output.rstrip().endswith("xxxxthe-end") and len(run.output) < 80 << 10
     assert peak < 24 * MiB, f"{peak / MiB:.1f} MiB allocated reading 128 MiB of output and 64 MiB of reports"
 

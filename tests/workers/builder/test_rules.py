@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln.schemas.images import REPORTS_DIR
 from kiln.workers.builder.agent import AgentPlan, classify, run_loop
 from kiln.workers.builder.errors import PlanError
 from kiln.workers.builder.rules import describe, npm_runner, plan, readme_commands, with_reporter
@@ -176,23 +177,23 @@ def test_a_makefile_whose_only_target_is_the_test_binary_runs_it(tmp_path: Path)
 
 @pytest.mark.parametrize(("scripts", "expected"), [
     ({"test": "mocha --reporter spec test/*.js"},
-     "_mocha test/*.js --reporter xunit --reporter-options output=/tmp/kiln-reports/mocha.xml"),
+     f"_mocha test/*.js --reporter xunit --reporter-options output={REPORTS_DIR}/mocha.xml"),
     ({"test": "npm run lint && npm run unit", "lint": "eslint .", "unit": "NODE_ENV=test nyc -x x jest"},
      None),
     ({"test": "npm run lint && npm run unit", "lint": "eslint .", "unit": "NODE_ENV=test nyc jest --coverage"},
-     "NODE_ENV=test jest --coverage --ci --json --outputFile=/tmp/kiln-reports/jest.json"),
-    ({"test": "vitest"}, "vitest --run --reporter=default --reporter=json --outputFile.json=/tmp/kiln-reports/"
+     f"NODE_ENV=test jest --coverage --ci --json --outputFile={REPORTS_DIR}/jest.json"),
+    ({"test": "vitest"}, f"vitest --run --reporter=default --reporter=json --outputFile.json={REPORTS_DIR}/"
                          "vitest.json"),
-    ({"test": "node --test test/"}, "node --test-reporter=tap --test-reporter-destination=/tmp/kiln-reports/"
+    ({"test": "node --test test/"}, f"node --test-reporter=tap --test-reporter-destination={REPORTS_DIR}/"
                                     "node-tap.txt --test-reporter=spec --test-reporter-destination=stdout "
                                     "--test test/"),
-    ({"test": "jest --json tests/"}, "jest tests/ --ci --json --outputFile=/tmp/kiln-reports/jest.json"),
+    ({"test": "jest --json tests/"}, f"jest tests/ --ci --json --outputFile={REPORTS_DIR}/jest.json"),
     ({"test": "mocha -R dot -O foo=bar test"},
-     "_mocha test --reporter xunit --reporter-options output=/tmp/kiln-reports/mocha.xml"),
+     f"_mocha test --reporter xunit --reporter-options output={REPORTS_DIR}/mocha.xml"),
     # A stop at the first failure hides every later test's result (real: merge-descriptors 1.0.1 on Node 20).
     ({"test": "mocha --reporter spec --bail --check-leaks test/"},
-     "_mocha --check-leaks test/ --reporter xunit --reporter-options output=/tmp/kiln-reports/mocha.xml"),
-    ({"test": "jest -b --bail=2 tests/"}, "jest tests/ --ci --json --outputFile=/tmp/kiln-reports/jest.json"),
+     f"_mocha --check-leaks test/ --reporter xunit --reporter-options output={REPORTS_DIR}/mocha.xml"),
+    ({"test": "jest -b --bail=2 tests/"}, f"jest tests/ --ci --json --outputFile={REPORTS_DIR}/jest.json"),
     ({"test": "tape test/*.js | tap-spec"}, None),
     ({"test": "npm test"}, None),
 ])

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from kiln.rl.tasks import Problem, RepositoryTasks
 from kiln.streams.client import KilnClient
 from kiln.streams.settings import KilnSettings
 from kiln.workers.builder.tasks import validate
 from kiln.workers.exec.client import ExecClient
-from kiln.workers.rollout.tasks import Problem, RepositoryTasks
-from kiln.workers.rollout.verifiers import VerifierContext, Verifiers
-from kiln.workers.verifiers import InvalidTask
+from kiln.workers.verifiers import InvalidTask, VerifierContext, Verifiers
 from tests.workers.builder.projects import CALC_PY
 from tests.workers.exec.conftest import exec_worker
 
@@ -79,9 +78,9 @@ async def test_tasks_validate_fail_to_pass_and_the_swe_reward(stage_topics: Call
             verifiers = Verifiers(VerifierContext(kiln, exec_calls=2))
             verdicts = await verifiers.get("swe").verify(
                 rollout_task, [f"<patch>{p}</patch>" for p in (GOLD, WRONG, BREAKS_MUL, EXITS_CLEAN)], "swe")
-    assert [v.reward for v in verdicts] == [1.0, 0.0, 0.0, 0.0], [v.detail for v in verdicts]
-    assert verdicts[1].detail["fail_to_pass_not_passing"] == ["tests.test_neg.test_neg"]
-    assert verdicts[2].detail["pass_to_pass_not_passing"] == ["tests.test_calc.test_mul"]
-    assert verdicts[3].detail["stage"] == "report"
+    assert [v.reward for v in verdicts] == [1.0, 0.0, 0.0, 0.0], [v.details for v in verdicts]
+    assert verdicts[1].details["fail_to_pass_not_passing"] == ["tests.test_neg.test_neg"]
+    assert verdicts[2].details["pass_to_pass_not_passing"] == ["tests.test_calc.test_mul"]
+    assert verdicts[3].details["stage"] == "report"
     with pytest.raises(InvalidTask, match="is not valid"):
         Problem.validated("zero", "nothing to do", TEST_ADD_ZERO, empty)

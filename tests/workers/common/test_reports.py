@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kiln.workers.common.errors import ReportError
 from kiln.workers.common.reports import (
-    ReportError,
     automake,
     cargo_test,
     coverage_py,

@@ -11,7 +11,7 @@ import pytest
 
 from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
-from tests.workers.conftest import worker_env
+from tests.stages import worker_env
 
 
 @pytest.fixture

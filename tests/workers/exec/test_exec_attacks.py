@@ -12,6 +12,7 @@ import pytest
 
 from kiln.schemas.envelope import new_request_id
 from kiln.schemas.exec import ExecRequest, SessionLimits
+from kiln.schemas.images import REPORTS_DIR
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
 from kiln.streams.processes import WorkerProcess
@@ -23,9 +24,9 @@ from tests.workers.exec.conftest import exec_worker
 pytestmark = pytest.mark.docker
 
 # A planted process that keeps writing a passing report, started by a command that then kills its own wrapper.
-TAMPER = ("nohup bash -c 'while true; do mkdir -p /tmp/kiln-reports; printf \"<testsuite tests=\\\"50\\\" "
+TAMPER = (f"nohup bash -c 'while true; do mkdir -p {REPORTS_DIR}; printf \"<testsuite tests=\\\"50\\\" "
           "failures=\\\"0\\\"><testcase classname=\\\"fake\\\" name=\\\"forged\\\"/></testsuite>\" "
-          "> /tmp/kiln-reports/junit.xml; sleep 0.01; done' >/dev/null 2>&1 & sleep 0.3; kill -9 $PPID $$")
+          f"> {REPORTS_DIR}/junit.xml; sleep 0.01; done' >/dev/null 2>&1 & sleep 0.3; kill -9 $PPID $$")
 
 
 async def test_limits_are_capped_server_side(project_image: str, exec_settings: KilnSettings,

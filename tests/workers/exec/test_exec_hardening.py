@@ -21,13 +21,8 @@ from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
 from kiln.streams.settings import KilnSettings
 from kiln.workers.exec.client import ExecClient, signed
-from kiln.workers.exec.sessions import (
-    LabelSeal,
-    Session,
-    SessionDenied,
-    SessionManager,
-    result_bytes,
-)
+from kiln.workers.exec.errors import SessionDenied
+from kiln.workers.exec.sessions import LabelSeal, Session, SessionManager, result_bytes
 from kiln.workers.exec.stage import _namespace, _owner_alive
 from tests.workers.exec.conftest import exec_worker, session_containers
 

@@ -21,7 +21,7 @@ from kiln.streams.errors import RequestFailed
 from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.exec.client import ExecClient
-from tests.workers.conftest import worker_env
+from tests.stages import worker_env
 from tests.workers.exec.conftest import exec_worker
 
 pytestmark = pytest.mark.docker

@@ -17,12 +17,8 @@ import pytest
 
 from kiln.streams.settings import get_settings
 from kiln.workers.inference.endpoints import SGLangEndpoint, VLLMEndpoint
-from kiln.workers.inference.weights import (
-    InitProcessGroupRequest,
-    ParameterInfo,
-    WeightUpdateRejected,
-    WeightUpdateRequest,
-)
+from kiln.workers.inference.errors import WeightUpdateRejected
+from kiln.workers.inference.weights import InitProcessGroupRequest, ParameterInfo, WeightUpdateRequest
 
 WHEELS = {"sglang": ("0.5.23", "cp311-cp311-manylinux_2_34_x86_64"),
           "vllm": ("0.33.0", "cp38-abi3-manylinux_2_28_x86_64")}

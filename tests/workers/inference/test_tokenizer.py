@@ -12,15 +12,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from kiln.workers.inference.errors import TokenizerError
 from kiln.workers.inference.hf import build_tiny_model
 from kiln.workers.inference.model import TOKENIZER as MODEL_TOKENIZER
-from kiln.workers.inference.tokenizer import (
-    TOKENIZER,
-    HFTokenizer,
-    TokenizerError,
-    load_tokenizer,
-    tokenize_prompt,
-)
+from kiln.workers.inference.tokenizer import TOKENIZER, HFTokenizer, load_tokenizer, tokenize_prompt
 
 CORPUS = [f"add {a}+{b}={a + b}\n" for a in range(30) for b in range(30)]
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from kiln.workers.inference.engine import Engine, SamplingParams, sample_token
+from kiln.workers.inference.errors import WeightUpdateRejected
 from kiln.workers.inference.model import TOKENIZER, KVCache, ModelConfig, TinyLM, weights_digest
 from kiln.workers.inference.process import ServerProcess
 from kiln.workers.inference.weights import (
@@ -25,7 +26,6 @@ from kiln.workers.inference.weights import (
     UpdateTimings,
     WeightBroadcaster,
     WeightReceiver,
-    WeightUpdateRejected,
     WeightUpdateRequest,
     join_group,
     receive,

@@ -7,7 +7,7 @@ import pytest
 from kiln.streams.processes import WorkerProcess
 from kiln.streams.settings import KilnSettings
 from tests.conftest import _ensure
-from tests.workers.conftest import worker_env
+from tests.stages import worker_env
 from tests.workers.lean.fake import FAKE_COMMAND
 
 

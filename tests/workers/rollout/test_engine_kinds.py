@@ -50,18 +50,19 @@ from typing import Any
 import pytest
 from fastapi import FastAPI, Request
 
+from kiln.rl.tasks import Addition, exact_match
 from kiln.schemas.rl import RolloutGroup, RolloutRequest, RolloutTask, Sampling
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
 from kiln.streams.processes import WorkerProcess
 from kiln.streams.settings import KilnSettings
-from kiln.workers.inference.endpoints import EndpointAnswerError, Turn, span_versions
+from kiln.workers.inference.endpoints import Turn, span_versions
+from kiln.workers.inference.errors import EndpointAnswerError
 from kiln.workers.inference.hf import build_tiny_model
 from kiln.workers.inference.tokenizer import HFTokenizer, load_tokenizer, tokenize_prompt
-from kiln.workers.rollout.tasks import Addition, exact_match
 from tests.loopback import serving
+from tests.stages import worker_env
 from tests.streams.harness import read_all
-from tests.workers.conftest import worker_env
 from tests.workers.exec.conftest import exec_worker
 
 UPDATED = "5"  # the weight label an update mid-answer brings: the first token was sampled by "default" (version 0)

@@ -15,6 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kiln.rl.tasks import Problem, RepositoryTasks
+from kiln.rl.train import to_group
+from kiln.rl.trainer import PolicyTrainer
 from kiln.schemas.exec import ExecRequest
 from kiln.schemas.rl import RolloutGroup, RolloutRequest, Sampling
 from kiln.streams.client import KilnClient
@@ -22,11 +25,8 @@ from kiln.streams.codec import decode_request, request_payload
 from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.inference.model import TOKENIZER, ModelConfig, TinyLM
-from kiln.workers.rollout.tasks import Problem, RepositoryTasks
-from kiln.workers.rollout.train import to_group
-from kiln.workers.rollout.trainer import PolicyTrainer
+from tests.stages import worker_env
 from tests.streams.harness import read_all
-from tests.workers.conftest import worker_env
 from tests.workers.exec.conftest import exec_worker
 
 pytestmark = pytest.mark.docker

@@ -13,7 +13,7 @@ import pytest
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.client import KilnClient
 from kiln.streams.settings import KilnSettings
-from kiln.workers.rollout.verifiers import VerifierContext, Verifiers
+from kiln.workers.verifiers import VerifierContext, Verifiers
 from tests.workers.builder.projects import CALC_C
 from tests.workers.exec.conftest import exec_worker
 

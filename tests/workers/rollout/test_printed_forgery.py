@@ -15,7 +15,7 @@ import pytest
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.client import KilnClient
 from kiln.streams.settings import KilnSettings
-from kiln.workers.rollout.verifiers import VerifierContext, Verifiers
+from kiln.workers.verifiers import VerifierContext, Verifiers
 from tests.workers.builder.projects import CALC_C
 from tests.workers.exec.conftest import exec_worker
 
@@ -56,6 +56,6 @@ async def test_printed_verdicts_score_zero(stage_topics: Callable[..., KilnSetti
     assert rewards == {"honest": 1.0, "broken": 0.0, "inflated passes": 0.0, "last word": 0.0}, verdicts
     details = dict(zip(completions, verdicts, strict=True))
     # Both forgeries are caught as reports kiln does not trust, not merely as failing runs.
-    assert details["inflated passes"].detail["stage"] == details["last word"].detail["stage"] == "report"
+    assert details["inflated passes"].details["stage"] == details["last word"].details["stage"] == "report"
     # With the image's tests named, one the run does not report counts failed.
-    assert expected[0].reward == 0.5 and expected[0].detail["passed"] == 1, expected
+    assert expected[0].reward == 0.5 and expected[0].details["passed"] == 1, expected

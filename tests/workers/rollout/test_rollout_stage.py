@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from kiln.rl.tasks import Addition, exact_match
 from kiln.schemas.rl import RolloutGroup, RolloutRequest, Sampling
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
@@ -22,9 +23,8 @@ from kiln.workers.inference.hf import build_tiny_model
 from kiln.workers.inference.model import TOKENIZER, ModelConfig
 from kiln.workers.inference.process import ServerProcess
 from kiln.workers.inference.tokenizer import load_tokenizer, tokenize_prompt
-from kiln.workers.rollout.tasks import Addition, exact_match
+from tests.stages import worker_env
 from tests.streams.harness import read_all
-from tests.workers.conftest import worker_env
 
 
 async def test_groups_are_sampled_verified_and_published(stage_topics: Callable[..., KilnSettings],

@@ -12,7 +12,7 @@ import pytest
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.client import KilnClient
 from kiln.streams.settings import KilnSettings
-from kiln.workers.rollout.verifiers import SWECheck, VerifierContext, Verifiers
+from kiln.workers.verifiers import SWECheck, VerifierContext, Verifiers
 from tests.workers.exec.conftest import exec_worker
 
 pytestmark = pytest.mark.docker
@@ -61,6 +61,6 @@ async def test_forged_patches_score_zero(stage_topics: Callable[..., KilnSetting
             await verifiers.close()
     rewards = {name: v.reward for name, v in zip(completions, verdicts, strict=True)}
     assert rewards == {"honest": 1.0} | {name: 0.0 for name in completions if name != "honest"}, verdicts
-    stages = {name: v.detail.get("stage") for name, v in zip(completions, verdicts, strict=True)}
+    stages = {name: v.details.get("stage") for name, v in zip(completions, verdicts, strict=True)}
     assert stages["exits 0 on import"] == "report"  # exit 0, but no report of test_neg passing
     assert stages["plugin"] == stages["rewritten test"] == "patch touches the tests or their configuration"

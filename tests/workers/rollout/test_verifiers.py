@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln.rl.tasks import Addition, Propositions, exact_match
 from kiln.schemas.exec import ExecRequest
 from kiln.schemas.rl import RolloutGroup, RolloutRequest, RolloutTask, Sampling
 from kiln.streams.client import KilnClient
@@ -21,11 +22,10 @@ from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.inference.model import ModelConfig
 from kiln.workers.inference.process import ServerProcess
-from kiln.workers.rollout.tasks import Addition, Propositions, exact_match
-from kiln.workers.rollout.verifiers import VerifierContext, Verifiers
+from kiln.workers.verifiers import VerifierContext, Verifiers
 from tests.conftest import _ensure
+from tests.stages import worker_env
 from tests.streams.harness import read_all
-from tests.workers.conftest import worker_env
 from tests.workers.exec.conftest import exec_worker
 from tests.workers.lean.conftest import lean_worker
 
@@ -46,7 +46,7 @@ async def test_exec_and_lean_verifiers(stage_topics: Callable[..., KilnSettings]
             for i in range(3):
                 verdicts = await verifiers.get("exec").verify(task, completions, f"group-{i}")
                 assert [v.reward for v in verdicts] == [exact_match(task, c) for c in completions] == [1, 0, 1, 0, 0]
-                assert [v.detail["said"] for v in verdicts] == ["7", "8", "7", "77", None]
+                assert [v.details["said"] for v in verdicts] == ["7", "8", "7", "77", None]
 
             # Larger than a command line: the group travels as a file of the call.
             large = await verifiers.get("exec").verify(task, ["7" + " " * 9_999, "8" + " " * 9_999] * 4, "large")
@@ -78,7 +78,7 @@ async def test_exec_and_lean_verifiers(stage_topics: Callable[..., KilnSettings]
             proofs = ["intro h; constructor; exact h; trivial", "intro h", "intro h; sorry", "exact nothing", ""]
             verdicts = await verifiers.get("lean").verify(goal, proofs, "lean-group")
             assert [v.reward for v in verdicts] == [1, 0, 0, 0, 0]
-            assert "unknown identifier" in verdicts[3].detail["error"]
+            assert "unknown identifier" in verdicts[3].details["error"]
             await verifiers.close()
     ops = [ExecRequest.model_validate(request_payload(decode_request(m.value()), ExecRequest, None)).op
            for m in read_all(settings, settings.topic("exec.requests"))]

@@ -12,7 +12,7 @@ import pytest
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
-from tests.workers.conftest import worker_env
+from tests.stages import worker_env
 from tests.workers.exec.conftest import exec_worker
 
 IMAGE = "kiln/toolchain:latest"

@@ -33,7 +33,7 @@ async def test_a_separately_installed_verifier_serves_its_task_source(
     monkeypatch.syspath_prepend(str(toy_site))
     from kiln_wordlen.verifier import Sentences
 
-    from kiln.workers.rollout.tasks import TaskSource
+    from kiln.rl.tasks import TaskSource
 
     source: TaskSource = Sentences(seed=1)
     tasks = source.sample(3) + source.held_out()

@@ -1,0 +1,72 @@
+"""Adapters: kiln's ``verify`` stage in the shapes the trainers teams already run expect (a library, no stage).
+
+- ``verl``: ``compute_score`` (one completion; verl's reward loop awaits it) and ``compute_score_batch`` (verl's
+  ``batch`` reward manager: a whole step's batch in one call).
+- ``areal``: ``reward_fn`` (AReaL's signature; its ``AsyncRewardWrapper`` runs it in a process pool) and
+  ``async_reward_fn`` for workflows that await rewards themselves.
+- ``prime``: a ``verifiers`` task (prime-rl's environments) whose reward is kiln's verdict.
+- ``openrlhf``: the request/response models of OpenRLHF's ``--remote_rm_url``; the gateway serves them.
+- TRL: ``kiln.integrations.trainers.trl.Verified``.
+
+Every adapter reads the task the same way (``task_of``): a dataset's label/ground truth is a kiln task — a
+``RolloutTask``, its dict or JSON (``verifier``, ``check``, ``answer``) — or a plain answer (``exact_match``). A
+completion that got no real verdict (timeout, sandbox error, …) scores 0 and is logged: nothing is raised into the
+trainer's step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import threading
+from typing import Any
+
+from kiln.schemas.rl import RolloutTask
+from kiln.streams.settings import KilnSettings
+from kiln.workers.verify.client import BlockingVerifyClient
+
+_lock = threading.Lock()
+_shared: dict[int, BlockingVerifyClient] = {}
+_settings: list[KilnSettings] = []
+
+
+def configure(settings: KilnSettings | None) -> None:
+    """The settings the adapters' clients use in this process and its forks (default: ``KILN_*`` variables);
+    closes this process's client, the next call makes one with them."""
+    with _lock:
+        _settings[:] = [settings] if settings is not None else []
+        client = _shared.pop(os.getpid(), None)
+        _shared.clear()
+    if client is not None:
+        client.close()
+
+
+def shared_client() -> BlockingVerifyClient:
+    """This process's client (settings from ``KILN_*``), made on first use; a forked child (AReaL's reward process
+    pool) makes its own."""
+    pid = os.getpid()
+    with _lock:
+        if pid not in _shared:
+            _shared.clear()  # a parent's client is not usable in a fork
+            _shared[pid] = BlockingVerifyClient(_settings[0] if _settings else None)
+        return _shared[pid]
+
+
+def task_of(label: Any, prompt: str = "") -> RolloutTask:
+    """A kiln task from a dataset's label: a ``RolloutTask``, a dict or a JSON object of one (``task_id`` and
+    ``prompt`` may be left out), or anything else as the expected answer of ``exact_match``."""
+    if isinstance(label, RolloutTask):
+        return label
+    if isinstance(label, str) and label.lstrip().startswith("{"):
+        with contextlib.suppress(ValueError):
+            label = json.loads(label)
+    if isinstance(label, dict):
+        fields = {"prompt": prompt[:100_000], **label}
+        fields.setdefault("task_id", "kiln-" + hashlib.sha256(
+            json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16])
+        return RolloutTask.model_validate(fields)
+    answer = "" if label is None else str(label)
+    return RolloutTask(task_id="answer-" + hashlib.sha256(answer.encode()).hexdigest()[:16], prompt=prompt[:100_000],
+                       answer=answer)

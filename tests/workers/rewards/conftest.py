@@ -1,8 +1,0 @@
-"""The TRL test needs the ``rl`` extra (torch, trl); without it that file is not collected."""
-
-from __future__ import annotations
-
-from tests.collection import unless_importable
-
-# KILN_RL=0: no rl environment; the root conftest lists what was left out (tests/collection.py).
-collect_ignore_glob = unless_importable(__file__, "trl", "test_trl*.py", "needs the rl extra: trl")

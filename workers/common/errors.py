@@ -1,0 +1,9 @@
+"""The errors of ``kiln.workers.common``, under kiln's root ``KilnError``."""
+
+from __future__ import annotations
+
+from kiln.streams.errors import KilnError
+
+
+class ReportError(KilnError):
+    """A test or coverage report does not parse."""

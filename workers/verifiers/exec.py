@@ -1,0 +1,149 @@
+"""``exec``: one exec ``run_once`` call checks a whole group — the groups and the task's checker files land in
+``/work/.kiln-check`` of a warm runner, the checker runs once (see ``ExecCheck``), nothing of it outlives the call.
+Groups verified at the same time with the same checker share that call and that checker process (up to
+``exec_batch_groups``, gathered for ``exec_batch_window_s``; at most ``exec_calls`` calls in flight): a round trip, and
+a checker's start, cost far more than checking a small group. Groups in one call could tamper with each other; a
+checker that runs sample code sets ``isolate`` and gets a call for its group alone."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from kiln.schemas.rl import RolloutTask
+from kiln.streams.errors import RequestFailed
+from kiln.workers.exec.client import ExecClient
+from kiln.workers.verifiers.contract import FAILURES, Verdict, VerifierContext, checked
+from kiln.workers.verifiers.errors import CheckTimeout, InvalidTask, SandboxError, VerifyError
+
+
+class ExecCheck(BaseModel):
+    """``command`` runs in a fresh directory holding ``files`` and ``groups.jsonl``: one group per line (``task_id``,
+    ``prompt``, ``answer``, ``completions``). It prints one JSON line per group, in order:
+    ``{"verdicts": [{"reward": r, ...}, ...]}`` (one per completion; other keys become the sample's verifier
+    details) or ``{"error": "why"}`` (that group fails, the others stand)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str = Field(min_length=1)
+    command: str = Field(min_length=1)
+    files: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")], str] = Field(
+        default_factory=dict, description="checker files by plain name")
+    timeout_s: float = Field(60.0, gt=0, le=600)
+    isolate: bool = Field(False, description="a call for this group alone: for checkers that run sample code, "
+                                             "which could tamper with other groups checked in the same call")
+
+
+_CHECK_DIR = ".kiln-check"  # where a checker's files and groups land, beside the image's /work
+
+
+class ExecVerifier:
+    def __init__(self, context: VerifierContext) -> None:
+        self.exec = ExecClient(context.kiln)
+        self._calls = asyncio.Semaphore(context.exec_calls)
+        self.batch_groups, self.batch_window_s = context.exec_batch_groups, context.exec_batch_window_s
+        self._batches: dict[tuple[str, str, float, str], list[_Pending]] = {}
+        self._running: set[asyncio.Future[None]] = set()
+
+    async def close(self) -> None:
+        pass
+
+    async def verify(self, task: RolloutTask, completions: list[str], request_id: str) -> list[Verdict]:
+        check = checked(ExecCheck, task)
+        group = {"task_id": task.task_id, "prompt": task.prompt, "answer": task.answer, "completions": completions}
+        pending = _Pending(group, asyncio.get_running_loop().create_future())
+        if check.isolate:
+            async with self._calls:
+                await self._run([pending], check)
+            return await pending.done
+        key = (check.image, check.command, check.timeout_s, json.dumps(check.files, sort_keys=True))
+        batch = self._batches.setdefault(key, [])
+        batch.append(pending)
+        if len(batch) == 1:
+            self._spawn(self._dispatch(key, check))
+        return await pending.done
+
+    def _spawn(self, dispatch: Coroutine[Any, Any, None]) -> None:
+        running = asyncio.ensure_future(dispatch)
+        self._running.add(running)
+        running.add_done_callback(self._running.discard)
+
+    async def _dispatch(self, key: tuple[str, str, float, str], check: ExecCheck) -> None:
+        """Sends the groups gathered for ``key`` once a call may start: while every call is busy, groups keep
+        joining the waiting batch (so batches grow with load instead of queueing as many small commands)."""
+        await asyncio.sleep(self.batch_window_s)
+        async with self._calls:
+            waiting = self._batches.pop(key, [])
+            batch, rest = waiting[:self.batch_groups], waiting[self.batch_groups:]
+            for p in rest:  # beyond one command's share: they start the next batch
+                self._batches.setdefault(key, []).append(p)
+            if rest:
+                self._spawn(self._dispatch(key, check))
+            await self._run(batch, check)
+
+    async def _run(self, batch: list[_Pending], check: ExecCheck) -> None:
+        """One ``run_once`` call, one checker process for the whole batch, in a sandbox nothing of it outlives."""
+        files = {f"{_CHECK_DIR}/{name}": text for name, text in
+                 {**check.files, "groups.jsonl": "".join(json.dumps(p.group) + "\n" for p in batch)}.items()}
+        try:
+            try:
+                result = await self.exec.run_once(check.image, check.command, files=files, cwd=_CHECK_DIR,
+                                                  timeout_s=check.timeout_s, max_output_bytes=4 << 20)
+            except RequestFailed as e:
+                raise SandboxError(f"exec run_once failed: {e.reason}") from None
+            output = result.output
+            assert output is not None
+            if output.timed_out:
+                raise CheckTimeout(f"checker ran past {check.timeout_s} s on {len(batch)} groups")
+            if output.exit_code != 0:
+                raise VerifyError(f"checker exited {output.exit_code} (timed out: {output.timed_out}) on "
+                                      f"{len(batch)} groups: {output.stderr[-2000:]}")
+            if output.stdout_truncated:
+                raise VerifyError(f"checker output over 4 MB for {len(batch)} groups")
+            lines = [line for line in output.stdout.splitlines() if line.strip()]
+            if len(lines) != len(batch):
+                raise VerifyError(f"checker printed {len(lines)} lines for {len(batch)} groups")
+        except Exception as e:
+            for p in batch:
+                p.done.set_exception(e)
+            return
+        for p, line in zip(batch, lines, strict=True):
+            try:
+                p.done.set_result(parse_verdicts(line, len(p.group["completions"]), p.group["task_id"]))
+            except VerifyError as e:
+                p.done.set_exception(e)
+
+
+@dataclass
+class _Pending:
+    group: dict[str, Any]
+    done: asyncio.Future[list[Verdict]]
+
+
+def parse_verdicts(line: str, expected: int, task_id: str) -> list[Verdict]:
+    """A group's line: ``{"verdicts": [{"reward": r, ...}, ...]}`` or ``{"error": "why"}``; anything else is the
+    checker's fault (routine error). A verdict may carry ``"failure"`` (one of ``FAILURES``, e.g. ``"timeout"`` for
+    a completion the checker stopped): its reward is then 0."""
+    try:
+        item = json.loads(line)
+        if "error" in item:
+            raise InvalidTask(f"task {task_id}: the checker refused the group: {str(item['error'])[:1000]}")
+        verdicts = [_verdict(v) for v in item["verdicts"]]
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise VerifyError(f"task {task_id}: checker printed {line[:200]!r}: {type(e).__name__}: {e}") from None
+    if len(verdicts) != expected:
+        raise VerifyError(f"task {task_id}: checker gave {len(verdicts)} verdicts for {expected} completions")
+    return verdicts
+
+
+def _verdict(item: dict[str, Any]) -> Verdict:
+    failure = item.get("failure")
+    if failure is not None and failure not in FAILURES:
+        raise ValueError(f"failure {failure!r} is not one of {FAILURES}")
+    detail = {k: x for k, x in item.items() if k not in ("reward", "failure")}
+    return Verdict(reward=0.0 if failure else float(item["reward"]), details=detail, failure=failure)
