@@ -48,7 +48,7 @@ pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "kiln"
-CALC = ROOT / "workers" / "demo" / "calc-repo"
+CALC = ROOT / "integrations" / "demo" / "calc-repo"
 
 
 def readme_commands() -> tuple[list[str], list[str]]:
