@@ -162,11 +162,12 @@ async def staged(settings: KilnSettings, config: RunConfig) -> tuple[RunRecord, 
     run = LearningRun(settings, config)
     watch = CpuWatch()
     try:
-        record = await run.run()
+        record = await run.run(keep_topics=True)
+        groups = [RolloutGroup.model_validate_json(m.value() or b"") for m in read_topic(run.settings, ROLLOUTS)]
+        ends = [m.timestamp()[1] / 1000 for m in read_topic(run.settings, UPDATES)]
     finally:
         watch.close()
-    groups = [RolloutGroup.model_validate_json(m.value() or b"") for m in read_topic(run.settings, ROLLOUTS)]
-    ends = [m.timestamp()[1] / 1000 for m in read_topic(run.settings, UPDATES)]
+        run.delete_topics()
     steps = max(len(ends) - 1, 1)
     return record, groups, {role: cpu / steps for role, cpu in watch.between(ends[0], ends[-1]).items()}
 

@@ -136,7 +136,9 @@ class LearningRun:
     def __init__(self, base: KilnSettings, config: RunConfig, workdir: Path | None = None) -> None:
         self.config = config
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"kiln-rl-{config.name}-"))
-        tag = uuid.uuid4().hex[:8]
+        # The run's topics carry the pid of the process that runs it (six hex digits, then two random ones), so a
+        # test session purging leftover rl<hex>. topics can tell a live run's from a dead one's.
+        tag = f"{os.getpid():06x}{uuid.uuid4().hex[:2]}"
         self.settings = base.model_copy(update={"topic_prefix": f"rl{tag}.", "cache": self.workdir / "cache",
                                                 "blob_store": f"file://{self.workdir / 'cache' / 'blobs'}"})
         self.trainer_group = f"trainer-{tag}"
@@ -200,14 +202,21 @@ class LearningRun:
         right = sum(exact_match(t, c["text"]) for t, c in zip(prompts, answer["choices"], strict=True))
         return int(answer["kiln"]["version_start"]), right / len(prompts)
 
-    async def run(self) -> RunRecord:
+    async def run(self, *, keep_topics: bool = False) -> RunRecord:
         """One learning run on its own topics, deleted when it ends (a broker loads every partition's log when it
-        starts, so topics left run after run slow it)."""
+        starts, so topics left run after run slow it); ``keep_topics`` leaves them for the caller to read (its
+        ``rollouts``, ``policy.updates``) and then ``delete_topics``."""
         try:
             return await self._run()
         finally:
-            for problem in admin.delete_topics(self.settings, [self.settings.topic(t.name)
-                                                               for t in _topics(self.settings)]):
+            if not keep_topics:
+                self.delete_topics()
+
+    def delete_topics(self) -> None:
+        """Delete this run's topics (idempotent: what is already gone is not a problem)."""
+        names = [self.settings.topic(t.name) for t in _topics(self.settings)]
+        for problem in admin.delete_topics(self.settings, names):
+            if "UNKNOWN_TOPIC" not in problem:
                 log.warning("%s: could not delete a topic: %s", self.config.name, problem)
 
     async def _run(self) -> RunRecord:

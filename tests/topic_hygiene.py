@@ -20,8 +20,8 @@ from kiln.streams import admin
 from kiln.streams.settings import KilnSettings
 
 # The names only tests and kiln's local learning runs make: t<10 hex>. / s<10 hex>. prefixes (tests), rl<8 hex>.
-# (LearningRun), and the raw test topics of the `topics` fixture and tests/infra.
-TEST_TOPIC = re.compile(r"^(?:[ts](?P<prefixed>[0-9a-f]{10})\.|rl[0-9a-f]{8}\."
+# (LearningRun: its process's pid in the first six), and the raw test topics of the `topics` fixture and tests/infra.
+TEST_TOPIC = re.compile(r"^(?:[ts](?P<prefixed>[0-9a-f]{10})\.|rl(?P<run_pid>[0-9a-f]{6})[0-9a-f]{2}\."
                         r"|(?:t-share|t-commit|req|res)-(?P<raw>[0-9a-f]{10})(?:\.|$))")
 SESSION_TAG = os.urandom(2).hex()
 
@@ -39,6 +39,23 @@ def _made_by_this_session(name: str) -> bool:
 
 def _topic_names(settings: KilnSettings) -> set[str]:
     return set(admin.admin_client(settings).list_topics(timeout=60).topics)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def leftover(name: str) -> bool:
+    """A test topic no live process uses: a learning run's (bench, demo, `kiln rl learn`, outside any session)
+    only once the process that runs it is gone."""
+    m = TEST_TOPIC.match(name)
+    return m is not None and not (m["run_pid"] and _pid_alive(int(m["run_pid"], 16)))
 
 
 def _live_sessions(markers: Path) -> list[Path]:
@@ -67,7 +84,7 @@ def session_topics(settings: KilnSettings) -> Iterator[None]:
     markers = Path(tempfile.gettempdir()) / f"kiln-test-sessions-{broker}"
     markers.mkdir(parents=True, exist_ok=True)
     if not _live_sessions(markers):
-        _delete(settings, {n for n in _topic_names(settings) if TEST_TOPIC.match(n)})
+        _delete(settings, {n for n in _topic_names(settings) if leftover(n)})
     mine = markers / f"{os.getpid()}.pid"
     mine.touch()
     try:
