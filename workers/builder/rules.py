@@ -27,7 +27,7 @@ from kiln.schemas.images import REPORTS_DIR
 from kiln.workers.builder.dockerfile import confine
 from kiln.workers.builder.errors import PlanError
 
-RULES_VERSION = 11
+RULES_VERSION = 12
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
 LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time
 PRIORITY = ["cmake", "autotools", "cargo", "go", "python", "npm", "make"]
@@ -381,7 +381,9 @@ def task_runner_pytest(root: Path) -> tuple[str, str] | None:
         cfg = configparser.ConfigParser(interpolation=None, strict=False)
         with contextlib.suppress(configparser.Error):
             cfg.read_string(text)
-            for line in cfg.get("testenv", "commands", fallback="").splitlines():
+            # tox joins a line that ends with a backslash to the next one (one command over several lines).
+            commands = re.sub(r"\\[ \t]*\n[ \t]*", " ", cfg.get("testenv", "commands", fallback=""))
+            for line in commands.splitlines():
                 m = _PYTEST_LINE.search(line.strip())
                 if m:
                     # {posargs:tests} runs tests when none are given; other substitutions are tox's business, and
