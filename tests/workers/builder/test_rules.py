@@ -231,7 +231,8 @@ def test_npm_plan_runs_the_runner_with_its_reporter(tmp_path: Path) -> None:
     ({"tox.ini": "[testenv]\ncommands = pytest --basetemp {envtmpdir} -x {posargs}\n"}, "pytest -x"),
     # A command continued over lines (tox joins them), among several commands.
     ({"tox.ini": "[testenv]\ncommands =\n    {envpython} -m pip list\n    {envpython} -m pytest \\\n"
-                 "        -q --tb=short \\\n        tests {posargs}\n    coverage report\n"}, "pytest -q --tb=short tests"),
+                 "        -q --tb=short \\\n        tests {posargs}\n    coverage report\n"},
+     "pytest -q --tb=short tests"),
     ({"pyproject.toml": PYPROJECT + '[tool.tox]\nlegacy_tox_ini = """\n[testenv]\n'
                                     'commands = pytest -x {posargs}\n"""\n'}, "pytest -x"),
     ({"noxfile.py": "import nox\n@nox.session\ndef tests(session):\n    session.install('.')\n"
