@@ -34,6 +34,8 @@ from docker.errors import APIError, DockerException
 
 from kiln.schemas.exec import SessionLimits
 from kiln.streams.errors import InfraError
+from kiln.workers.common import sandbox
+from kiln.workers.common.sandbox import Limits
 from kiln.workers.exec.sessions import image_volumes
 
 log = logging.getLogger(__name__)
@@ -233,13 +235,10 @@ class RunnerPool:
                 inside = path.startswith(("/work/", "/tmp/"))
                 tmpfs.setdefault(path, f"size={max(1, half // 4)}m,uid=1000,gid=1000,mode=0755,exec" if inside
                                  else "size=64k,mode=0555,ro")
-            container = self.client.containers.run(
-                image, ["sleep", "infinity"], name=name, detach=True, network_mode="none", user="0:0",
-                read_only=True, tmpfs=tmpfs, working_dir="/work", mem_limit=limits.memory_mb << 20,
-                memswap_limit=limits.memory_mb << 20, nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.pids,
-                shm_size=f"{min(64, half)}m", security_opt=["no-new-privileges"], cap_drop=["ALL"],
-                cap_add=["SETUID", "SETGID", "KILL"], init=True, labels=self.labels(name),
-                environment={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"})
+            container = sandbox.create(
+                self.client, image, ["sleep", "infinity"], profile=sandbox.RUNNER, limits=Limits.of_session(limits),
+                start=True, name=name, tmpfs=tmpfs, working_dir="/work", shm_bytes=min(64, half) << 20,
+                labels=self.labels(name), environment={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"})
             with self._lock:
                 self._starting.add(container.id)
             self._install(container)

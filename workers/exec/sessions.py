@@ -52,7 +52,9 @@ from kiln.schemas.envelope import request_id_value
 from kiln.schemas.exec import CommandOutput, ExecRequest, ExecResult, FileContent, SessionLimits
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import BlobNotFound, ConfigError, InfraError
+from kiln.workers.common import sandbox
 from kiln.workers.common.containers import untar_files
+from kiln.workers.common.sandbox import Limits
 from kiln.workers.exec import auth
 from kiln.workers.exec.errors import SessionDenied, SessionError, SessionLost
 
@@ -380,20 +382,12 @@ class SessionManager:
         try:
             binds = {}
             for where, path, size in areas:
-                volume = f"{name}-{where}"
-                self.client.volumes.create(volume, driver="local", labels={"kiln.role": ROLE},
-                                           driver_opts={"type": "tmpfs", "device": "tmpfs",
-                                                        "o": f"size={size}m,uid=1000,gid=1000,mode=0755"})
-                volumes.append(volume)
-                binds[volume] = {"bind": path, "mode": "rw"}
-            container = self.client.containers.run(
-                image, ["sleep", "infinity"], name=name, detach=True, network_mode="none", user="0:0",
-                read_only=True, volumes=binds, mounts=mounts,
-                working_dir="/work", mem_limit=limits.memory_mb << 20, memswap_limit=limits.memory_mb << 20,
-                nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.pids, security_opt=["no-new-privileges"],
-                cap_drop=["ALL"], init=True, labels=self.sealed_labels(name),
-                environment={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
-            )
+                volumes.append(sandbox.tmpfs_volume(self.client, f"{name}-{where}", size << 20, ROLE))
+                binds[volumes[-1]] = {"bind": path, "mode": "rw"}
+            container = sandbox.create(
+                self.client, image, ["sleep", "infinity"], profile=sandbox.SESSION, limits=Limits.of_session(limits),
+                start=True, name=name, volumes=binds, mounts=mounts, working_dir="/work",
+                labels=self.sealed_labels(name), environment={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"})
             container.reload()
             init_pid = int(container.attrs["State"]["Pid"])
             keeper = self._keeper(container, init_pid)
@@ -464,7 +458,7 @@ class SessionManager:
         if cached is not None:
             return cached
         # Never started; its anonymous volumes (paths the image declares) go with it.
-        source = self.client.containers.create(image, ["true"], network_mode="none")
+        source = sandbox.create(self.client, image, ["true"], profile=sandbox.IMAGE_FILES, limits=Limits())
         try:
             stream, _ = source.get_archive("/work/.")
             content = b"".join(stream)
