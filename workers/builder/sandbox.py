@@ -53,7 +53,7 @@ class BuildSandbox(BaseSettings):
 
     def build_params(self) -> dict[str, Any]:
         """Query parameters of the engine's ``/build`` for one sandboxed build."""
-        memory = self.memory_mb << 20
+        memory = self.limits().memory_bytes
         return {"networkmode": self.network, "buildargs": json.dumps(self.proxy_env()),
                 "cgroupparent": self.cgroup, "memory": memory, "memswap": memory,
                 "cpushares": max(2, int(1024 * self.cpus))}

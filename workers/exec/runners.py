@@ -1,12 +1,13 @@
 """One-shot calls (``run_once``) in warm runner containers: a call costs a process, not a container.
 
-A runner is a container like a session's (read-only image, no network, CPU/memory/pids limits, size-limited tmpfs
-work areas, no new privileges) whose only extra is a trusted supervisor (``supervisor/main.go``, a static binary
-kiln builds once per source and copies into the container's root-only ``/kiln``). It runs as root with nothing
-but CAP_SETUID, CAP_SETGID and CAP_KILL, reached over one attached ``docker exec`` stream: a call is one JSON line
-there and back, with no Docker API round trip. It runs the call's steps as uid 1000 and measures them itself, then
-kills every uid-1000 process and wipes every writable place; a runner with anything left of a call is discarded
-and replaced off the hot path. One call at a time per runner, so a call's limits are its container's.
+A runner is a container like a session's (read-only image, no network, CPU/memory/pids limits, size-limited tmpfs work
+areas, no new privileges: the sandbox policy's ``RUNNER`` profile, ``workers/common/sandbox.py``) whose only extra is
+a trusted supervisor (``supervisor/main.go``, a static binary kiln builds once per source and copies into the
+container's root-only ``/kiln``). It runs as root with nothing but CAP_SETUID, CAP_SETGID and CAP_KILL, reached over
+one attached ``docker exec`` stream: a call is one JSON line there and back, with no Docker API round trip. It runs
+the call's steps as uid 1000 and measures them itself, then kills every uid-1000 process and wipes every writable
+place; a runner with anything left of a call is discarded and replaced off the hot path. One call at a time per
+runner, so a call's limits are its container's.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Exec sessions: one isolated container per session, on this worker's Docker engine.
 
-A session container runs the image read-only, without network, capabilities or new privileges, with CPU/memory/
-pids limits and an init; its only writable places are two size-limited tmpfs volumes, ``/work`` (populated with
-the image's ``/work`` or a snapshot) and ``/tmp``, so snapshots capture all state. Every command runs as uid 1000
-through ``docker exec`` under ``timeout -s KILL``. When it returns, kiln empties the container *from outside*: it
-reads the container's cgroup (host pids) and SIGKILLs everything but the init and the idle keeper (capability-less
-root, which uid 1000 cannot signal) until nothing else is left. The command cannot defeat that (killing its own
-wrapper, setsid, fork bombs, SIGTERM-ignorers): nothing it starts outlives it, so nothing can touch the next
-command's files or reports. File reads and writes run as uid 1000 inside the container too (one ``tar`` each) and
-refuse any path that resolves outside ``/work``; Docker's archive API (root, follows symlinks, ignores the
-read-only root and the disk limit) is used only on kiln's own areas.
+A session container runs the image read-only, without network, capabilities or new privileges, with CPU/memory/pids
+limits and an init (the sandbox policy's ``SESSION`` profile, ``workers/common/sandbox.py``); its only writable places
+are two size-limited tmpfs volumes, ``/work`` (populated with the image's ``/work`` or a snapshot) and ``/tmp``, so
+snapshots capture all state. Every command runs as uid 1000 through ``docker exec`` under ``timeout -s KILL``. When it
+returns, kiln empties the container *from outside*: it reads the container's cgroup (host pids) and SIGKILLs
+everything but the init and the idle keeper (capability-less root, which uid 1000 cannot signal) until nothing else is
+left. The command cannot defeat that (killing its own wrapper, setsid, fork bombs, SIGTERM-ignorers): nothing it
+starts outlives it, so nothing can touch the next command's files or reports. File reads and writes run as uid 1000
+inside the container too (one ``tar`` each) and refuse any path that resolves outside ``/work``; Docker's archive API
+(root, follows symlinks, ignores the read-only root and the disk limit) is used only on kiln's own areas.
 
 Nothing an image declares changes that: a path it declares a ``VOLUME`` gets a read-only empty tmpfs (outside
 ``/work`` and ``/tmp``) or a size-limited tmpfs volume carved out of the session's disk budget (inside them), so
