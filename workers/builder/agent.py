@@ -28,6 +28,7 @@ from kiln.schemas.builder import Decision
 from kiln.schemas.images import REPORTS_DIR, ImageContract
 from kiln.workers.builder.rules import ci_commands, readme_commands
 from kiln.workers.builder.sandbox import BuildSandbox
+from kiln.workers.common import sandbox as policy
 from kiln.workers.common.containers import exec_capped, kill_on_cancel
 
 _TEST = re.compile(r"\b(test|tests|check|pytest|ctest)\b")
@@ -178,9 +179,8 @@ def agent_image(client: Any, toolchain: str, checkout: Path, tag: str, labels: d
     """Run the loop in a container of the build sandbox (the checkout in /work; root with a minimal capability set, as
     the agent's commands install system packages); on success commit it as ``tag``."""
     sandbox = BuildSandbox()
-    sandbox.verify(client)
-    container = client.containers.create(toolchain, ["sleep", "infinity"], working_dir="/work",
-                                         **sandbox.container_options(root=True))
+    container = policy.create(client, toolchain, ["sleep", "infinity"], profile=policy.BUILD_AGENT,
+                              limits=sandbox.limits(), egress=sandbox.network, working_dir="/work")
     kill_on_cancel(container)
     try:
         container.start()

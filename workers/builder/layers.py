@@ -27,6 +27,7 @@ from kiln.streams.errors import BlobNotFound, InfraError
 from kiln.workers.builder.errors import StepFailed
 from kiln.workers.builder.images import repository_slug
 from kiln.workers.builder.sandbox import UNPRIVILEGED, BuildSandbox
+from kiln.workers.common import sandbox as policy
 from kiln.workers.common.containers import exec_capped, kill_on_cancel, read_capped
 from kiln.workers.common.registry import CONFIG_V1, LAYER_GZIP, Registry, sha256_digest
 
@@ -178,11 +179,10 @@ def rebuild_layer(client: Any, parent_image: str, repo: Repository, d: Diff, scr
     parent image; what the container changed (``docker diff``) becomes the layer: added trees and files, whiteouts
     for deletions."""
     sandbox = BuildSandbox()
-    sandbox.verify(client)
     try:
-        container = client.containers.create(parent_image, ["sleep", "infinity"], working_dir="/work",
-                                             environment={**env, **sandbox.proxy_env()},
-                                             **sandbox.container_options(root=False))
+        container = policy.create(client, parent_image, ["sleep", "infinity"], profile=policy.BUILD_STEP,
+                                  limits=sandbox.limits(), egress=sandbox.network, working_dir="/work",
+                                  environment={**env, **sandbox.proxy_env()})
     except (APIError, DockerException) as e:
         raise InfraError(f"creating the rebuild container from {parent_image}: {e}") from e
     kill_on_cancel(container)

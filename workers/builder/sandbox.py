@@ -1,6 +1,7 @@
 """Where repository and agent code runs during a build: on kiln's egress network (no host network; its only reachable
 address is the allowlisting proxy ``infra/egress/egress.sh`` starts), non-root where the build system allows, with
-CPU, memory, pids and time bounded. One place decides this for ``docker build``, the layered rebuild and the agent.
+CPU, memory, pids and time bounded. The settings of ``docker build``, the layered rebuild and the agent; their
+containers' policy is the sandbox policy's (``workers/common/sandbox.py``: profiles ``BUILD_STEP``, ``BUILD_AGENT``).
 
 Configuration (``KILN_BUILD_*``): ``NETWORK`` (kiln-egress), ``PROXY`` (http://172.31.250.1:3128), ``MEMORY_MB``
 (4096), ``CPUS`` (2), ``PIDS`` (4096), ``CGROUP`` (kiln-builds: the parent cgroup ``docker build`` steps run
@@ -14,16 +15,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from docker.errors import APIError, DockerException, NotFound
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kiln.streams.errors import InfraError
+from kiln.workers.common import sandbox as policy
+from kiln.workers.common.sandbox import Limits
 
-# Capabilities a package manager running as root in the container needs (chown, setuid for apt's sandbox user);
-# everything else Docker grants by default (raw sockets, mknod, chroot, ...) is dropped.
-ROOT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL"]
-UNPRIVILEGED = "1000:1000"
+UNPRIVILEGED = policy.UNPRIVILEGED
 
 
 class BuildSandbox(BaseSettings):
@@ -47,30 +45,15 @@ class BuildSandbox(BaseSettings):
 
     def verify(self, client: Any) -> None:
         """Fail closed: without kiln's egress network no build step runs (never on another network instead)."""
-        try:
-            network = client.networks.get(self.network)
-        except NotFound:
-            raise InfraError(f"build network {self.network!r} does not exist: run `kiln setup docker` "
-                             "(infra/egress/egress.sh start)") from None
-        except (APIError, DockerException) as e:
-            raise InfraError(f"inspecting build network {self.network!r}: {e}") from e
-        if network.attrs.get("Labels", {}).get("kiln.role") != "egress":
-            raise InfraError(f"network {self.network!r} is not kiln's egress network (label kiln.role=egress)")
+        policy.verify_egress(client, self.network)
+
+    def limits(self) -> Limits:
+        """A build container's limits (``docker build`` takes them as ``build_params``)."""
+        return Limits(memory_bytes=self.memory_mb << 20, cpus=self.cpus, pids=self.pids, output_bytes=self.log_bytes)
 
     def build_params(self) -> dict[str, Any]:
         """Query parameters of the engine's ``/build`` for one sandboxed build."""
-        memory = self.memory_mb << 20
+        memory = self.limits().memory_bytes
         return {"networkmode": self.network, "buildargs": json.dumps(self.proxy_env()),
                 "cgroupparent": self.cgroup, "memory": memory, "memswap": memory,
                 "cpushares": max(2, int(1024 * self.cpus))}
-
-    def container_options(self, *, root: bool) -> dict[str, Any]:
-        """Keyword arguments of ``containers.create`` for a build container (the agent's, the layered rebuild's)."""
-        memory = self.memory_mb << 20
-        options: dict[str, Any] = {
-            "network_mode": self.network, "mem_limit": memory, "memswap_limit": memory,
-            "nano_cpus": int(self.cpus * 1e9), "pids_limit": self.pids, "security_opt": ["no-new-privileges"],
-            "cap_drop": ["ALL"], "user": "0:0" if root else UNPRIVILEGED}
-        if root:
-            options["cap_add"] = ROOT_CAPABILITIES
-        return options

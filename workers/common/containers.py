@@ -1,6 +1,6 @@
-"""Running untrusted code in containers through the Docker SDK: no network, non-root, bounded CPU, memory, pids and
-time, no new privileges, every capability dropped; files come back as a tar of one directory. Shared by the stages
-that run repository code (builder, exec).
+"""Running untrusted code in containers through the Docker SDK, in containers the sandbox policy makes (``sandbox.py``:
+no network, non-root, bounded CPU, memory and pids, no new privileges, every capability dropped), bounded in time
+too; files come back as a tar of one directory. Shared by the stages that run repository code (builder, exec).
 
 What such code prints or leaves behind is read as a stream and never past a cap (``Limits.output_bytes``: the tail
 of the output is kept; ``Limits.collect_bytes``: a larger collected directory is not read at all), so the
@@ -19,23 +19,13 @@ from typing import Any
 
 import docker
 from docker.errors import APIError, DockerException, NotFound
-from docker.types import LogConfig
 
 from kiln.streams import cancel
 from kiln.streams.errors import DockerUnavailable, InfraError
+from kiln.workers.common import sandbox
+from kiln.workers.common.sandbox import Limits as Limits  # the one limits type, where its users always found it
 
 LABEL = "kiln.role"
-
-
-@dataclass(frozen=True)
-class Limits:
-    memory_bytes: int = 2 << 30
-    cpus: float = 2.0
-    pids: int = 1024
-    timeout_s: float = 600.0
-    user: str = "1000:1000"
-    output_bytes: int = 64 << 10  # the tail of stdout+stderr kept
-    collect_bytes: int = 256 << 20  # the most of the collected directory (a tar) read back
 
 
 class OutputTail:
@@ -58,13 +48,6 @@ class OutputTail:
         dropped = self.dropped + len(self.buffer) - len(kept)
         note = f"[kiln: {dropped} earlier bytes of output dropped]\n" if dropped else ""
         return note + kept.decode(errors="replace")
-
-
-def log_config(output_bytes: int) -> LogConfig:
-    """The engine's log of a container, bounded on disk: two json-files (the current one and the one before it,
-    so the tail survives a rotation) of twice what kiln reads back."""
-    return LogConfig(type=LogConfig.types.JSON, config={"max-size": f"{max(64, (2 * output_bytes) >> 10)}k",
-                                                         "max-file": "2"})
 
 
 def read_capped(chunks: Any, cap: int) -> bytes | None:
@@ -136,12 +119,8 @@ def run_sandboxed(client: Any, image: str, script: str, *, limits: Limits, role:
     """Run ``bash -c script`` in a fresh networkless container; collect the directory ``collect`` afterwards."""
     started = time.monotonic()
     try:
-        container = client.containers.create(
-            image, ["bash", "-c", script], network_mode="none", user=limits.user, environment=env or {},
-            working_dir=workdir, mem_limit=limits.memory_bytes, memswap_limit=limits.memory_bytes,
-            nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.pids, security_opt=["no-new-privileges"],
-            cap_drop=["ALL"], labels={LABEL: role}, init=True, detach=True, log_config=log_config(limits.output_bytes),
-        )
+        container = sandbox.create(client, image, ["bash", "-c", script], profile=sandbox.TEST_RUN, limits=limits,
+                                   labels={LABEL: role}, environment=env, working_dir=workdir)
     except (APIError, DockerException) as e:
         raise InfraError(f"creating a container from {image}: {e}") from e
     kill_on_cancel(container)

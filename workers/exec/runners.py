@@ -1,12 +1,13 @@
 """One-shot calls (``run_once``) in warm runner containers: a call costs a process, not a container.
 
-A runner is a container like a session's (read-only image, no network, CPU/memory/pids limits, size-limited tmpfs
-work areas, no new privileges) whose only extra is a trusted supervisor (``supervisor/main.go``, a static binary
-kiln builds once per source and copies into the container's root-only ``/kiln``). It runs as root with nothing
-but CAP_SETUID, CAP_SETGID and CAP_KILL, reached over one attached ``docker exec`` stream: a call is one JSON line
-there and back, with no Docker API round trip. It runs the call's steps as uid 1000 and measures them itself, then
-kills every uid-1000 process and wipes every writable place; a runner with anything left of a call is discarded
-and replaced off the hot path. One call at a time per runner, so a call's limits are its container's.
+A runner is a container like a session's (read-only image, no network, CPU/memory/pids limits, size-limited tmpfs work
+areas, no new privileges: the sandbox policy's ``RUNNER`` profile, ``workers/common/sandbox.py``) whose only extra is
+a trusted supervisor (``supervisor/main.go``, a static binary kiln builds once per source and copies into the
+container's root-only ``/kiln``). It runs as root with nothing but CAP_SETUID, CAP_SETGID and CAP_KILL, reached over
+one attached ``docker exec`` stream: a call is one JSON line there and back, with no Docker API round trip. It runs
+the call's steps as uid 1000 and measures them itself, then kills every uid-1000 process and wipes every writable
+place; a runner with anything left of a call is discarded and replaced off the hot path. One call at a time per
+runner, so a call's limits are its container's.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from docker.errors import APIError, DockerException
 
 from kiln.schemas.exec import SessionLimits
 from kiln.streams.errors import InfraError
+from kiln.workers.common import sandbox
+from kiln.workers.common.sandbox import Limits
 from kiln.workers.exec.sessions import image_volumes
 
 log = logging.getLogger(__name__)
@@ -233,13 +236,10 @@ class RunnerPool:
                 inside = path.startswith(("/work/", "/tmp/"))
                 tmpfs.setdefault(path, f"size={max(1, half // 4)}m,uid=1000,gid=1000,mode=0755,exec" if inside
                                  else "size=64k,mode=0555,ro")
-            container = self.client.containers.run(
-                image, ["sleep", "infinity"], name=name, detach=True, network_mode="none", user="0:0",
-                read_only=True, tmpfs=tmpfs, working_dir="/work", mem_limit=limits.memory_mb << 20,
-                memswap_limit=limits.memory_mb << 20, nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.pids,
-                shm_size=f"{min(64, half)}m", security_opt=["no-new-privileges"], cap_drop=["ALL"],
-                cap_add=["SETUID", "SETGID", "KILL"], init=True, labels=self.labels(name),
-                environment={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"})
+            container = sandbox.create(
+                self.client, image, ["sleep", "infinity"], profile=sandbox.RUNNER, limits=Limits.of_session(limits),
+                start=True, name=name, tmpfs=tmpfs, working_dir="/work", shm_bytes=min(64, half) << 20,
+                labels=self.labels(name), environment={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"})
             with self._lock:
                 self._starting.add(container.id)
             self._install(container)

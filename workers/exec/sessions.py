@@ -1,15 +1,15 @@
 """Exec sessions: one isolated container per session, on this worker's Docker engine.
 
-A session container runs the image read-only, without network, capabilities or new privileges, with CPU/memory/
-pids limits and an init; its only writable places are two size-limited tmpfs volumes, ``/work`` (populated with
-the image's ``/work`` or a snapshot) and ``/tmp``, so snapshots capture all state. Every command runs as uid 1000
-through ``docker exec`` under ``timeout -s KILL``. When it returns, kiln empties the container *from outside*: it
-reads the container's cgroup (host pids) and SIGKILLs everything but the init and the idle keeper (capability-less
-root, which uid 1000 cannot signal) until nothing else is left. The command cannot defeat that (killing its own
-wrapper, setsid, fork bombs, SIGTERM-ignorers): nothing it starts outlives it, so nothing can touch the next
-command's files or reports. File reads and writes run as uid 1000 inside the container too (one ``tar`` each) and
-refuse any path that resolves outside ``/work``; Docker's archive API (root, follows symlinks, ignores the
-read-only root and the disk limit) is used only on kiln's own areas.
+A session container runs the image read-only, without network, capabilities or new privileges, with CPU/memory/pids
+limits and an init (the sandbox policy's ``SESSION`` profile, ``workers/common/sandbox.py``); its only writable places
+are two size-limited tmpfs volumes, ``/work`` (populated with the image's ``/work`` or a snapshot) and ``/tmp``, so
+snapshots capture all state. Every command runs as uid 1000 through ``docker exec`` under ``timeout -s KILL``. When it
+returns, kiln empties the container *from outside*: it reads the container's cgroup (host pids) and SIGKILLs
+everything but the init and the idle keeper (capability-less root, which uid 1000 cannot signal) until nothing else is
+left. The command cannot defeat that (killing its own wrapper, setsid, fork bombs, SIGTERM-ignorers): nothing it
+starts outlives it, so nothing can touch the next command's files or reports. File reads and writes run as uid 1000
+inside the container too (one ``tar`` each) and refuse any path that resolves outside ``/work``; Docker's archive API
+(root, follows symlinks, ignores the read-only root and the disk limit) is used only on kiln's own areas.
 
 Nothing an image declares changes that: a path it declares a ``VOLUME`` gets a read-only empty tmpfs (outside
 ``/work`` and ``/tmp``) or a size-limited tmpfs volume carved out of the session's disk budget (inside them), so
@@ -52,7 +52,9 @@ from kiln.schemas.envelope import request_id_value
 from kiln.schemas.exec import CommandOutput, ExecRequest, ExecResult, FileContent, SessionLimits
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import BlobNotFound, ConfigError, InfraError
+from kiln.workers.common import sandbox
 from kiln.workers.common.containers import untar_files
+from kiln.workers.common.sandbox import Limits
 from kiln.workers.exec import auth
 from kiln.workers.exec.errors import SessionDenied, SessionError, SessionLost
 
@@ -380,20 +382,12 @@ class SessionManager:
         try:
             binds = {}
             for where, path, size in areas:
-                volume = f"{name}-{where}"
-                self.client.volumes.create(volume, driver="local", labels={"kiln.role": ROLE},
-                                           driver_opts={"type": "tmpfs", "device": "tmpfs",
-                                                        "o": f"size={size}m,uid=1000,gid=1000,mode=0755"})
-                volumes.append(volume)
-                binds[volume] = {"bind": path, "mode": "rw"}
-            container = self.client.containers.run(
-                image, ["sleep", "infinity"], name=name, detach=True, network_mode="none", user="0:0",
-                read_only=True, volumes=binds, mounts=mounts,
-                working_dir="/work", mem_limit=limits.memory_mb << 20, memswap_limit=limits.memory_mb << 20,
-                nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.pids, security_opt=["no-new-privileges"],
-                cap_drop=["ALL"], init=True, labels=self.sealed_labels(name),
-                environment={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
-            )
+                volumes.append(sandbox.tmpfs_volume(self.client, f"{name}-{where}", size << 20, ROLE))
+                binds[volumes[-1]] = {"bind": path, "mode": "rw"}
+            container = sandbox.create(
+                self.client, image, ["sleep", "infinity"], profile=sandbox.SESSION, limits=Limits.of_session(limits),
+                start=True, name=name, volumes=binds, mounts=mounts, working_dir="/work",
+                labels=self.sealed_labels(name), environment={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"})
             container.reload()
             init_pid = int(container.attrs["State"]["Pid"])
             keeper = self._keeper(container, init_pid)
@@ -464,7 +458,7 @@ class SessionManager:
         if cached is not None:
             return cached
         # Never started; its anonymous volumes (paths the image declares) go with it.
-        source = self.client.containers.create(image, ["true"], network_mode="none")
+        source = sandbox.create(self.client, image, ["true"], profile=sandbox.IMAGE_FILES, limits=Limits())
         try:
             stream, _ = source.get_archive("/work/.")
             content = b"".join(stream)

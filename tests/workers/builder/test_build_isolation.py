@@ -23,6 +23,7 @@ from kiln.workers.builder.agent import AgentConfig
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.sandbox import BuildSandbox
 from kiln.workers.builder.service import build_revision
+from kiln.workers.common import sandbox as policy
 from kiln.workers.common.containers import Limits
 from tests.ingest.gitrepos import Builder, write
 
@@ -95,9 +96,8 @@ def peer(docker_engine: Any) -> Iterator[tuple[str, Any]]:
     """Another build's container on the egress network, created with the options the builder gives its own build
     containers (the agent's: root with its minimal capability set), listening on TCP 8000 and UDP 8001."""
     sandbox = BuildSandbox()
-    sandbox.verify(docker_engine)
-    container = docker_engine.containers.create("kiln/toolchain:latest", ["python3", "-u", "-c", PEER],
-                                                **sandbox.container_options(root=True))
+    container = policy.create(docker_engine, "kiln/toolchain:latest", ["python3", "-u", "-c", PEER],
+                              profile=policy.BUILD_AGENT, limits=sandbox.limits(), egress=sandbox.network)
     try:
         container.start()
         for line in container.logs(stream=True, follow=True):
