@@ -143,9 +143,9 @@ class OutputMatches:
 
 
 class LeanProofAccepted:
-    """Reward = 1 when Lean accepts the proof without ``sorry``: the completion, after the row's ``statement``
-    column when the dataset has one (``theorem t : p → p := by`` + the completion), runs as one Lean-stage
-    ``run_code`` — the ``lean_code`` verifier (``kiln.workers.verifiers.LeanCodeVerifier``)."""
+    """Reward = 1 when Lean's kernel accepts the completion as the proof of the row's ``statement`` column (a named
+    theorem up to its ``:=``, e.g. ``theorem t : p → p := by``), without ``sorry`` and with only allowed axioms — the
+    ``lean_code`` verifier (``kiln.workers.verifiers.LeanCodeVerifier``); a dataset needs that column."""
 
     __name__ = "kiln_lean_proof_accepted"
 

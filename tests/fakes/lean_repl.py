@@ -8,6 +8,17 @@ over propositional goals, so tactic sequences succeed or fail meaningfully:
   theorem t1 : p → p ∧ True := by sorry          -- run as a command: one proof state per sorry
   tactics: intro h | constructor | left | right | exact h | assumption | trivial | rfl | sorry
            simp, omega, decide  -- only when the header imports Mathlib ("unknown tactic" otherwise)
+           native_decide        -- closes what decide closes, trusting the compiler (axiom Lean.ofReduceBool)
+           kernel_reject        -- closes any goal in tactic mode, as tactic mode once accepted proofs the kernel
+                                   rejects (leanprover-community/repl#44); in a command the declaration fails with
+                                   "(kernel) declaration has metavariables" (test/app_type_mismatch.expected.out)
+
+A command may span lines (a ``by`` block's tactics on indented lines, one per line or ``;``-separated); an
+environment keeps its declarations: ``axiom NAME : PROP`` declares one, a theorem (or lemma) whose proof goes through
+is added with the axioms its proof used (``sorry`` → ``sorryAx``, ``simp``/``omega`` → ``propext``, ``native_decide``
+→ ``Lean.ofReduceBool``, ``exact NAME`` → NAME's own), and ``#print axioms NAME`` answers as Lean does, an info
+message at its line: ``'NAME' depends on axioms: [...]`` or ``'NAME' does not depend on any axioms``.
+``set_option debug.skipKernelTC true in`` before a declaration lets ``kernel_reject`` through (the kernel skipped).
 
 Headers matter: ``import ...`` lines at the top of a command cost FAKE_LEAN_IMPORT_S seconds each time they are
 processed (as real imports do), and a pickled state can only be unpickled where the same imports are loaded.
@@ -133,7 +144,21 @@ class LeanError(Exception):
     pass
 
 
-def apply_tactic(state: State, tactic: str) -> State:
+@dataclass
+class Decl:
+    prop: str
+    axioms: set[str]
+
+
+KERNEL_REJECTS = "<kernel rejects>"  # a marker in a proof's axioms: the kernel refuses the declaration
+COMMAND = re.compile(r"(theorem|lemma|example|axiom|#\w+|set_option|open|variable|import|def|instance|attribute)\b")
+
+
+def apply_tactic(state: State, tactic: str, decls: dict[str, Decl] | None = None,
+                 used: set[str] | None = None) -> State:
+    """One tactic on the first goal; ``decls`` are the environment's declarations (``exact NAME``), and the axioms
+    the step relies on are added to ``used``."""
+    used = set() if used is None else used
     if not state.goals:
         raise LeanError("no goals to be proved")
     goal, rest = state.goals[0], state.goals[1:]
@@ -150,6 +175,19 @@ def apply_tactic(state: State, tactic: str) -> State:
         return State([Goal(goal.hyps, s[1]), Goal(goal.hyps, s[2]), *rest], state.imports)
     if name in ("left", "right") and s and s[0] == OR:
         return State([Goal(goal.hyps, s[1] if name == "left" else s[2]), *rest], state.imports)
+    if name == "exact" and args and args[0] not in dict(goal.hyps) and decls and args[0] in decls:
+        decl = decls[args[0]]
+        if strip_parens(decl.prop) != target:
+            raise LeanError(f"type mismatch\n  {args[0]}\nhas type\n  {decl.prop}\nbut is expected to have type\n"
+                            f"  {target}")
+        used.update(decl.axioms)
+        return State(rest, state.imports)
+    if name == "kernel_reject":
+        used.add(KERNEL_REJECTS)
+        return State(rest, state.imports)
+    if name == "native_decide" and re.fullmatch(r"[\d\s+*<=≤]+", target):
+        used.add("Lean.ofReduceBool")
+        return State(rest, state.imports)
     if name == "exact" and args:
         hyps = dict(goal.hyps)
         if args[0] not in hyps:
@@ -165,11 +203,14 @@ def apply_tactic(state: State, tactic: str) -> State:
     if name == "rfl" and equal_sides(target):
         return State(rest, state.imports)
     if name == "sorry":
+        used.add("sorryAx")
         return State(rest, state.imports)
     if name == "simp" and (target == "True" or equal_sides(target) or
                            (s and s[0] == AND and all(p == "True" or equal_sides(p) for p in s[1:]))):
+        used.add("propext")
         return State(rest, state.imports)
     if name in ("omega", "decide") and re.fullmatch(r"[\d\s+*<=≤]+", target):
+        used.update({"propext"} if name == "omega" else set())
         return State(rest, state.imports)
     if name in {"intro", "constructor", "left", "right", "exact", "assumption", "trivial", "rfl", *MATHLIB_TACTICS}:
         raise LeanError(f"tactic '{name}' failed\n{goal.render()}")
@@ -181,6 +222,7 @@ def apply_tactic(state: State, tactic: str) -> State:
 class Repl:
     def __init__(self) -> None:
         self.envs: dict[int, list[str]] = {}
+        self.decls: dict[int, dict[str, Decl]] = {}
         self.states: dict[int, State] = {}
 
     def misbehave(self, directive: str) -> None:
@@ -281,44 +323,105 @@ class Repl:
             imports = self.envs[int(str(req["env"]))]
         else:
             time.sleep(IMPORT_S * len(imports))
+        decls = dict(self.decls.get(int(str(req["env"])), {})) if "env" in req else {}
         sorries: list[dict[str, object]] = []
-        for number, line in enumerate(lines, start=1):
-            check = re.match(r"\s*#check\s+(\S+)\s*$", line)
+        skip_kernel_from_here = False
+        for number, block in self.blocks(lines, messages):
+            standalone = re.match(r"\s*set_option\s+(\S+)\s+(\S+)\s*$", block)
+            if standalone:
+                skip_kernel_from_here |= standalone.group(1) == "debug.skipKernelTC" and standalone.group(2) == "true"
+                continue
+            skip_kernel = skip_kernel_from_here
+            while (option := re.match(r"\s*set_option\s+(\S+)\s+(\S+)\s+in\s+", block, re.S)) is not None:
+                skip_kernel |= option.group(1) == "debug.skipKernelTC" and option.group(2) == "true"
+                block = block[option.end():]
+            check = re.match(r"\s*#check\s+(\S+)\s*$", block)
             if check:
-                messages.append(self._msg("error", number, 7, f"unknown identifier '{check.group(1)}'"))
+                name = check.group(1)
+                if name in decls:
+                    messages.append(self._msg("info", number, 0, f"{name} : {decls[name].prop}"))
+                else:
+                    messages.append(self._msg("error", number, 7, f"unknown identifier '{name}'"))
                 continue
-            m = re.match(r"\s*(theorem|lemma|example)\s*(\S*)\s*:\s*(.+?)\s*:=\s*(by\s+)?(.*)$", line)
+            printed = re.match(r"\s*#print\s+axioms\s+(\S+)\s*$", block)
+            if printed:
+                name = printed.group(1)
+                if name not in decls:
+                    messages.append(self._msg("error", number, 15, f"unknown constant '{name}'"))
+                elif decls[name].axioms:
+                    messages.append(self._msg("info", number, 0, f"'{name}' depends on axioms: "
+                                                                f"[{', '.join(sorted(decls[name].axioms))}]"))
+                else:
+                    messages.append(self._msg("info", number, 0, f"'{name}' does not depend on any axioms"))
+                continue
+            axiom = re.match(r"\s*axiom\s+(\S+)\s*:\s*(.+?)\s*$", block, re.S)
+            if axiom:
+                decls[axiom.group(1)] = Decl(axiom.group(2), {axiom.group(1)})
+                continue
+            m = re.match(r"\s*(theorem|lemma|example)\s*([^\s:]*)\s*:\s*(.+?)\s*:=\s*(by\s+)?(.*)$", block, re.S)
             if not m:
-                if line.strip() and not line.strip().startswith(("import ", "--", "open ", "variable ")):
-                    messages.append(self._msg("error", number, 0, f"unexpected token; expected command: {line!r}"))
+                if not block.strip().startswith(("import ", "--", "open ", "variable ")):
+                    messages.append(self._msg("error", number, 0, f"unexpected token; expected command: {block!r}"))
                 continue
-            prop, body = m.group(3), m.group(5).strip()
+            name, prop, body = m.group(2), m.group(3), m.group(5).strip()
             if body == "sorry":
-                column = line.rindex("sorry")
+                column = lines[number - 1].rindex("sorry") if "sorry" in lines[number - 1] else 0
                 sid = self.new_state(State([Goal([], prop)], imports))
                 sorries.append({"pos": {"line": number, "column": column},
                                 "endPos": {"line": number, "column": column + 5},
                                 "goal": f"⊢ {prop}", "proofState": sid})
                 messages.append(self._msg("warning", number, 0, "declaration uses 'sorry'"))
+                if name:
+                    decls[name] = Decl(prop, {"sorryAx"})
                 continue
-            state = State([Goal([], prop)], imports)
+            state, used = State([Goal([], prop)], imports), set()
             try:
                 for tactic in re.split(r"[;\n]", body):
                     if tactic.strip():
-                        state = apply_tactic(state, tactic.strip())
+                        state = apply_tactic(state, tactic.strip(), decls, used)
                 if state.goals:
                     messages.append(self._msg("error", number, 0, "unsolved goals\n" +
                                               "\n\n".join(g.render() for g in state.goals)))
+                    continue
             except LeanError as e:
                 messages.append(self._msg("error", number, 0, str(e)))
+                continue
+            if KERNEL_REJECTS in used and not skip_kernel:
+                messages.append(self._msg("error", number, 0, "(kernel) declaration has metavariables "
+                                                              f"'{name or '_example'}'"))
+                continue
+            used.discard(KERNEL_REJECTS)
+            if "sorryAx" in used:
+                messages.append(self._msg("warning", number, 0, "declaration uses 'sorry'"))
+            if name:
+                decls[name] = Decl(prop, used)
         env = len(self.envs)
         self.envs[env] = imports
+        self.decls[env] = decls
         reply: dict[str, object] = {"env": env}
         if messages:
             reply["messages"] = messages
         if sorries:
             reply["sorries"] = sorries
         return reply
+
+    def blocks(self, lines: list[str], messages: list[dict[str, object]]) -> list[tuple[int, str]]:
+        """The commands of ``lines``, each with its first line's number: a command starts at a line that begins
+        with a command keyword; indented lines after it continue it (a ``by`` block's tactics); an unindented line
+        that starts no command is an error of its own."""
+        found: list[tuple[int, str]] = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip() or line.strip().startswith("--"):
+                continue
+            if found and re.search(r"\sin$", found[-1][1].rstrip()):  # `set_option … in` before its command
+                found[-1] = (found[-1][0], f"{found[-1][1]}\n{line}")
+            elif COMMAND.match(line.strip()):
+                found.append((number, line))
+            elif found and line[:1].isspace():
+                found[-1] = (found[-1][0], f"{found[-1][1]}\n{line}")
+            else:
+                messages.append(self._msg("error", number, 0, f"unexpected token; expected command: {line!r}"))
+        return found
 
     @staticmethod
     def _msg(severity: str, line: int, column: int, data: str) -> dict[str, object]:

@@ -6,8 +6,9 @@ A library (no spec): the rollout stage and the ``verify`` stage both use it, one
 - ``exact_match`` (``exact``): in process, the number a completion starts with equals the task's answer.
 - ``exec`` (``exec``): one exec ``run_once`` call checks a whole group with the task's checker; groups with the same
   checker verified at the same time share that call.
-- ``lean`` and ``lean_code`` (``lean``): every completion tried as a tactic script on the statement's proof state, or
-  run after the statement as one Lean ``run_code``.
+- ``lean`` and ``lean_code`` (``lean``): every completion, as the proof of the task's unchanged statement, checked by
+  Lean's kernel as one command in a fresh environment, its axioms (``#print axioms``) only allowed ones; completions
+  that add commands, declarations, options or attributes are refused before they run.
 - ``swe`` and ``tests`` (``repository``): the completion's patch applied to a builder-built image of a repository,
   then the task's tests (``swe``: with FAIL_TO_PASS / PASS_TO_PASS, the SWE-bench contract) or the image's own test
   command (``tests``: the share of its tests that pass).

@@ -51,7 +51,9 @@ def test_a_grpo_step_with_kiln_rewards(stage_topics: Callable[..., KilnSettings]
         finally:
             reward.close()
     jobs = read_all(settings, settings.topic("lean.requests"))
-    assert len(jobs) >= 3 + 4, len(jobs)  # the three above and at least one group of the step
+    # The two above that are proofs at all ("sorry" is refused before it runs); the step's completions reach Lean
+    # only where they are proofs at all (an empty or refused one scores 0 without a job), so the log says it scored.
+    assert len(jobs) >= 2, len(jobs)
     logged = {k for entry in trainer.state.log_history for k in entry}
     assert any("kiln_lean_proof_accepted" in k for k in logged), logged
     assert trainer.state.global_step == 1
