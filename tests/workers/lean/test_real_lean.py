@@ -9,6 +9,7 @@ import os
 import shlex
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from kiln.schemas.lean import LeanRequest
 from kiln.workers.lean.pool import ReplPool
 from kiln.workers.lean.repl import Header, ReplLimits, ReplProcess
 from kiln.workers.lean.session import LeanSession, StateCodec
+from kiln.workers.verifiers.lean import ALLOWED_AXIOMS, kernel_command, kernel_verdict, refusal
+from tests.workers.verifiers.test_lean_kernel import ATTACKS
 
 REPL = os.environ.get("KILN_LEAN_REPL")
 PROJECT = os.environ.get("KILN_LEAN_PROJECT")
@@ -25,16 +28,22 @@ pytestmark = pytest.mark.skipif(
     reason="no real Lean REPL here (set KILN_LEAN_REPL and KILN_LEAN_PROJECT)")
 
 
-async def test_real_repl_runs_code_tactics_and_moves_states(tmp_path: Path) -> None:
+async def _factory(tmp_path: Path) -> Callable[[Header], ReplProcess]:
     assert REPL and PROJECT
     lean_path = (await asyncio.to_thread(subprocess.run, ["lake", "env", "printenv", "LEAN_PATH"], cwd=PROJECT,
                                          capture_output=True, text=True, check=True)).stdout.strip()
     env = {**os.environ, "LEAN_PATH": lean_path}
     counter = iter(range(100))
+    repl = shlex.split(REPL)
 
     def factory(header: Header) -> ReplProcess:
-        return ReplProcess(shlex.split(REPL), header, tmp_path / f"p{next(counter)}", ReplLimits(), cwd=Path(PROJECT),
-                           env=env)
+        return ReplProcess(repl, header, tmp_path / f"p{next(counter)}", ReplLimits(), cwd=Path(PROJECT), env=env)
+
+    return factory
+
+
+async def test_real_repl_runs_code_tactics_and_moves_states(tmp_path: Path) -> None:
+    factory = await _factory(tmp_path)
 
     # ``one`` exports every state (a real pickle moves); ``two`` answers with handles (re-derived by ``one`` below).
     one = LeanSession(ReplPool(factory, 1), StateCodec(None), export_every=1)
@@ -59,3 +68,28 @@ async def test_real_repl_runs_code_tactics_and_moves_states(tmp_path: Path) -> N
     finally:
         await one.pool.close()
         await two.pool.close()
+
+
+async def test_the_real_kernel_judges_the_lean_verifiers_cases(tmp_path: Path) -> None:
+    """tests/workers/verifiers/test_lean_kernel.py's cases on real Lean: an honest proof scores 1 by the kernel and its
+    axiom report; ``sorry`` and ``native_decide`` (not allowed by default) score 0 by theirs; and every attack the
+    verifier refuses before it runs also scores 0 when sent anyway (the refusal is not the only line)."""
+    session = LeanSession(ReplPool(await _factory(tmp_path), 1), StateCodec(None))
+
+    async def reward(statement: str, proof: str, allowed: tuple[str, ...] = ALLOWED_AXIOMS) -> float:
+        code, line = kernel_command(f"theorem kiln_goal : {statement} := by", proof, "kiln_goal")
+        result = await session.run(LeanRequest(op="run_code", code=code, timeout_s=300), "k")
+        return kernel_verdict(result, "kiln_goal", line, allowed).reward
+
+    statement = "\u2200 p : Prop, p \u2192 p \u2227 True"
+    try:
+        assert await reward(statement, "intro p h\nexact \u27e8h, trivial\u27e9") == 1
+        assert await reward(statement, "intro p h\nsorry") == 0
+        assert await reward("2 + 2 = 4", "native_decide") == 0
+        assert await reward("2 + 2 = 4", "native_decide", (*ALLOWED_AXIOMS, "Lean.ofReduceBool")) == 1
+        assert await reward("2 + 2 = 4", "decide") == 1
+        for attack, completion in ATTACKS.items():
+            assert refusal(completion) is not None, attack
+            assert await reward(statement, completion) == 0, attack
+    finally:
+        await session.pool.close()
