@@ -11,8 +11,6 @@ import asyncio
 import base64
 import collections
 import contextlib
-import contextvars
-import functools
 import json
 import logging
 import os
@@ -41,7 +39,6 @@ from kiln.streams.errors import (
 )
 from kiln.streams.metrics import WorkerMetrics
 from kiln.streams.middleware import (
-    InlineChain,
     Job,
     Middleware,
     Outcome,
@@ -143,48 +140,14 @@ def producer_config(settings: KilnSettings, **extra: Any) -> dict[str, Any]:
                              "message.timeout.ms": 120000, **extra})
 
 
-Settle = Callable[[KilnError | None], None]
-"""What a delivery report settles on the loop: a produce's future, or an inline job's publication."""
-
-
-def _settle(batch: list[tuple[asyncio.Future[None] | Settle, KilnError | None]]) -> None:
+def _settle(batch: list[tuple[asyncio.Future[None], KilnError | None]]) -> None:
     for done, error in batch:
-        if not isinstance(done, asyncio.Future):
-            done(error)
-        elif done.done():
+        if done.done():
             continue
-        elif error is None:
+        if error is None:
             done.set_result(None)
         else:
             done.set_exception(error)
-
-
-Rest = Callable[[], Awaitable[object]]
-"""What a task runs for a job: its whole run, the rest of one started inline (awaiting it ends the job as
-``process()`` would), or a wait for deliveries (``unsettled``)."""
-Resume = Callable[[Rest, contextvars.Context], None]
-
-
-class _Publication:
-    """An inline job's result, produced: its delivery report finishes the job, or (a failure) hands it to the
-    retrying path as a task."""
-
-    __slots__ = ("executor", "finished", "retry", "source")
-
-    def __init__(self, executor: JobExecutor, source: tuple[str, int], finished: Callable[[], None],
-                 retry: Callable[[], None]) -> None:
-        self.executor, self.source, self.finished, self.retry = executor, source, finished, retry
-
-    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        """(The delivery thread.)"""
-        self.executor._settled.append((self.settle, None if err is None else delivery_error(err, msg.topic() or "")))
-
-    def settle(self, error: KilnError | None) -> None:
-        if error is None:
-            self.finished()
-        else:
-            self.retry()
-        self.executor._delivered(self.source)
 
 
 class JobExecutor:
@@ -201,11 +164,6 @@ class JobExecutor:
         self.blob_store = blob_store
         policies = middleware or default_middleware(metrics, settings.job_timeout_s)
         self._chain = stage_chain(stage, policies, blob_store)
-        self._inline = InlineChain.of(stage, policies, blob_store)
-        # Inline jobs per source partition whose results are produced and not yet delivered (a revoke waits for
-        # them as for running jobs: ``unsettled``), and what waits for them.
-        self._unsettled: dict[tuple[str, int], int] = {}
-        self._unsettled_waiters: dict[tuple[str, int], asyncio.Future[None]] = {}
         self._producer: Producer | None = None
         self._topic_partitions: dict[str, int] = {}  # reply topics seen to exist, with their partition counts
         self._vanished: dict[str, float] = {}  # reply topics found missing, waited for: since when (monotonic)
@@ -219,7 +177,7 @@ class JobExecutor:
         self._delivery_thread: threading.Thread | None = None
         # Delivery reports, filled by librdkafka callbacks in whichever thread polls, handed to the loop in batches:
         # one wake-up of the loop per poll, not one per record.
-        self._settled: collections.deque[tuple[asyncio.Future[None] | Settle, KilnError | None]] = collections.deque()
+        self._settled: collections.deque[tuple[asyncio.Future[None], KilnError | None]] = collections.deque()
 
     async def start(self, loop: asyncio.AbstractEventLoop, slots: int) -> None:
         """Start the producer, then the stage's own setup (sized to the worker's ``slots``)."""
@@ -269,88 +227,6 @@ class JobExecutor:
         job = self._job(msg, envelope)
         return await self._complete(msg, envelope, started, await self._chain(job), release_slot)
 
-    def run_inline(self, msg: Message, release_slot: Callable[[], None], finished: Callable[[], None],
-                   resume: Resume) -> bool:
-        """Start the job in ``msg`` without a task where the stage allows it (a non-blocking handler, policies that
-        apply inline, no claim check): decoded, its policies and the handler's first step applied, its result
-        produced. False: nothing was done (``process()`` it). True: the job is under way and ends in one of two
-        ways: ``finished()`` once its result is delivered, or ``resume(rest, context)``, the rest of the job to run
-        as a task in ``context`` (the handler waited or raised, the input was malformed, the result needs a claim
-        check or a destination not yet looked up, its delivery failed). ``release_slot`` is called once the
-        handler is done, as in ``process()``."""
-        if self._inline is None:
-            return False
-        started = datetime.now(UTC)
-        try:
-            envelope = self._decode(msg)
-        except MalformedRequest as e:
-            release_slot()
-            resume(functools.partial(self._reject, msg, e), contextvars.copy_context())
-            return True
-        if envelope.claim_check is not None:
-            return False  # fetching it is blob-store I/O
-        job = self._job(msg, envelope)
-        context = contextvars.copy_context()  # what the handler sets stays with its job, also if it goes on as a task
-        outcome = context.run(self._inline.attempt, job)
-        if not isinstance(outcome, Outcome):
-            underway, inline = outcome, self._inline
-            resume(lambda: self._complete(msg, envelope, started, inline.resume(job, underway), release_slot), context)
-            return True
-        release_slot()
-        try:
-            value = self._fast_reply(envelope, outcome, started)
-        except Exception:  # e.g. a result that does not serialise: the retrying path dead-letters it, with why
-            value = None
-        if value is None:
-            resume(lambda: self._complete(msg, envelope, started, outcome, release_slot), context)
-            return True
-        reply_to = envelope.reply_to
-        assert reply_to is not None and self._producer is not None  # checked by _decode; started
-        source = coordinates(msg)[:2]
-        publication = _Publication(self, source, finished, lambda: resume(
-            lambda: self._complete(msg, envelope, started, outcome, release_slot), context))
-        kwargs: dict[str, Any] = {"key": reply_to.key, "headers": codec.result_headers(envelope.request_id),
-                                  "on_delivery": publication.on_delivery}
-        if reply_to.partition is not None:
-            kwargs["partition"] = reply_to.partition
-        try:
-            self._producer.produce(reply_to.topic, value, **kwargs)
-        except Exception:  # a full local queue, a refusal: the retrying path tells them apart
-            publication.retry()
-            return True
-        self._unsettled[source] = self._unsettled.get(source, 0) + 1
-        return True
-
-    def _fast_reply(self, envelope: RequestEnvelope, outcome: Outcome, started: datetime) -> bytes | None:
-        """The result record of an inline job, when it can go straight out: no dead letter, no event to publish,
-        no claim check, a destination already seen to exist; else None (the retrying path sends it)."""
-        reply_to = envelope.reply_to
-        if (outcome.dead_letter or self.stage.spec.events_topic is not None or reply_to is None
-                or not self._destination_known(reply_to.topic, reply_to.partition)):
-            return None
-        value = self._result_value(envelope, outcome, started)
-        return value if len(value) <= self.settings.claim_check_bytes or self.blob_store is None else None
-
-    def _delivered(self, source: tuple[str, int]) -> None:
-        left = self._unsettled[source] - 1
-        if left:
-            self._unsettled[source] = left
-            return
-        del self._unsettled[source]
-        waiter = self._unsettled_waiters.pop(source, None)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def unsettled(self, topic: str, partition: int) -> Rest | None:
-        """What a revoke of the source partition waits for besides its tasks: its inline jobs' results still being
-        delivered; None when none are, or something waits for them already (once per such period)."""
-        source = (topic, partition)
-        if source not in self._unsettled or source in self._unsettled_waiters:
-            return None
-        assert self._loop is not None
-        waiter = self._unsettled_waiters[source] = self._loop.create_future()
-        return lambda: asyncio.shield(waiter)
-
     def _decode(self, msg: Message) -> RequestEnvelope:
         """The request in ``msg``, for this stage, with a reply address; else ``MalformedRequest``."""
         envelope = codec.decode_request(msg.value())
@@ -372,12 +248,9 @@ class JobExecutor:
         await self.dead_letter(msg, error_info(e, False), attempts=0)
         await self.reply_error(msg, error_info(e, False))
 
-    async def _complete(self, msg: Message, envelope: RequestEnvelope, started: datetime,
-                        outcome: Outcome | Awaitable[Outcome], release_slot: Callable[[], None]) -> Outcome:
-        """The job from its outcome on (awaited first while it is under way): the slot released, the dead letter,
-        the reply and the event."""
-        if not isinstance(outcome, Outcome):
-            outcome = await outcome
+    async def _complete(self, msg: Message, envelope: RequestEnvelope, started: datetime, outcome: Outcome,
+                        release_slot: Callable[[], None]) -> Outcome:
+        """The job from its outcome on: the slot released, the dead letter, the reply and the event."""
         release_slot()
         dead_lettered = outcome.dead_letter and outcome.error is not None
         if dead_lettered and outcome.error is not None:

@@ -35,7 +35,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from kiln.streams import admin, codec
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import OffsetMapError
-from kiln.streams.executor import JobExecutor, Rest, new_worker_id
+from kiln.streams.executor import JobExecutor, new_worker_id
 from kiln.streams.fairqueue import FairQueue, Queued
 from kiln.streams.heartbeat import Heartbeat
 from kiln.streams.metrics import WorkerMetrics, start_worker_endpoints
@@ -591,38 +591,23 @@ class Worker:
         self._dispatch()
 
     def _launch(self, slot: _Slot) -> None:
-        """Start one job that holds a slot (counted by the caller): inline where the executor can run it so (no task
-        unless the job has to wait: ``JobExecutor.run_inline``), else as a task."""
-        loop = asyncio.get_running_loop()
+        """Start one job that holds a slot (counted by the caller), as a task."""
         released = False
 
         def release_slot() -> None:
             nonlocal released
             if not released:
                 released = True
-                # On the next turn of the loop: freed at once, a slot of a job that ends inline would go to the next
-                # job in the same _dispatch, and so on through the whole backlog in one turn, with delivery reports
-                # and commits waiting behind it; this way a turn starts at most `slots` jobs.
-                loop.call_soon(self._free_slot, slot)
+                self._free_slot(slot)
 
-        if self.executor.run_inline(slot.msg, release_slot, lambda: self._job_finished(slot),
-                                    lambda rest, context: slot.part.tasks.add(loop.create_task(
-                                        self._run_job(slot, rest, release_slot), context=context))):
-            waits = self.executor.unsettled(*slot.tp)
-            if waits is not None:
-                slot.part.tasks.add(loop.create_task(self._run_job(slot, waits, None)))
-            return
-        slot.part.tasks.add(loop.create_task(self._run_job(
-            slot, lambda: self.executor.process(slot.msg, release_slot), release_slot)))
+        slot.part.tasks.add(asyncio.get_running_loop().create_task(self._run_job(slot, release_slot)))
 
-    async def _run_job(self, slot: _Slot, job: Rest, release_slot: Callable[[], None] | None) -> None:
-        """Await ``job``, a job's run (or its rest), and finish its offset; without ``release_slot``, ``job`` is the
-        delivery of the partition's inline results, which the partition's tasks stand for while it lasts."""
+    async def _run_job(self, slot: _Slot, release_slot: Callable[[], None]) -> None:
+        """Run the job and finish its offset; the slot frees once its handler is done (``JobExecutor.process``)."""
         tp, part, msg = slot.tp, slot.part, slot.msg
         try:
-            await job()
-            if release_slot is not None:
-                self._job_finished(slot)
+            await self.executor.process(msg, release_slot)
+            self._job_finished(slot)
         except asyncio.CancelledError:
             pass  # abandoned on revoke/shutdown: stays uncommitted and is replayed by the next owner
         except Exception as e:
@@ -634,8 +619,7 @@ class Worker:
             task = asyncio.current_task()
             if task is not None:
                 part.tasks.discard(task)
-            if release_slot is not None:
-                release_slot()
+            release_slot()
 
     # ---- event loop: commits ------------------------------------------------------------------------------
 
