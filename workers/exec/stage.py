@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from docker.errors import APIError, DockerException
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -53,6 +52,16 @@ from kiln.workers.common.image_cache import ImageCache
 from kiln.workers.common.registry import Registry
 from kiln.workers.exec import spec
 from kiln.workers.exec.errors import LimitExceeded, SessionError
+from kiln.workers.exec.metrics import (
+    HANDOVERS,
+    LATENCY,
+    OPENED,
+    REAPED,
+    RUNNERS_DISCARDED,
+    SESSIONS,
+    TIMEOUTS,
+    registry,
+)
 from kiln.workers.exec.runners import RunnerPool, supervisor_binary
 from kiln.workers.exec.sessions import REPLAY_BYTES, ROLE, LabelSeal, Session, SessionManager, safe_path
 
@@ -107,22 +116,6 @@ class ExecSettings(BaseSettings):
 
 
 log = logging.getLogger(__name__)
-registry = CollectorRegistry()
-SESSIONS = Gauge("kiln_exec_sessions", "Open sessions on this worker.", registry=registry)
-OPENED = Counter("kiln_exec_sessions_opened_total", "Sessions opened, by whether the warm pool served them.",
-                 ["warm"], registry=registry)
-LATENCY = Histogram("kiln_exec_command_seconds", "Time to run one request, by operation.", ["op"], registry=registry,
-                    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60, 600))
-TIMEOUTS = Counter("kiln_exec_timeouts_total", "Commands killed at their time limit.", registry=registry)
-KILLS = Counter("kiln_exec_killed_processes_total", "Processes killed by host pid after a timeout.",
-                registry=registry)
-HANDOVERS = Counter("kiln_exec_handovers_total", "Sessions handed to the next owner of their partition, and taken "
-                    "over from a former one.", ["direction"], registry=registry)
-RUNNERS_DISCARDED = Counter("kiln_exec_runners_discarded_total", "Runners discarded because something of a call "
-                            "survived its cleanup (replaced in the background).", registry=registry)
-REAPED = Counter("kiln_exec_reaped_containers_total", "Session containers removed by the reaper, by why.",
-                 ["reason"], registry=registry)
-
 WarmEntry = tuple[Any, list[str], int, int]
 MAX_FETCH_BYTES = 16 << 20  # files a run_once call fetches back, in all
 
@@ -156,7 +149,7 @@ class ExecService:
         cache, prebuilt = self.settings.supervisor_cache, self.settings.supervisor
         # As many idle runners per image as calls can run at once here: a batch finds them warm.
         self.runners = RunnerPool(client, self.manager.sealed_labels, lambda: supervisor_binary(cache, prebuilt),
-                                  self.manager._image_work, per_key=max(1, slots),
+                                  self.manager.image_work, per_key=max(1, slots),
                                   keys=max(1, self.settings.warm_images))
         await asyncio.to_thread(self.runners.ready)
         await asyncio.to_thread(self.reap)
