@@ -333,7 +333,7 @@ class ShareWorker:
         return AcknowledgeType.ACCEPT
 
     async def _refuse(self, msg: Message, error: ErrorInfo) -> None:
-        await self.executor.dead_letter(msg, error, msg.delivery_count() or 0)
+        await self.executor.dead_letters.write(msg, error, msg.delivery_count() or 0)
         await self.executor.reply_error(msg, error)
 
     def _finish_within_grace(self, job: concurrent.futures.Future[Any]) -> bool:
