@@ -44,8 +44,7 @@ from kiln.schemas.rl import PolicyUpdate, RolloutGroup
 from kiln.streams import admin
 from kiln.streams.blobstore import BlobStore, open_blob_store
 from kiln.streams.errors import ConfigError
-from kiln.streams.executor import producer_config
-from kiln.streams.settings import KilnSettings
+from kiln.streams.settings import KilnSettings, producer_config
 from kiln.streams.stage import WEEK, TopicSpec
 from kiln.workers.inference.endpoints import KilnEndpoint
 from kiln.workers.inference.engine import Engine

@@ -64,9 +64,8 @@ from kiln.streams.errors import (
     RequestRefused,
     ResultLost,
 )
-from kiln.streams.executor import producer_config
 from kiln.streams.offsets import PartitionOffsets, commit_position, coordinates, decode_done, poll_batch
-from kiln.streams.settings import KilnSettings, get_settings
+from kiln.streams.settings import KilnSettings, get_settings, producer_config
 from kiln.streams.stage import RESULTS_TOPIC, StageSpec, stage_specs
 
 log = logging.getLogger("kiln.client")

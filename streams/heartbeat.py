@@ -61,7 +61,7 @@ class Heartbeat:
         # A deployment without the topic (topics not created, a test's private prefix) runs unobserved rather than
         # queueing heartbeats that can only time out.
         target = self.settings.topic(HEARTBEATS_TOPIC)
-        if not await self._executor.partitions(target):
+        if not await self._executor.producer.partitions(target):
             log.warning("no topic %s: this worker publishes no heartbeats (create it: kiln topics create)", target)
             return
         self._published = True
@@ -75,7 +75,7 @@ class Heartbeat:
             await asyncio.sleep(self.settings.heartbeat_s)
 
     async def _send(self, worker: str, value: bytes | None) -> None:
-        await self._executor.produce(self.settings.topic(HEARTBEATS_TOPIC), value, key=worker)
+        await self._executor.producer.produce(self.settings.topic(HEARTBEATS_TOPIC), value, key=worker)
 
     async def stop(self) -> None:
         """Stop beating and publish the tombstone: the worker is gone, not silent."""

@@ -35,10 +35,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from kiln.streams import admin, codec
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import OffsetMapError
-from kiln.streams.executor import JobExecutor, Rest, new_worker_id
 from kiln.streams.fairqueue import FairQueue, Queued
-from kiln.streams.heartbeat import Heartbeat
-from kiln.streams.metrics import WorkerMetrics, start_worker_endpoints
+from kiln.streams.lifecycle import WorkerLifecycle
 from kiln.streams.middleware import Middleware
 from kiln.streams.offsets import SPILL_PREFIX, PartitionOffsets, commit_position, coordinates, decode_done, poll_batch
 from kiln.streams.settings import KilnSettings
@@ -89,8 +87,11 @@ class _Slot:
     started: float
 
 
-class Worker:
-    """Runs ``stage`` until ``stop()`` (or SIGTERM when ``install_signal_handlers``)."""
+class Worker(WorkerLifecycle):
+    """Runs ``stage`` from a consumer group until ``stop()`` (or SIGTERM when ``install_signal_handlers``)."""
+
+    mode = "group"
+    log = log
 
     def __init__(
         self,
@@ -107,12 +108,8 @@ class Worker:
         worker_id: str | None = None,
         lanes: dict[str, int] | None = None,
     ) -> None:
-        self.stage = stage
-        self.settings = settings
-        self.slots = slots or settings.job_slots(stage.slots_per_cpu)
-        self.topic = settings.topic(topic or stage.spec.request_topic)
-        self.dlq_topic = f"{self.topic}.dlq"
-        self.group_id = group_id or f"kiln.{stage.name}"
+        super().__init__(stage, settings, slots=slots, topic=topic, group_id=group_id or f"kiln.{stage.name}",
+                         grace_s=grace_s, middleware=middleware, blob_store=blob_store, worker_id=worker_id)
         self.per_partition_cap = max_in_flight_per_partition or self.slots
         self.lanes = dict(settings.lanes if lanes is None else lanes)
         self._lane_running: dict[str, int] = dict.fromkeys(self.lanes, 0)
@@ -120,12 +117,6 @@ class Worker:
         self._buffered_bytes = 0  # in the fair queue, all partitions
         self._dispatching = False
         self._queue: FairQueue[Message] = FairQueue(settings.client_weights, keyed=stage.spec.ordering == "keyed")
-        self.grace_s = settings.grace_s if grace_s is None else grace_s
-        self.worker_id = worker_id or new_worker_id()
-        self.metrics = WorkerMetrics(stage.name, self.worker_id, stage.registry)
-        self.metrics.slots.set(self.slots)
-        self.executor = JobExecutor(stage, settings, self.metrics, self.worker_id, self.dlq_topic, blob_store,
-                                    middleware)
         self._parts: dict[TP, _Partition] = {}
         self._spilled: dict[TP, tuple[str, str, float]] = {}  # last spilled map: its text, metadata, when
         self._running = 0
@@ -140,61 +131,32 @@ class Worker:
         self._polled_at = time.monotonic()  # written by the consumer thread on every iteration
         self._unconfirmed = threading.Event()  # set: ownership must be proven before another job starts
         self._next_confirm = 0.0
-        self._stopping = threading.Event()
-        self.failure: str | None = None
         self._consumer_done = threading.Event()
         self._final_committed = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._commit_wake = asyncio.Event()
-        self.ready = threading.Event()  # set once the consumer has joined the group
 
-    # ---- public -------------------------------------------------------------------------------------------
+    # ---- the lifecycle's parts (streams.lifecycle) -------------------------------------------------------
 
-    def stop(self) -> None:
-        """Graceful stop: stop intake, finish running jobs within the grace period, commit, leave the group."""
-        self._stopping.set()
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._commit_wake.set)
+    def _wake(self) -> None:
+        self._commit_wake.set()
 
-    async def run(self, install_signal_handlers: bool = False, serve_metrics: bool = True) -> None:
-        self._loop = asyncio.get_running_loop()
+    def _health_details(self) -> dict[str, Any]:
+        return {"busy_slots": self._running, "slots": self.slots, "partitions": list(self._partition_ids)}
+
+    async def _prepare(self) -> None:
         self._commit_wake = asyncio.Event()
-        server = start_worker_endpoints(self._loop, self.stop, self.settings.metrics_host, self.settings.metrics_port,
-                                        self.metrics, self.health, install_signal_handlers=install_signal_handlers,
-                                        serve_metrics=serve_metrics)
-        self.metrics_port = server.server_address[1] if server else 0
-        await self.executor.start(self._loop, self.slots)
-        heartbeat = Heartbeat(self.settings, self.executor, self.health, topic=self.topic, group=self.group_id,
-                              mode="group")
-        heartbeat.start()
-        consumer_thread = threading.Thread(target=self._consumer_main, name="kiln-consumer", daemon=True)
-        consumer_thread.start()
+
+    def _start_consuming(self) -> None:
+        threading.Thread(target=self._consumer_main, name="kiln-consumer", daemon=True).start()
         log.info("worker %s: stage %s on %s (%d slots, group %s)", self.worker_id, self.stage.name, self.topic,
                  self.slots, self.group_id)
-        try:
-            await self._commit_loop()
-            await self._drain_all()
-        finally:
-            self._stopping.set()
-            await asyncio.to_thread(self._consumer_done.wait)
-            await heartbeat.stop()
-            await self.executor.close()
-            if server:
-                server.shutdown()
-            log.info("worker %s stopped", self.worker_id)
 
-    def fail(self, reason: str) -> None:
-        """Stop because this worker cannot make safe progress; it exits non-zero and health says why."""
-        if self.failure is None:
-            self.failure = reason
-        self.stop()
+    async def _serve(self) -> None:
+        await self._commit_loop()
+        await self._drain_all()
 
-    def health(self) -> dict[str, Any]:
-        status = "failed" if self.failure else "stopping" if self._stopping.is_set() else (
-            "ok" if self.ready.is_set() else "starting")
-        return {"status": status, "reason": self.failure,
-                "stage": self.stage.name, "worker": self.worker_id, "busy_slots": self._running,
-                "slots": self.slots, "partitions": list(self._partition_ids)}
+    async def _stop_consuming(self) -> None:
+        await asyncio.to_thread(self._consumer_done.wait)
 
     # ---- consumer thread ----------------------------------------------------------------------------------
 
@@ -514,7 +476,7 @@ class Worker:
 
     def _dispatch(self) -> None:
         if self._stopping.is_set() or self._dispatching:
-            return  # (re-entered from a job that ended inside the loop below: that loop sees the freed slot)
+            return  # (re-entered while the loop below runs: that loop sees the freed slot)
         self._dispatching = True
         try:
             self._start_jobs()
@@ -591,38 +553,23 @@ class Worker:
         self._dispatch()
 
     def _launch(self, slot: _Slot) -> None:
-        """Start one job that holds a slot (counted by the caller): inline where the executor can run it so (no task
-        unless the job has to wait: ``JobExecutor.run_inline``), else as a task."""
-        loop = asyncio.get_running_loop()
+        """Start one job that holds a slot (counted by the caller), as a task."""
         released = False
 
         def release_slot() -> None:
             nonlocal released
             if not released:
                 released = True
-                # On the next turn of the loop: freed at once, a slot of a job that ends inline would go to the next
-                # job in the same _dispatch, and so on through the whole backlog in one turn, with delivery reports
-                # and commits waiting behind it; this way a turn starts at most `slots` jobs.
-                loop.call_soon(self._free_slot, slot)
+                self._free_slot(slot)
 
-        if self.executor.run_inline(slot.msg, release_slot, lambda: self._job_finished(slot),
-                                    lambda rest, context: slot.part.tasks.add(loop.create_task(
-                                        self._run_job(slot, rest, release_slot), context=context))):
-            waits = self.executor.unsettled(*slot.tp)
-            if waits is not None:
-                slot.part.tasks.add(loop.create_task(self._run_job(slot, waits, None)))
-            return
-        slot.part.tasks.add(loop.create_task(self._run_job(
-            slot, lambda: self.executor.process(slot.msg, release_slot), release_slot)))
+        slot.part.tasks.add(asyncio.get_running_loop().create_task(self._run_job(slot, release_slot)))
 
-    async def _run_job(self, slot: _Slot, job: Rest, release_slot: Callable[[], None] | None) -> None:
-        """Await ``job``, a job's run (or its rest), and finish its offset; without ``release_slot``, ``job`` is the
-        delivery of the partition's inline results, which the partition's tasks stand for while it lasts."""
+    async def _run_job(self, slot: _Slot, release_slot: Callable[[], None]) -> None:
+        """Run the job and finish its offset; the slot frees once its handler is done (``JobExecutor.process``)."""
         tp, part, msg = slot.tp, slot.part, slot.msg
         try:
-            await job()
-            if release_slot is not None:
-                self._job_finished(slot)
+            await self.executor.process(msg, release_slot)
+            self._job_finished(slot)
         except asyncio.CancelledError:
             pass  # abandoned on revoke/shutdown: stays uncommitted and is replayed by the next owner
         except Exception as e:
@@ -634,8 +581,7 @@ class Worker:
             task = asyncio.current_task()
             if task is not None:
                 part.tasks.discard(task)
-            if release_slot is not None:
-                release_slot()
+            release_slot()
 
     # ---- event loop: commits ------------------------------------------------------------------------------
 

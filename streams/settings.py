@@ -128,6 +128,13 @@ class KilnSettings(BaseSettings):
                 **self.kafka_config, **kiln}
 
 
+def producer_config(settings: KilnSettings, **extra: Any) -> dict[str, Any]:
+    """A producer's configuration (a worker's, a client's, the trainer service's): idempotent, so retries never
+    duplicate or reorder a partition's records."""
+    return settings.kafka(**{"enable.idempotence": True, "acks": "all", "linger.ms": 2, "compression.type": "zstd",
+                             "message.timeout.ms": 120000, **extra})
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> KilnSettings:
     """The one settings object of this process."""

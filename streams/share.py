@@ -41,9 +41,7 @@ from kiln.schemas.envelope import ErrorInfo
 from kiln.streams import admin
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import ConfigError
-from kiln.streams.executor import JobExecutor, new_worker_id
-from kiln.streams.heartbeat import Heartbeat
-from kiln.streams.metrics import WorkerMetrics, start_worker_endpoints
+from kiln.streams.lifecycle import WorkerLifecycle
 from kiln.streams.middleware import Middleware, RetryMiddleware
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import Stage
@@ -132,30 +130,20 @@ def may_start(polled_at: float, now: float, lock_s: float, job_s: float | None) 
     return job_s is not None and (now - polled_at) + job_s < lock_s
 
 
-class ShareWorker:
+class ShareWorker(WorkerLifecycle):
     """Runs ``stage`` from a share group with one ``ShareConsumer`` per slot, until ``stop()`` or SIGTERM."""
+
+    mode = "queue"
+    log = log
 
     def __init__(self, stage: Stage, settings: KilnSettings, *, slots: int | None = None,
                  group_id: str | None = None, topic: str | None = None, grace_s: float | None = None,
                  middleware: Sequence[Middleware] | None = None, blob_store: BlobStore | None = None,
                  worker_id: str | None = None) -> None:
-        self.stage = stage
-        self.settings = settings
-        self.slots = slots or settings.job_slots(stage.slots_per_cpu)
-        self.topic = settings.topic(topic or stage.spec.request_topic)
-        self.group_id = group_id or f"kiln.{stage.name}.queue"
-        self.grace_s = settings.grace_s if grace_s is None else grace_s
-        self.worker_id = worker_id or new_worker_id()
-        self.metrics = WorkerMetrics(stage.name, self.worker_id, stage.registry)
-        self.metrics.slots.set(self.slots)
-        self.executor = JobExecutor(stage, settings, self.metrics, self.worker_id, f"{self.topic}.dlq", blob_store,
-                                    middleware)
-        self.ready = threading.Event()
-        self.metrics_port = 0
-        self._stopping = threading.Event()
-        self.failure: str | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        super().__init__(stage, settings, slots=slots, topic=topic, group_id=group_id or f"kiln.{stage.name}.queue",
+                         grace_s=grace_s, middleware=middleware, blob_store=blob_store, worker_id=worker_id)
         self._stopped: asyncio.Event | None = None
+        self._threads: list[threading.Thread] = []
         self._busy = 0
         self._busy_lock = threading.Lock()
         self._slots = LoopSlots(self.slots)
@@ -163,23 +151,12 @@ class ShareWorker:
         self.lock_s, self.delivery_limit = float(DEFAULT_LOCK_MS / 1000), DEFAULT_DELIVERY_LIMIT
         self.refuse_at = max(2, self.delivery_limit // 2)
 
-    def stop(self) -> None:
-        self._stopping.set()
-        if self._loop is not None and self._stopped is not None:
-            self._loop.call_soon_threadsafe(self._stopped.set)
+    def _wake(self) -> None:
+        if self._stopped is not None:
+            self._stopped.set()
 
-    def fail(self, reason: str) -> None:
-        """Stop because this worker cannot make safe progress; it exits non-zero and health says why."""
-        if self.failure is None:
-            self.failure = reason
-        self.stop()
-
-    def health(self) -> dict[str, Any]:
-        status = "failed" if self.failure else "stopping" if self._stopping.is_set() else (
-            "ok" if self.ready.is_set() else "starting")
-        return {"status": status, "reason": self.failure,
-                "stage": self.stage.name, "worker": self.worker_id, "mode": "queue", "busy_slots": self._busy,
-                "slots": self.slots}
+    def _health_details(self) -> dict[str, Any]:
+        return {"mode": "queue", "busy_slots": self._busy, "slots": self.slots}
 
     def check(self) -> None:
         """Refuse what queue mode cannot do safely, with the reason (raises ConfigError)."""
@@ -197,23 +174,16 @@ class ShareWorker:
                 f"{self.lock_s:g} s, so it would be redelivered while still running. Use group mode for long jobs, "
                 f"or set KILN_JOB_TIMEOUT_S so that 2 x timeout x {self.stage.max_attempts} attempts fits in the lock.")
 
-    async def run(self, install_signal_handlers: bool = False, serve_metrics: bool = True) -> None:
-        self._loop = asyncio.get_running_loop()
+    async def _prepare(self) -> None:
         self._stopped = asyncio.Event()
         if self._stopping.is_set():
             self._stopped.set()
         await asyncio.to_thread(self.check)
-        server = start_worker_endpoints(self._loop, self.stop, self.settings.metrics_host, self.settings.metrics_port,
-                                        self.metrics, self.health, install_signal_handlers=install_signal_handlers,
-                                        serve_metrics=serve_metrics)
-        self.metrics_port = server.server_address[1] if server else 0
-        await self.executor.start(self._loop, self.slots)
-        heartbeat = Heartbeat(self.settings, self.executor, self.health, topic=self.topic, group=self.group_id,
-                              mode="queue")
-        heartbeat.start()
-        threads = [threading.Thread(target=self._consumer_main, args=(i,), name=f"kiln-share-{i}", daemon=True)
-                   for i in range(2 * self.slots)]
-        for t in threads:
+
+    def _start_consuming(self) -> None:
+        self._threads = [threading.Thread(target=self._consumer_main, args=(i,), name=f"kiln-share-{i}", daemon=True)
+                         for i in range(2 * self.slots)]
+        for t in self._threads:
             t.start()
         if self.topic not in {self.settings.topic(t) for t in self.settings.queue_topics}:
             log.warning("%s is not in KILN_QUEUE_TOPICS: clients that batch its requests hand whole batches to "
@@ -221,17 +191,14 @@ class ShareWorker:
         log.info("worker %s: stage %s on %s in queue mode (%d slots, share group %s, lock %gs, dead-letter at "
                  "delivery %d of the broker's %d)", self.worker_id, self.stage.name, self.topic, self.slots,
                  self.group_id, self.lock_s, self.refuse_at, self.delivery_limit)
-        try:
-            await self._stopped.wait()
-        finally:
-            self._stopping.set()
-            for t in threads:
-                await asyncio.to_thread(t.join, self.grace_s + 15)
-            await heartbeat.stop()
-            await self.executor.close()
-            if server:
-                server.shutdown()
-            log.info("worker %s stopped", self.worker_id)
+
+    async def _serve(self) -> None:
+        assert self._stopped is not None
+        await self._stopped.wait()
+
+    async def _stop_consuming(self) -> None:
+        for t in self._threads:
+            await asyncio.to_thread(t.join, self.grace_s + 15)
 
     def _set_busy(self, delta: int) -> None:
         with self._busy_lock:
@@ -333,7 +300,7 @@ class ShareWorker:
         return AcknowledgeType.ACCEPT
 
     async def _refuse(self, msg: Message, error: ErrorInfo) -> None:
-        await self.executor.dead_letter(msg, error, msg.delivery_count() or 0)
+        await self.executor.dead_letters.write(msg, error, msg.delivery_count() or 0)
         await self.executor.reply_error(msg, error)
 
     def _finish_within_grace(self, job: concurrent.futures.Future[Any]) -> bool:

@@ -137,10 +137,6 @@ class Stage:
     slots_per_cpu: float = 1.0
     """Jobs per CPU when the worker is not told its slots: a stage whose jobs mostly wait on something else (a
     sandbox that has CPUs of its own, a remote server) runs several per CPU."""
-    nonblocking: bool = False
-    """The handler never waits (no I/O, no sleep, no thread): it computes its result and returns. The worker then
-    runs its jobs without a task each, applying the policies inline; a call that does wait after all goes on as a
-    task, so a wrong declaration costs speed, never a job."""
 
     @property
     def name(self) -> str:

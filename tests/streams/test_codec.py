@@ -8,8 +8,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
-from kiln.schemas.envelope import RequestEnvelope
+from kiln.schemas.builtin import EchoRequest, EchoResult
+from kiln.schemas.envelope import ErrorInfo, ReplyTo, RequestEnvelope, ResultEnvelope
 from kiln.streams import codec
 from kiln.streams.errors import MalformedRequest
 
@@ -53,3 +55,35 @@ def test_bad_envelopes_are_malformed(changes: dict[str, Any]) -> None:
 def test_non_envelopes_are_malformed(raw: bytes) -> None:
     with pytest.raises(MalformedRequest):
         codec.decode_request(raw)
+
+
+AT = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("status", "result", "error", "redriven_from"), [
+    ("ok", EchoResult(data={"ü": [1, 2.5, None, "\"quoted\"\n"]}), None, None),
+    ("error", None, ErrorInfo(type="TransientJobError", message="x" * 300, retryable=True), "01REDRIVEN"),
+    ("expired", None, ErrorInfo(type="RequestExpired", message="deadline passed before start"), None),
+])
+def test_result_json_is_the_result_envelope_pydantic_would_write(status: Any, result: BaseModel | None,
+                                                                 error: ErrorInfo | None,
+                                                                 redriven_from: str | None) -> None:
+    request = RequestEnvelope(kind="echo", client_id="clïent \"7\"", payload={}, redriven_from=redriven_from,
+                              reply_to=ReplyTo(topic="res", key="k"))
+    fast = codec.result_json(request, status, result, error, 3, "worker-1", AT, AT + timedelta(seconds=1))
+    reference = ResultEnvelope(
+        request_id=request.request_id, kind="echo", client_id=request.client_id, status=status,
+        result=result.model_dump(mode="json") if result is not None else None, error=error, attempts=3,
+        worker="worker-1", started_at=AT, finished_at=AT + timedelta(seconds=1), redriven_from=redriven_from)
+    assert fast == reference.model_dump_json().encode()
+
+
+@pytest.mark.parametrize("payload", [EchoRequest(data={"ü": [1, 2.5, None, "\"q\"\n"]}), {"data": None, "at": AT}])
+def test_request_json_is_the_request_envelope_pydantic_would_write(payload: BaseModel | dict[str, Any]) -> None:
+    reply_to = ReplyTo(topic="res", key="clïent", partition=3)
+    fast = codec.request_json("01ID", "echo", "clïent", AT, reply_to, payload)
+    body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+    reference = RequestEnvelope(request_id="01ID", kind="echo", client_id="clïent", created_at=AT,
+                                reply_to=reply_to, payload=body)
+    assert fast == reference.model_dump_json().encode()
+    assert codec.decode_request(fast).payload == json.loads(fast)["payload"]  # and it passes the edge's checks

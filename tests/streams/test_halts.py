@@ -22,8 +22,8 @@ from kiln.schemas.envelope import RequestEnvelope
 from kiln.streams import admin, codec
 from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.client import KilnClient
+from kiln.streams.deadletter import DLQ_HEADERS_LIMIT, DLQ_KEY_LIMIT
 from kiln.streams.errors import RequestFailed
-from kiln.streams.executor import DLQ_HEADERS_LIMIT, DLQ_KEY_LIMIT
 from kiln.streams.runtime import Worker
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import BROKER_TIME, TopicSpec

@@ -12,4 +12,4 @@ async def handle(request: EchoRequest, ctx: JobContext) -> EchoResult:
     return EchoResult(data=request.data)
 
 
-stage = Stage(spec.echo, handle, nonblocking=True)
+stage = Stage(spec.echo, handle)

@@ -13,7 +13,7 @@ What is trusted: files a runner's reporter writes into the reports directory (JU
 preferred; stdout is parsed only where kiln cannot choose a reporter (make suites, test binaries, ``npm test``
 scripts kiln cannot re-run with a reporter). The judged code shares both with the runner, so it could print or
 write fake lines: a report counts only when its per-test results agree with the runner's summary, and the exit
-status (measured outside the sandbox) stays the arbiter of a failed run (``exec.stage.checked_report``).
+status (measured outside the sandbox) stays the arbiter of a failed run (``exec.ops.checked_report``).
 """
 
 from __future__ import annotations

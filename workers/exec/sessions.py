@@ -57,6 +57,7 @@ from kiln.workers.common.containers import untar_files
 from kiln.workers.common.sandbox import Limits
 from kiln.workers.exec import auth
 from kiln.workers.exec.errors import SessionDenied, SessionError, SessionLost
+from kiln.workers.exec.metrics import KILLS
 
 ROLE = "exec-session"
 MAX_READ_BYTES = 16 << 20
@@ -446,11 +447,11 @@ class SessionManager:
                     if member is not None:
                         self._put(container, f"/{where}", member.read())
             return
-        content = self._image_work(image)
+        content = self.image_work(image)
         if content:
             container.put_archive("/work", content)
 
-    def _image_work(self, image: str) -> bytes:
+    def image_work(self, image: str) -> bytes:
         """The image's /work as a tar, read once per image id (an image without /work gives an empty area)."""
         image_id = str(self.client.images.get(image).id)
         with self._lock:
@@ -629,7 +630,7 @@ class SessionManager:
         except (APIError, DockerException) as e:
             raise InfraError(f"exec in session {session.id}: {e}") from e
         # The command may have killed its own wrapper: past its limit its processes are killed from outside.
-        watchdog = threading.Timer(timeout_s + 5.0, self.sweep, args=(session,))
+        watchdog = threading.Timer(timeout_s + 5.0, self._sweep_overdue, args=(session,))
         watchdog.daemon = True
         watchdog.start()
         try:
@@ -638,8 +639,10 @@ class SessionManager:
             watchdog.cancel()
         code = self.client.api.exec_inspect(exec_id).get("ExitCode")
         elapsed = time.monotonic() - started
-        self.sweep(session)
+        killed = self.sweep(session)
         timed_out = code == 137 and elapsed >= timeout_s * 0.95
+        if timed_out:
+            KILLS.inc(killed)
         return CommandOutput(exit_code=code, stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"),
                              stdout_truncated=out_cut, stderr_truncated=err_cut, timed_out=timed_out,
                              duration_s=round(elapsed, 4))
@@ -652,6 +655,10 @@ class SessionManager:
             return {int(row[0]) for row in session.container.top(ps_args="-eo pid")["Processes"]}
         except (APIError, DockerException):
             return set()
+
+    def _sweep_overdue(self, session: Session) -> None:
+        """(The watchdog of a command past its limit.) Its processes killed by host pid, and counted."""
+        KILLS.inc(self.sweep(session))
 
     def sweep(self, session: Session) -> int:
         """SIGKILL, from outside (host pids of the container's cgroup), everything but the init and the keeper,

@@ -2,59 +2,42 @@
 coverage, linters, snapshots and forks.
 
 Requests are keyed by session (ordered per session, sessions concurrent) and sent to the partition the session
-lives on; ``open`` is keyed by repository. A warm pool keeps ready containers for recently opened images. Every
-limit a request asks for is checked against this deployment's caps (``KILN_EXEC_MAX_*``). Every worker holds a
-lock file while alive and labels its containers with that file's path and its mount namespace, sealed
-(``sessions.LabelSeal``: an image's own labels prove nothing); a reaper judges only sealed containers whose lock it
-can see (same namespace) and never creates the lock it checks; containers of workers it cannot see are removed
-only past the longest a session may live. Configuration: ``KILN_EXEC_*``
-(see ``ExecSettings``).
+lives on; ``open`` is keyed by repository. Every limit a request asks for is checked against this deployment's caps
+(``KILN_EXEC_MAX_*``). Configuration: ``KILN_EXEC_*`` (see ``ExecSettings``).
+
+This module is the handler and its wiring; the parts live beside it: sessions (``sessions``), the reaper and the
+liveness lock (``reaper``), the warm pool (``warm``), the runners (``runners``) and their wire protocol
+(``protocol``), the operations by op name (``ops``), the metrics (``metrics``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
-import fcntl
 import logging
-import os
-import shlex
 import time
-from collections import OrderedDict
-from collections.abc import Mapping
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
-from docker.errors import APIError, DockerException
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from pydantic import Field, ValidationError
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kiln.schemas.exec import (
-    CommandOutput,
-    ExecRequest,
-    ExecResult,
-    FileContent,
-    RunStep,
-    SessionLimits,
-    StepOutput,
-    file_content,
-)
-from kiln.schemas.images import ImageContract
-from kiln.schemas.reports import TestReport
+from kiln.schemas.exec import ExecRequest, ExecResult, SessionLimits
 from kiln.streams.blobstore import open_blob_store
 from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
-from kiln.workers.common import reports
 from kiln.workers.common.containers import docker_client
 from kiln.workers.common.image_cache import ImageCache
 from kiln.workers.common.registry import Registry
 from kiln.workers.exec import spec
-from kiln.workers.exec.errors import LimitExceeded, SessionError
+from kiln.workers.exec.errors import LimitExceeded
+from kiln.workers.exec.metrics import HANDOVERS, LATENCY, OPENED, SESSIONS, registry
+from kiln.workers.exec.ops import SessionOps, checked_report, run_once
+from kiln.workers.exec.reaper import LivenessLock, Reaper, namespace
 from kiln.workers.exec.runners import RunnerPool, supervisor_binary
-from kiln.workers.exec.sessions import REPLAY_BYTES, ROLE, LabelSeal, Session, SessionManager, safe_path
+from kiln.workers.exec.sessions import REPLAY_BYTES, LabelSeal, SessionManager
+from kiln.workers.exec.warm import WarmPool
+
+__all__ = ["ExecService", "ExecSettings", "checked_report", "service", "stage"]
 
 
 class ExecSettings(BaseSettings):
@@ -107,24 +90,6 @@ class ExecSettings(BaseSettings):
 
 
 log = logging.getLogger(__name__)
-registry = CollectorRegistry()
-SESSIONS = Gauge("kiln_exec_sessions", "Open sessions on this worker.", registry=registry)
-OPENED = Counter("kiln_exec_sessions_opened_total", "Sessions opened, by whether the warm pool served them.",
-                 ["warm"], registry=registry)
-LATENCY = Histogram("kiln_exec_command_seconds", "Time to run one request, by operation.", ["op"], registry=registry,
-                    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60, 600))
-TIMEOUTS = Counter("kiln_exec_timeouts_total", "Commands killed at their time limit.", registry=registry)
-KILLS = Counter("kiln_exec_killed_processes_total", "Processes killed by host pid after a timeout.",
-                registry=registry)
-HANDOVERS = Counter("kiln_exec_handovers_total", "Sessions handed to the next owner of their partition, and taken "
-                    "over from a former one.", ["direction"], registry=registry)
-RUNNERS_DISCARDED = Counter("kiln_exec_runners_discarded_total", "Runners discarded because something of a call "
-                            "survived its cleanup (replaced in the background).", registry=registry)
-REAPED = Counter("kiln_exec_reaped_containers_total", "Session containers removed by the reaper, by why.",
-                 ["reason"], registry=registry)
-
-WarmEntry = tuple[Any, list[str], int, int]
-MAX_FETCH_BYTES = 16 << 20  # files a run_once call fetches back, in all
 
 
 class ExecService:
@@ -132,19 +97,23 @@ class ExecService:
         self.settings = ExecSettings()
         self.manager: SessionManager | None = None
         self.images: ImageCache | None = None
-        self.warm: OrderedDict[str, list[WarmEntry]] = OrderedDict()
-        self._lock_file: Any = None
-        self._opening: set[str] = set()  # containers taken from the warm pool, not yet adopted
+        self.warm: WarmPool | None = None
+        self.reaper: Reaper | None = None
+        self.ops: SessionOps | None = None
+        self.lock: LivenessLock | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.worker_id = ""
         self.runners: RunnerPool | None = None
+        self._sessionless: dict[str, Callable[[ExecRequest, JobContext], Awaitable[ExecResult]]] = {
+            "run_once": self._run_once, "open": self._open_request}
 
     async def setup(self, slots: int) -> None:
         client = await asyncio.to_thread(docker_client)
         # One id per process: the lock file proves this process is alive to the reapers of other workers.
         self.worker_id = f"exec-{int(time.time() * 1000):x}-{id(self) & 0xFFFF:x}"
-        await asyncio.to_thread(self._hold_liveness_lock)
-        labels = {"kiln.lock": str(self._lock_path()), "kiln.lockns": _namespace()}
+        self.lock = LivenessLock(self.settings.lock_dir, self.worker_id)
+        await asyncio.to_thread(self.lock.hold)
+        labels = {"kiln.lock": str(self.lock.path), "kiln.lockns": namespace()}
         seal = await asyncio.to_thread(LabelSeal.load, self.settings.seal_dir)
         self.manager = SessionManager(client, self.worker_id, open_blob_store(get_settings()),
                                       self.settings.image_prefixes, labels, seal=seal,
@@ -153,22 +122,22 @@ class ExecService:
         registry_ = (Registry(self.settings.registry, self.settings.registry_user, self.settings.registry_password)
                      if self.settings.registry else None)
         self.images = ImageCache(client, registry_, self.settings.pulled_images_max)
+        self.warm = WarmPool(self.manager, self.settings.warm, self.settings.warm_images)
+        self.ops = SessionOps(self.manager, self.open_session)
         cache, prebuilt = self.settings.supervisor_cache, self.settings.supervisor
         # As many idle runners per image as calls can run at once here: a batch finds them warm.
         self.runners = RunnerPool(client, self.manager.sealed_labels, lambda: supervisor_binary(cache, prebuilt),
-                                  self.manager._image_work, per_key=max(1, slots),
+                                  self.manager.image_work, per_key=max(1, slots),
                                   keys=max(1, self.settings.warm_images))
+        self.reaper = Reaper(self.manager, self.worker_id, self.settings.max_session_age_s, self._held)
         await asyncio.to_thread(self.runners.ready)
-        await asyncio.to_thread(self.reap)
+        await asyncio.to_thread(self.reaper.reap)
         self._tasks = [asyncio.create_task(self._housekeeping())]
 
-    def _lock_path(self) -> Path:
-        return (self.settings.lock_dir / f"{self.worker_id}.lock").resolve()
-
-    def _hold_liveness_lock(self) -> None:
-        self.settings.lock_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_file = self._lock_path().open("w")
-        fcntl.flock(self._lock_file, fcntl.LOCK_EX)
+    def _held(self) -> set[str]:
+        """Containers this worker holds besides its sessions: warm ones, ones being opened, runners."""
+        warm = self.warm.container_ids() if self.warm is not None else set()
+        return warm | (self.runners.container_ids() if self.runners is not None else set())
 
     async def on_revoke(self, partitions: list[int]) -> None:
         """The partitions leave this worker (their commands have finished): hand their sessions over, so a
@@ -190,93 +159,25 @@ class ExecService:
         if self.manager is not None:
             for session in list(self.manager.sessions.values()):
                 await asyncio.to_thread(self.manager.close, session)
-            for entries in self.warm.values():
-                for container, volumes, _, _ in entries:
-                    await asyncio.to_thread(self.manager.remove, container, volumes)
+        if self.warm is not None:
+            await asyncio.to_thread(self.warm.close)
         if self.runners is not None:
             await asyncio.to_thread(self.runners.close)
-        if self._lock_file is not None:
-            path = Path(self._lock_file.name)
-            self._lock_file.close()
-            await asyncio.to_thread(path.unlink, True)
+        if self.lock is not None:
+            await asyncio.to_thread(self.lock.release)
 
     async def _housekeeping(self) -> None:
         while True:
             await asyncio.sleep(self.settings.reap_interval_s)
             try:
-                await asyncio.to_thread(self.reap)
+                assert self.reaper is not None
+                await asyncio.to_thread(self.reaper.reap)
             except Exception:  # the next round tries again; housekeeping must never die
                 log.exception("exec housekeeping failed; retrying next round")
 
-    def reap(self) -> None:
-        """Remove session containers of dead workers, our own strays, and idle sessions. Only labels a seal of this
-        host covers are read: an image's own labels imitating kiln's (Docker merges them into its containers')
-        make a container the reaper never touches."""
-        assert self.manager is not None
-        manager = self.manager
-        idle = manager.expire_idle()
-        if idle:
-            REAPED.labels("idle").inc(idle)
-        ours = {s.container.id for s in manager.sessions.values()} | self._opening | {
-            e[0].id for entries in self.warm.values() for e in entries} | (
-            self.runners.container_ids() if self.runners is not None else set())
-        try:
-            containers = manager.client.containers.list(all=True, filters={"label": f"kiln.role={ROLE}"})
-        except (APIError, DockerException):
-            return
-        namespace = _namespace()
-        for container in containers:
-            labels = manager.seal.recorded(container.name, container.labels)
-            if labels is None:  # not created by kiln on this host (or by one before seals): not ours to judge
-                continue
-            age = time.time() - _created(container)
-            if labels.get("kiln.worker", "") == self.worker_id:
-                if container.id not in ours and age > 60:
-                    self._reap(container, "stray")
-            elif labels.get("kiln.lockns") == namespace and labels.get("kiln.lock"):
-                if not _owner_alive(Path(labels["kiln.lock"])):
-                    self._reap(container, "worker_gone")
-            elif age > self.settings.max_session_age_s:  # a worker this one cannot see: only the age tells
-                self._reap(container, "expired")
-        SESSIONS.set(len(manager.sessions))
-
-    def _reap(self, container: Any, reason: str) -> None:
-        assert self.manager is not None
-        name = container.name
-        mounted = [str(m.get("Name", "")) for m in container.attrs.get("Mounts") or [] if m.get("Type") == "volume"]
-        # The session's own volumes (work, tmp, those on paths its image declares): named after it, kiln-made.
-        volumes = {f"{name}-work", f"{name}-tmp", *(v for v in mounted if v.startswith(f"{name}-"))}
-        self.manager.remove(container, sorted(volumes))
-        REAPED.labels(reason).inc()
-
-    # --- warm pool -------------------------------------------------------------------------------------------
-
-    def _take_warm(self, image: str) -> WarmEntry | None:
-        entries = self.warm.get(image)
-        if entries:
-            self.warm.move_to_end(image)
-            entry = entries.pop()
-            self._opening.add(entry[0].id)  # neither warm nor a session yet: the reaper must not take it
-            return entry
-        return None
-
-    def _refill(self, image: str) -> None:
-        assert self.manager is not None
-        if self.settings.warm == 0 or self.settings.warm_images == 0:
-            return
-        self.warm.setdefault(image, [])
-        self.warm.move_to_end(image)
-        while len(self.warm) > self.settings.warm_images:
-            _, dropped = self.warm.popitem(last=False)
-            for container, volumes, _, _ in dropped:
-                self.manager.remove(container, volumes)
-        while image in self.warm and len(self.warm[image]) < self.settings.warm:
-            container, volumes, keeper, init_pid = self.manager.create_container(image, SessionLimits())
-            self.manager.populate(container, image, None, SessionLimits())
-            self.warm[image].append((container, volumes, keeper, init_pid))
-
     async def prewarm(self, image: str) -> None:
-        await asyncio.to_thread(self._refill, image)
+        assert self.warm is not None
+        await asyncio.to_thread(self.warm.refill, image)
 
     # --- requests --------------------------------------------------------------------------------------------
 
@@ -291,14 +192,48 @@ class ExecService:
             LATENCY.labels(request.op).observe(time.monotonic() - started)
             SESSIONS.set(len(self.manager.sessions))
 
-    async def _open(self, request: ExecRequest, ctx: JobContext, image: str) -> ExecResult:
+    async def _dispatch(self, request: ExecRequest, ctx: JobContext) -> ExecResult:
+        assert self.manager is not None and self.ops is not None
+        manager = self.manager
+        self.settings.check(request)
+        sessionless = self._sessionless.get(request.op)
+        if sessionless is not None:
+            return await sessionless(request, ctx)
+        request_id = ctx.envelope.request_id
+        if request.session_id not in manager.sessions:  # perhaps handed over by the partition's former owner
+            restored = await ctx.cancel.run(manager.take_over, request.session_id or "", request_id, request,
+                                            ctx.partition)
+            if restored is not None:
+                HANDOVERS.labels("taken_over").inc()
+        session = await ctx.cancel.run(manager.get, request.session_id, request_id, request)
+        with session.lock:
+            first = session.answered(request_id)
+        if first is not None:  # a replay (or a redelivery): the first result again, never a second execution
+            return first
+        result = await self.ops.execute(request, ctx, session)
+        with session.lock:
+            session.remember(request_id, result)
+        return result
+
+    async def _run_once(self, request: ExecRequest, ctx: JobContext) -> ExecResult:
+        assert self.manager is not None and self.images is not None and self.runners is not None
+        return await run_once(self.manager, self.images, self.runners, request, ctx)
+
+    async def _open_request(self, request: ExecRequest, ctx: JobContext) -> ExecResult:
+        assert self.manager is not None
+        if request.snapshot is not None:
+            await ctx.cancel.run(self.manager.check_snapshot, ctx.envelope.request_id, request)
+        return await self.open_session(request, ctx, request.image or "")
+
+    async def open_session(self, request: ExecRequest, ctx: JobContext, image: str) -> ExecResult:
         """A new session for ``request`` (open, or fork: then ``request.snapshot`` is the parent's state)."""
         assert self.manager is not None and request.client_key is not None
         manager = self.manager
         manager.check_image(image)
-        assert self.images is not None
+        assert self.images is not None and self.warm is not None
+        warm_pool = self.warm
         await ctx.cancel.run(self.images.ensure, image)
-        entry = self._take_warm(image) if request.limits == SessionLimits() and request.snapshot is None else None
+        entry = warm_pool.take(image) if request.limits == SessionLimits() and request.snapshot is None else None
         warm = entry is not None
         if entry is None:
             entry = await ctx.cancel.run(manager.create_container, image, request.limits)
@@ -314,256 +249,13 @@ class ExecService:
             await ctx.cancel.run(manager.remove, entry[0], entry[1])
             raise
         finally:
-            self._opening.discard(entry[0].id)
+            warm_pool.adopted(entry[0].id)
         session.partition = ctx.partition
         OPENED.labels(str(warm).lower()).inc()
-        refill = asyncio.create_task(asyncio.to_thread(self._refill, image))
+        refill = asyncio.create_task(asyncio.to_thread(warm_pool.refill, image))
         refill.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
         return ExecResult(op=request.op, session_id=session.id, sealed_key=sealed, partition=ctx.partition,
                           image=image, warm=warm)
-
-    async def _dispatch(self, request: ExecRequest, ctx: JobContext) -> ExecResult:
-        assert self.manager is not None
-        manager = self.manager
-        self.settings.check(request)
-        request_id = ctx.envelope.request_id
-        if request.op == "run_once":
-            return await self._run_once(request, ctx)
-        if request.op == "open":
-            if request.snapshot is not None:
-                await ctx.cancel.run(manager.check_snapshot, request_id, request)
-            return await self._open(request, ctx, request.image or "")
-        if request.session_id not in manager.sessions:  # perhaps handed over by the partition's former owner
-            restored = await ctx.cancel.run(manager.take_over, request.session_id or "", request_id, request,
-                                            ctx.partition)
-            if restored is not None:
-                HANDOVERS.labels("taken_over").inc()
-        session = await ctx.cancel.run(manager.get, request.session_id, request_id, request)
-        with session.lock:
-            first = session.answered(request_id)
-        if first is not None:  # a replay (or a redelivery): the first result again, never a second execution
-            return first
-        result = await self._execute(request, ctx, session)
-        with session.lock:
-            session.remember(request_id, result)
-        return result
-
-    async def _run_once(self, request: ExecRequest, ctx: JobContext) -> ExecResult:
-        """A stateless call on a warm runner: nothing of it outlives it, so a replay just runs it again."""
-        assert self.manager is not None and self.images is not None and self.runners is not None
-        image, runners = request.image or "", self.runners
-        self.manager.check_image(image)
-        if not runners.serves(image):  # a Docker API round trip only for an image no runner has yet
-            await ctx.cancel.run(self.images.ensure, image)
-        steps = request.steps or ([RunStep(name="run", command=request.command, timeout_s=request.timeout_s)]
-                                  if request.command else [])
-        contract, env, fetch = ImageContract(), dict(request.env), list(request.paths)
-        if request.tests:
-            contract = await ctx.cancel.run(_image_contract, self.manager, image)
-            if not contract.test:
-                raise SessionError(f"image {image} records no test command")
-            steps = [*steps, RunStep(name="tests", command=f"rm -rf {contract.reports_dir}; {contract.test}",
-                                     timeout_s=request.timeout_s)]
-            env = {**contract.env, **env}
-            fetch.append(f"{contract.reports_dir}/")
-        call = {"files": [{"path": safe_path(f.path), "mode": f.mode,
-                           "data": f.content_b64 if f.text is None else base64.b64encode(f.text.encode()).decode()}
-                          for f in request.files],
-                "steps": [{"name": s.name, "command": s.command, "timeout_ms": int(s.timeout_s * 1000),
-                           "always": s.always,
-                           "stdin": None if s.stdin is None else base64.b64encode(s.stdin.encode()).decode()}
-                          for s in steps],
-                "env": env, "cwd": safe_path(request.cwd) if request.cwd else "",
-                "cap": request.max_output_bytes, "fetch": fetch, "fetch_cap": MAX_FETCH_BYTES}
-        runner = await ctx.cancel.run(runners.take, image, request.limits)
-        ctx.cancel.on_cancel(lambda: runners.discard(runner))
-        try:
-            answer = await ctx.cancel.run(runner.call, call, sum(s.timeout_s for s in steps) + 60.0)
-        except BaseException:
-            await asyncio.to_thread(runners.give, runner, False)
-            raise
-        clean = bool(answer.get("clean"))
-        if not clean:
-            RUNNERS_DISCARDED.inc()
-            log.warning("runner %s discarded: %s", runner.container.name, answer.get("residue") or answer.get("error"))
-        await asyncio.to_thread(runners.give, runner, clean)
-        if answer.get("error"):
-            raise SessionError(f"run_once: {answer['error']}")
-        outputs = [_step_output(s) for s in answer.get("steps", [])]
-        if any(o.timed_out for o in outputs):
-            TIMEOUTS.inc()
-        fetched = {path: base64.b64decode(data) for path, data in (answer.get("files") or {}).items()}
-        tests = None
-        if request.tests:
-            found = {p.removeprefix(f"{contract.reports_dir}/"): fetched.pop(p) for p in list(fetched)
-                     if p.startswith(f"{contract.reports_dir}/")}
-            # A runner that writes reports but left none did not finish its suite (or was ended from inside).
-            if outputs and outputs[-1].name == "tests" and (found or contract.reports_dir not in contract.test):
-                tests = checked_report(reports.parse_results(contract.system or "custom", outputs[-1].exit_code,
-                                                             found, contract.module), outputs[-1])
-        files = [_file(p, d) for p, d in fetched.items()]
-        return ExecResult(op="run_once", session_id="", partition=ctx.partition, image=image, steps=outputs,
-                          output=outputs[-1] if outputs else None, files=files, tests=tests)
-
-    async def _execute(self, request: ExecRequest, ctx: JobContext, session: Session) -> ExecResult:
-        assert self.manager is not None
-        manager = self.manager
-        result = ExecResult(op=request.op, session_id=session.id, partition=ctx.partition, image=session.image)
-        if request.op == "close":
-            await ctx.cancel.run(manager.close, session)
-            return result
-        if request.op == "fork":
-            digest, size = await ctx.cancel.run(manager.snapshot, session)
-            fork = request.model_copy(update={"snapshot": digest, "limits": session.limits})
-            forked = await self._open(fork, ctx, session.image)
-            return forked.model_copy(update={"op": "fork", "snapshot": digest, "snapshot_bytes": size})
-        if request.op == "snapshot":
-            digest, size = await ctx.cancel.run(manager.snapshot, session)
-            return result.model_copy(update={"snapshot": digest, "snapshot_bytes": size})
-        if request.op == "write_files":
-            await ctx.cancel.run(manager.write_files, session, request.files)
-            return result
-        if request.op == "read_files":
-            return result.model_copy(update={"files": await ctx.cancel.run(manager.read_files, session,
-                                                                               request.paths)})
-        if request.op == "delete_files":
-            paths = " ".join(_quote(p) for p in request.paths)
-            output = await self._run(session, f"rm -rf -- {paths}", request, ctx)
-            return result.model_copy(update={"output": output})
-        if request.op == "apply_patch":
-            patch = (request.patch or "").encode()
-            where = await ctx.cancel.run(manager.put_tmp, session, ".kiln-patch.diff", patch)
-            output = await self._run(session, f"git apply --whitespace=nowarn {where}", request, ctx)
-            return result.model_copy(update={"output": output})
-        if request.op == "run":
-            output = await self._run(session, request.command or "", request, ctx)
-            return result.model_copy(update={"output": output})
-        contract = await ctx.cancel.run(_session_contract, session)
-        if request.op == "run_tests":
-            command = request.command or contract.test
-            if not command:
-                raise SessionError(f"image {session.image} records no test command: pass one")
-            # The run ends with every session process gone (swept from outside), so the reports read below were
-            # written by this run and nothing can rewrite them.
-            output = await self._run(session, f"rm -rf {contract.reports_dir}; {command}", request, ctx,
-                                     env=contract.env)
-            files = await ctx.cancel.run(manager.collect, session, contract.reports_dir)
-            tests = checked_report(reports.parse_results(contract.system or "custom", output.exit_code, files,
-                                                         contract.module), output)
-            return result.model_copy(update={"output": output, "tests": tests})
-        command = request.command or contract.lint
-        if not command:
-            raise SessionError(f"image {session.image} records no lint command: pass one")
-        output = await self._run(session, command, request, ctx, env=contract.env)
-        findings = reports.lint_findings(output.stdout)
-        return result.model_copy(update={"output": output, "findings": findings})
-
-    async def _run(self, session: Session, command: str, request: ExecRequest, ctx: JobContext,
-                   env: dict[str, str] | None = None) -> Any:
-        assert self.manager is not None
-        manager = self.manager
-        # Given up (timeout, revoke): the session's processes are killed, so the command's thread returns.
-        ctx.cancel.on_cancel(lambda: manager.sweep(session))
-        output = await ctx.cancel.run(manager.run, session, command, request.timeout_s, request.max_output_bytes,
-                                      env)
-        if output.timed_out:
-            TIMEOUTS.inc()
-        return output
-
-
-def checked_report(report: TestReport | None, output: CommandOutput) -> TestReport | None:
-    """A report is the runner's word; the exit status is measured outside the sandbox. A report that shows no
-    failure from a run that failed (or timed out) gains an error, so it can never score as a clean pass."""
-    if report is None or (output.exit_code == 0 and not output.timed_out) or report.failed + report.errors:
-        return report
-    return report.model_copy(update={"errors": 1})
-
-
-def _file(path: str, data: bytes) -> FileContent:
-    """Text when it decodes, else base64 (as ``read_files`` answers)."""
-    try:
-        return FileContent(path=path, text=data.decode())
-    except UnicodeDecodeError:
-        return file_content(path, data)
-
-
-def _contract(labels: Mapping[str, str] | None, image: str) -> ImageContract:
-    """What the image declares (its labels, written by the build stage); a contract this worker cannot read is the
-    request's error, answered, never a retry."""
-    try:
-        return ImageContract.from_labels(labels)
-    except ValidationError as e:
-        raise SessionError(f"image {image}: its image contract is unreadable here: {e}") from e
-
-
-def _image_contract(manager: SessionManager, image: str) -> ImageContract:
-    try:
-        labels = manager.client.images.get(image).labels
-    except (APIError, DockerException):
-        labels = None
-    return _contract(labels, image)
-
-
-def _step_output(step: dict[str, Any]) -> StepOutput:
-    """The supervisor's measure of a step: a step ended by a signal exits 128 + signal, as a shell reports it."""
-    signal_ = int(step.get("signal") or 0) or None
-    code = step.get("exit_code")
-    if code is None and signal_ is not None:
-        code = 128 + signal_
-    return StepOutput(name=str(step["name"]), exit_code=code, signal=signal_, timed_out=bool(step.get("timed_out")),
-                      stdout=base64.b64decode(step.get("stdout") or "").decode(errors="replace"),
-                      stderr=base64.b64decode(step.get("stderr") or "").decode(errors="replace"),
-                      stdout_truncated=bool(step.get("stdout_truncated")),
-                      stderr_truncated=bool(step.get("stderr_truncated")),
-                      duration_s=round(int(step.get("wall_us") or 0) / 1e6, 4),
-                      cpu_s=round(int(step.get("cpu_us") or 0) / 1e6, 4))
-
-
-def _quote(path: str) -> str:
-    return shlex.quote(safe_path(path))
-
-
-def _session_contract(session: Session) -> ImageContract:
-    try:
-        labels = session.container.image.labels
-    except (APIError, DockerException):
-        labels = None
-    return _contract(labels, session.image)
-
-
-def _created(container: Any) -> float:
-    raw = str(container.attrs.get("Created", ""))[:19]
-    try:
-        return datetime.strptime(raw, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return 0.0
-
-
-def _namespace() -> str:
-    """Where lock paths mean the same file: this boot's id and this process's mount namespace."""
-    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    return f"{boot}/{os.readlink('/proc/self/ns/mnt')}"
-
-
-def _owner_alive(lock_path: Path) -> bool:
-    """A worker is alive while it holds the exclusive lock on its lock file. The file is opened read-only, never
-    created: a missing file means its worker is gone. The path comes from a sealed label (kiln wrote it); even so
-    only a ``*.lock`` file is judged (and removed when stale), any other path counts as alive."""
-    if lock_path.suffix != ".lock" or lock_path.name.startswith("."):
-        return True
-    try:
-        fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    with contextlib.suppress(OSError):
-        lock_path.unlink()
-    return False
 
 
 service = ExecService()

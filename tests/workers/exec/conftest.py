@@ -20,9 +20,9 @@ def exec_settings(stage_topics: Callable[..., KilnSettings]) -> KilnSettings:
 
 
 def exec_worker(settings: KilnSettings, lock_dir: Path, **env: str) -> WorkerProcess:
+    env.setdefault("KILN_METRICS_PORT", str(free_port()))
     return WorkerProcess("exec", settings, "exec.requests", slots=4, env=worker_env(
-        settings, KILN_EXEC_LOCK_DIR=str(lock_dir), KILN_EXEC_REAP_INTERVAL_S="1", KILN_EXEC_WARM="1",
-        KILN_METRICS_PORT=str(free_port()), **env))
+        settings, KILN_EXEC_LOCK_DIR=str(lock_dir), KILN_EXEC_REAP_INTERVAL_S="1", KILN_EXEC_WARM="1", **env))
 
 
 @pytest.fixture

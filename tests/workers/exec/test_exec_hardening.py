@@ -22,8 +22,8 @@ from kiln.streams.errors import RequestFailed
 from kiln.streams.settings import KilnSettings
 from kiln.workers.exec.client import ExecClient, signed
 from kiln.workers.exec.errors import SessionDenied
+from kiln.workers.exec.reaper import namespace, owner_alive
 from kiln.workers.exec.sessions import LabelSeal, Session, SessionManager, result_bytes
-from kiln.workers.exec.stage import _namespace, _owner_alive
 from tests.workers.exec.conftest import exec_worker, session_containers
 
 BASE = "kiln/base:latest"  # a shell is all these sessions need
@@ -128,9 +128,9 @@ def test_only_unheld_lock_files_are_removed(tmp_path: Path) -> None:
     victim, hidden, stale = tmp_path / "host-file.txt", tmp_path / ".kiln-seal-key", tmp_path / "exec-gone.lock"
     for path in (victim, hidden, stale):
         path.write_text("")
-    assert _owner_alive(victim) and victim.exists()
-    assert _owner_alive(hidden) and hidden.exists()
-    assert not _owner_alive(stale) and not stale.exists()
+    assert owner_alive(victim) and victim.exists()
+    assert owner_alive(hidden) and hidden.exists()
+    assert not owner_alive(stale) and not stale.exists()
 
 
 def _image(docker_engine: Any, tag: str, dockerfile: str, labels: dict[str, str] | None = None) -> str:
@@ -159,7 +159,7 @@ async def test_reaper_leaves_containers_with_forged_kiln_labels_alone(
         try:
             for i, case in enumerate(cases):
                 image = _image(docker_engine, f"{tag}-{i}", f"FROM {BASE}\n",
-                               {"kiln.role": "exec-session", "kiln.lockns": _namespace(), **case})
+                               {"kiln.role": "exec-session", "kiln.lockns": namespace(), **case})
                 forged.append(docker_engine.containers.run(image, ["sleep", "infinity"], detach=True,
                                                            name=f"kiln-build-{uuid.uuid4().hex[:12]}",
                                                            network_mode="none"))
@@ -167,7 +167,7 @@ async def test_reaper_leaves_containers_with_forged_kiln_labels_alone(
             # see -- the reaper removes those, so once they are gone it has judged the forged ones too.
             seal = LabelSeal.load(locks)
             controls = []
-            for lockns in (_namespace(), "elsewhere"):
+            for lockns in (namespace(), "elsewhere"):
                 name = f"kiln-x-{uuid.uuid4().hex[:16]}"
                 labels = seal.seal(name, {"kiln.role": "exec-session", "kiln.worker": "exec-dead",
                                           "kiln.lock": str(locks / "exec-dead.lock"), "kiln.lockns": lockns})

@@ -10,12 +10,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from kiln.schemas.exec import ExecResult, SessionLimits
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
-from kiln.streams.processes import WorkerProcess
+from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from kiln.workers.exec.auth import ClientKeyPair
 from kiln.workers.exec.client import ExecClient, ExecSession, SpillOver
@@ -98,21 +99,23 @@ async def test_sessions_run_concurrently_and_forks_carry_tmpfs_state(project_ima
 
 
 @pytest.fixture
-def secret_worker(exec_settings: KilnSettings, tmp_path: Path) -> Iterator[tuple[Path, str]]:
+def secret_worker(exec_settings: KilnSettings, tmp_path: Path) -> Iterator[tuple[Path, str, int]]:
     """An exec worker holding a host secret twice: in its environment and in a file of its own state directory;
-    yields the file and the secret."""
+    yields the file, the secret and the worker's metrics port."""
     locks = tmp_path / "locks"
     locks.mkdir()
     secret = locks / "host-secret.txt"
     secret.write_text(f"do-not-read-{uuid.uuid4().hex}")
-    with exec_worker(exec_settings, locks, KILN_TEST_HOST_SECRET=secret.read_text()) as w:
+    port = free_port()
+    with exec_worker(exec_settings, locks, KILN_TEST_HOST_SECRET=secret.read_text(),
+                     KILN_METRICS_PORT=str(port)) as w:
         w.wait_assigned()
-        yield secret, secret.read_text()
+        yield secret, secret.read_text(), port
 
 
 async def test_isolation_against_adversarial_commands(project_image: str, exec_settings: KilnSettings,
-                                                      secret_worker: tuple[Path, str]) -> None:
-    secret, secret_text = secret_worker
+                                                      secret_worker: tuple[Path, str, int]) -> None:
+    secret, secret_text, metrics_port = secret_worker
     limits = SessionLimits(memory_mb=256, pids=128, disk_mb=64, cpus=1)
     async with KilnClient(exec_settings, "agent") as kiln:
         client = ExecClient(kiln)
@@ -137,6 +140,10 @@ async def test_isolation_against_adversarial_commands(project_image: str, exec_s
         assert stubborn.timed_out
         left = await client.run(s, "ps -eo args | grep -c '[s]leep 300' || true")
         assert left.stdout.strip() == "0"  # the escaped, SIGTERM-ignoring child was killed too
+        async with httpx.AsyncClient() as http:  # ... by host pid, from outside, and counted
+            metrics = (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
+        killed = next(line for line in metrics.splitlines() if line.startswith("kiln_exec_killed_processes_total "))
+        assert float(killed.split()[-1]) >= 1
         privileged = await client.run(s, f"id -u; cat {secret} 2>&1; env; cat /proc/1/environ 2>&1; "
                                          "touch /usr/x 2>&1; ls /root 2>&1 | head -1; cat /proc/self/mountinfo")
         # The worker holds the secret (its environment, its state directory): nothing of it reaches the session.
