@@ -90,7 +90,7 @@ SESSION = Profile("exec-session", root=True, why="the keeper is root so that uid
 # A run_once runner (exec/runners.py): its supervisor runs each call as uid 1000 and kills and wipes after it.
 RUNNER = Profile("exec-runner", root=True, capabilities=("SETUID", "SETGID", "KILL"),
                  why="the supervisor switches to uid 1000 for a call and kills what the call left")
-# An image's files read through the archive API (exec/sessions.py ``_image_work``): created, never started.
+# An image's files read through the archive API (exec/sessions.py ``image_work``): created, never started.
 IMAGE_FILES = Profile("image-files")
 # The layered rebuild (builder/layers.py): the rebuild's changes to the root become the revision's layer.
 BUILD_STEP = Profile("build-step", network="egress", read_only=False, init=False,

@@ -122,9 +122,9 @@ def image(docker_engine: Any) -> Iterator[str]:
 def test_every_container_the_sandboxing_code_creates_follows_the_policy(docker_engine: Any, image: str,
                                                                        tmp_path: Path) -> None:
     manager = SessionManager(docker_engine, f"policy-{uuid.uuid4().hex[:8]}", None, ["kiln/"])
-    manager._image_work(image)  # the image's /work read (a created, never started container) before recording
+    manager.image_work(image)  # the image's /work read (a created, never started container) before recording
     pool = RunnerPool(docker_engine, manager.sealed_labels, lambda: supervisor_binary(Path.home() / ".cache" / "kiln"),
-                      manager._image_work, per_key=1, keys=1)
+                      manager.image_work, per_key=1, keys=1)
     pool.ready()
     build = BuildSandbox()
     recorder = CreateRecorder(docker_engine, image)
