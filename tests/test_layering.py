@@ -88,3 +88,10 @@ def test_the_deprecated_paths_are_shims_only() -> None:
 def test_the_rollout_package_holds_the_stage_only() -> None:
     """The RL loop around the stage (actor, trainer, loss, learning runs, ``kiln rl``) lives in rl/."""
     assert {p.stem for p in (ROOT / "workers" / "rollout").glob("*.py")} == {"__init__", "spec", "stage", "episodes"}
+
+
+def test_saucer_reaches_a_stage_only_through_the_ingest_facade_in_its_command() -> None:
+    """Saucer's library (``ingest/``) builds on schemas and streams; its command ``kiln saucer ingest`` submits
+    through the ingest stage's facade, like any client (docs/architecture.md)."""
+    reached = {(f, m) for f, m in _imports() if f.startswith("ingest/") and _within(m, "kiln.workers")}
+    assert reached == {("ingest/cli.py", "kiln.workers.ingest.client")}

@@ -127,6 +127,34 @@ def stage_drift(specs: Iterable[object], doc: str) -> list[str]:
                                                                                           key=lambda r: r.kind)])
 
 
+def facade_drift(root: Path, doc: str) -> list[str]:
+    """Each facade the stage table names (other than ``KilnClient.call``) is a class in its package's ``client.py``."""
+    problems = []
+    for row in table_rows(section(doc, STAGES_HEADING)):
+        if len(row) < 6 or not ticked(row[1]):
+            continue
+        for facade in ticked(row[5]):
+            client = root / ticked(row[1])[0] / "client.py"
+            if facade != "KilnClient.call" and not (client.is_file() and f"class {facade}" in client.read_text()):
+                problems.append(f"the stage table's facade {facade} is not a class in {client.relative_to(root)}")
+    return problems
+
+
+def protocol_drift(members: Iterable[str], text: str) -> list[str]:
+    """A section about a protocol names each of its members (`` `name` `` or `` `name(`` …)."""
+    return [f"{m!r} is a member of the protocol but not named in the docs" for m in sorted(members)
+            if not re.search(rf"`(async )?{m}[`(]", text)]
+
+
+def errors_drift(files: Iterable[str], doc: str) -> list[str]:
+    """The typed-errors row names every package's ``errors.py`` and no other."""
+    row = next((r for r in table_rows(doc) if r and "typed errors" in r[0]), None)
+    if row is None:
+        return ["no typed errors row"]
+    named = {t for t in ticked(row[-1]) if t.endswith("/errors.py")}
+    return _diff("errors module", set(files), named, "the typed errors row")
+
+
 # Envelope ---------------------------------------------------------------------------------------------------------
 
 ENVELOPE_HEADING = "The envelope"

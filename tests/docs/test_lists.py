@@ -60,6 +60,38 @@ def test_a_stage_registered_without_the_docs_fails_the_check() -> None:
     assert d.stage_drift([s for k, s in specs.items() if k != "verify"], DOC) != []
 
 
+def test_every_facade_the_stage_table_names_is_its_packages_client() -> None:
+    assert d.facade_drift(ROOT, DOC) == []
+    renamed = DOC.replace("| `ExecClient` |", "| `TempClient` |")
+    assert d.facade_drift(ROOT, renamed) == ["the stage table's facade TempClient is not a class in "
+                                             "workers/exec/client.py"]
+
+
+# inference endpoints and errors files
+
+def endpoint_members() -> set[str]:
+    from kiln.workers.inference.endpoints import InferenceEndpoint
+
+    return {n for n in vars(InferenceEndpoint) if not n.startswith("_")} | set(InferenceEndpoint.__annotations__)
+
+
+def test_the_inference_endpoint_section_names_the_protocol() -> None:
+    assert endpoint_members() == {"url", "packs", "generate", "init_process_group", "request_weight_update", "health"}
+    assert d.protocol_drift(endpoint_members(), d.section(DOC, "Adding an inference endpoint")) == []
+    assert d.protocol_drift(endpoint_members() | {"temp_method"}, d.section(DOC, "Adding an inference endpoint")) == [
+        "'temp_method' is a member of the protocol but not named in the docs"]
+
+
+def errors_files() -> set[str]:
+    return {str(p.relative_to(ROOT)) for top in CODE for p in (ROOT / top).rglob("errors.py")}
+
+
+def test_the_typed_errors_row_names_every_errors_module() -> None:
+    assert d.errors_drift(errors_files(), DOC) == []
+    assert d.errors_drift(errors_files() | {"rl/errors.py"}, DOC) == [
+        "errors module 'rl/errors.py' is in the code but not in the typed errors row"]
+
+
 # envelope
 
 def test_the_envelope_table_is_the_envelope_models() -> None:
