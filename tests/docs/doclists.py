@@ -50,6 +50,16 @@ def table_rows(text: str) -> list[list[str]]:
     return rows
 
 
+def table(text: str, first_column: str) -> list[list[str]]:
+    """The body rows of the one table in ``text`` whose header's first cell is ``first_column``."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(f"| {first_column} |")), None)
+    if start is None:
+        return []
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return table_rows("\n".join(lines[start:end]))
+
+
 def ticked(cell: str) -> list[str]:
     return re.findall(r"`([^`]+)`", cell)
 
@@ -74,8 +84,9 @@ def registered_verifiers() -> set[str]:
 
 
 def verifier_drift(registered: set[str], doc: str) -> list[str]:
-    """The verifier table (first cell: the name a task's ``verifier`` says) lists exactly the registered ones."""
-    listed = {ticked(row[0])[0] for row in table_rows(section(doc, VERIFIERS_HEADING)) if ticked(row[0])}
+    """The verifier table in ``doc`` (header ``| verifier |``; first cell: the name a task's ``verifier`` says) lists
+    exactly the registered ones."""
+    listed = {ticked(row[0])[0] for row in table(doc, "verifier") if ticked(row[0])}
     return _diff("verifier", registered, listed, "the verifier table") if listed else ["no verifier table"]
 
 
