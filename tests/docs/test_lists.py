@@ -3,6 +3,7 @@ metrics. Each check is shown failing with a temporary extra item (and, where it 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,17 @@ def test_a_metric_added_or_removed_without_the_docs_fails_the_checks() -> None:
         "docs/metrics.md presents kiln_exec_sessions as a metric, and no code defines it"]
     assert d.documented_metric_drift(metrics, {"page.md": "watch `kiln_temp_total{why}`"}) == [
         "page.md presents kiln_temp_total as a metric, and no code defines it"]
+
+
+def test_the_alert_rules_and_the_dashboard_query_metrics_that_exist() -> None:
+    """Not docs, but the same drift: a rule or a panel over a renamed metric silently shows nothing."""
+    names = re.compile(r"kiln_[a-z0-9_]*[a-z0-9](?![a-z0-9_])")  # not a prefix such as kiln_stats_
+    queries = {str(p.relative_to(ROOT)): "`" + "` `".join(names.findall(p.read_text())) + "`"
+               for p in (ROOT / "infra/prometheus/rules.yml", ROOT / "infra/prometheus/rules.test.yml",
+                         ROOT / "infra/grafana/dashboards/kiln.json")}
+    assert all(len(q) > 10 for q in queries.values())
+    assert d.documented_metric_drift(code_metrics(), queries) == []
+    assert d.documented_metric_drift(code_metrics(), {"rules.yml": "`kiln_stats_temp`"}) != []
 
 
 @pytest.mark.parametrize("source", [
