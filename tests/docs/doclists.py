@@ -15,6 +15,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from kiln.streams.stage import StageSpec
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_PACKAGES = ("streams", "workers", "ingest", "rl", "integrations", "schemas")
 METRICS_DOC = ROOT / "docs" / "metrics.md"
@@ -102,22 +104,24 @@ class StageRow:
     topic: str
     partitions: int
     events: str | None
+    keyed: bool
+    forever: bool
 
 
-def stage_rows(specs: Iterable[object]) -> set[StageRow]:
+def stage_rows(specs: Iterable[StageSpec]) -> set[StageRow]:
     """What the stage table says of each spec: kind, package directory, request topic and partitions, events."""
     rows = set()
     for spec in specs:
         module = spec.handler.split(":")[0]
         package = "/".join(module.split(".")[1:-1]) + "/"  # kiln.workers.builder.stage -> workers/builder/
-        rows.add(StageRow(spec.kind, package, spec.request_topic, spec.partitions,
-                          spec.events_topic))
+        rows.add(StageRow(spec.kind, package, spec.request_topic, spec.partitions, spec.events_topic,
+                          spec.ordering == "keyed", spec.retention == "forever"))
     return rows
 
 
-def stage_drift(specs: Iterable[object], doc: str) -> list[str]:
-    """Every registered stage (``kiln.stages``) has its row: kind, package, request topic (partitions), events topic;
-    and the table names no other stage."""
+def stage_drift(specs: Iterable[StageSpec], doc: str) -> list[str]:
+    """Every registered stage (``kiln.stages``) has its row: kind, package, request topic (partitions; "kept
+    forever" when its retention is), ordering ("keyed …" or not), events topic; and the table names no other stage."""
     listed: set[StageRow] = set()
     for row in table_rows(section(doc, STAGES_HEADING)):
         if len(row) < 5:
@@ -128,14 +132,15 @@ def stage_drift(specs: Iterable[object], doc: str) -> list[str]:
         for i, kind in enumerate(kinds):
             topic, partitions = topics[i] if i < len(topics) else ("?", "0")
             listed.add(StageRow(kind, packages[0] if packages else "?", topic, int(partitions),
-                                events[0] if events else None))
+                                events[0] if events else None, row[3].startswith("keyed"), "kept forever" in row[2]))
     if not listed:
         return ["no stage table"]
     want = stage_rows(specs)
-    return ([f"stage {r.kind!r} ({r.package}, {r.topic} ({r.partitions}), events {r.events}) is registered but "
-             "not in the stage table as such" for r in sorted(want - listed, key=lambda r: r.kind)]
-            + [f"the stage table's row {r} matches no registered stage" for r in sorted(listed - want,
-                                                                                          key=lambda r: r.kind)])
+    missing = sorted(want - listed, key=lambda r: r.kind)
+    unknown = sorted(listed - want, key=lambda r: r.kind)
+    return ([f"stage {r.kind!r} ({r.package}, {r.topic} ({r.partitions}), events {r.events}, keyed {r.keyed}, "
+             f"forever {r.forever}) is registered but not in the stage table as such" for r in missing]
+            + [f"the stage table's row {r} matches no registered stage" for r in unknown])
 
 
 def facade_drift(root: Path, doc: str) -> list[str]:

@@ -56,11 +56,15 @@ def test_a_stage_registered_without_the_docs_fails_the_check() -> None:
     specs = stage_specs()
     temp = StageSpec("temp", "temp.requests", BaseModel, BaseModel, handler="kiln.workers.temp.stage:stage")
     assert d.stage_drift([*specs.values(), temp], DOC) == [
-        "stage 'temp' (workers/temp/, temp.requests (8), events None) is registered but not in the stage table as such"]
+        "stage 'temp' (workers/temp/, temp.requests (8), events None, keyed False, forever False) is registered but "
+        "not in the stage table as such"]
     moved = StageSpec("exec", "exec.requests", BaseModel, BaseModel, handler="kiln.workers.exec.stage:stage",
                       partitions=64)
     assert len(d.stage_drift([*(s for k, s in specs.items() if k != "exec"), moved], DOC)) == 2
     assert d.stage_drift([s for k, s in specs.items() if k != "verify"], DOC) != []
+    unkeyed = StageSpec("exec", "exec.requests", BaseModel, BaseModel, handler="kiln.workers.exec.stage:stage",
+                        partitions=32)
+    assert len(d.stage_drift([*(s for k, s in specs.items() if k != "exec"), unkeyed], DOC)) == 2
 
 
 def test_every_facade_the_stage_table_names_is_its_packages_client() -> None:
