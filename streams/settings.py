@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -136,6 +137,14 @@ def get_settings() -> KilnSettings:
     return KilnSettings()
 
 
+def _callers_level() -> int:
+    """The ``stacklevel`` of the code that made the settings object, past pydantic's frames and this module's."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and str(frame.f_globals.get("__name__", "")).startswith(("pydantic", __name__)):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class _RenamedEnv(PydanticBaseSettingsSource):
     """The variables of a settings class under its old prefix, each read (with a warning naming its new name) only
     where the new name is not set."""
@@ -154,7 +163,7 @@ class _RenamedEnv(PydanticBaseSettingsSource):
             old, new = f"{self.old_prefix}{name}".upper(), f"{new_prefix}{name}".upper()
             if old in os.environ and new not in os.environ:
                 message = f"{old} is renamed {new}; the old name is read until the next release"
-                warnings.warn(message, DeprecationWarning, stacklevel=2)
+                warnings.warn(message, DeprecationWarning, stacklevel=_callers_level())
                 logging.getLogger(__name__).warning(message)
                 values[name] = os.environ[old]
         return values

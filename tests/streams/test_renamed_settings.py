@@ -21,8 +21,9 @@ class Renamed(RenamedPrefix):
 
 def test_an_old_variable_is_read_with_a_warning_naming_the_new_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KILN_TEMP_OLD_SLOTS", "7")
-    with pytest.warns(DeprecationWarning, match="KILN_TEMP_OLD_SLOTS is renamed KILN_TEMP_NEW_SLOTS"):
+    with pytest.warns(DeprecationWarning, match="KILN_TEMP_OLD_SLOTS is renamed KILN_TEMP_NEW_SLOTS") as warned:
         settings = Renamed()
+    assert warned[0].filename == __file__  # the code that made the settings, not pydantic's
     assert (settings.slots, settings.name) == (7, "x")
 
 
