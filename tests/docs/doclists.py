@@ -1,7 +1,7 @@
 """The lists in the docs that mirror code, each compared with the code by a pure function: a function takes what the
 code has (names, models, source text) and the document's text, and returns the differences as sentences (empty: in
 step). ``tests/docs/test_lists.py`` calls each on the real code, and again with a temporary extra item to show it
-failing. ``docs/metrics.md`` is generated: ``python tests/docs/doclists.py`` writes it again.
+failing. ``docs/metrics.md`` is generated: ``.venv/bin/python tests/docs/doclists.py`` writes it again.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from kiln.streams.stage import StageSpec
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_PACKAGES = ("streams", "workers", "ingest", "rl", "integrations", "schemas")
 METRICS_DOC = ROOT / "docs" / "metrics.md"
-REGENERATE = "python tests/docs/doclists.py"
+REGENERATE = ".venv/bin/python tests/docs/doclists.py"
 
 
 def sources(packages: Iterable[str] = SOURCE_PACKAGES) -> dict[str, str]:
@@ -343,9 +343,11 @@ def metrics_reference(metrics: Iterable[Metric]) -> str:
     """``docs/metrics.md``: every metric kiln defines, generated from the source."""
     lines = ["# Metrics", "",
              "Every Prometheus metric kiln's code defines, generated from the source by `tests/docs/doclists.py`",
-             f"(`{REGENERATE}` writes it again; `tests/docs/test_lists.py` fails while it is stale). Workers serve",
-             "theirs on `/metrics` (`KILN_METRICS_PORT`) with the labels `stage` and `worker`; a counter's samples are",
-             "`<name>` (its name ends in `_total`), a histogram's `<name>_bucket`, `_sum` and `_count`.", "",
+             f"(`{REGENERATE}` writes it again; `tests/docs/test_lists.py` fails while it is stale). A worker's",
+             "`/metrics` (`KILN_METRICS_PORT`) serves the runtime's (`streams/metrics.py`, labelled `stage` and",
+             "`worker`) and its stage's own; the stats app, the status page, the autoscaler, Saucer's server, the",
+             "gateway, the inference server and the trainer serve theirs; the client's are in its process's default",
+             "registry. A histogram's samples are `<name>_bucket`, `<name>_sum` and `<name>_count`.", "",
              "| metric | type | help | defined in |", "|---|---|---|---|"]
     for m in metrics:
         lines.append(f"| `{m.name}` | {m.type.lower()} | {m.help.replace('|', '/')} | `{m.module}` |")
