@@ -135,6 +135,9 @@ def test_a_settings_prefix_added_without_the_docs_fails_the_check() -> None:
     assert problems == ["settings prefix 'KILN_TEMP_' is in the code but not in the settings table",
                         "stage build's package workers/builder/ reads 2 prefixes ['KILN_BUILD_', 'KILN_TEMP_']; "
                         "one per stage"]
+    without_demo = [c for c in d.settings_classes(d.sources(CODE)) if c.prefix != "KILN_DEMO_"]
+    assert d.settings_drift(without_demo, stage_packages(), DOC) == [
+        "settings prefix 'KILN_DEMO_' is in the settings table but not in the code"]
     bare = d.settings_classes({"workers/x.py": "class X(BaseSettings):\n    a: int = 0\n"})
     assert d.settings_drift(bare, {}, DOC)[0] == "workers/x.py X reads settings without an env_prefix"
 
