@@ -45,6 +45,20 @@ def test_a_verifier_registered_without_the_docs_fails_the_check() -> None:
         "verifier 'lean_code' is in the verifier table but not in the code"]
 
 
+def docstring_verifiers(doc: str) -> set[str]:
+    """The built-ins ``kiln.workers.verifiers``' docstring lists: ``- ``a`` and ``b`` (``module``): …`` lines."""
+    return {name for line in doc.splitlines() if line.startswith("- ``")
+            for name in re.findall(r"``(\w+)``", line.split("(")[0])}
+
+
+def test_the_verifiers_package_docstring_lists_the_built_ins() -> None:
+    import kiln.workers.verifiers as verifiers
+    from kiln.workers.verifiers.registry import BUILT_IN
+
+    assert docstring_verifiers(verifiers.__doc__ or "") == set(BUILT_IN)
+    assert docstring_verifiers("- ``a`` and ``b`` (``m``): x\n- ``c`` (``n``): y") == {"a", "b", "c"}
+
+
 # stages
 
 def test_the_stage_table_is_the_registered_stages() -> None:
