@@ -156,6 +156,16 @@ def test_a_settings_prefix_added_without_the_docs_fails_the_check() -> None:
     assert d.settings_drift(bare, {}, DOC)[0] == "workers/x.py X reads settings without an env_prefix"
 
 
+def test_every_settings_prefix_a_page_names_is_read() -> None:
+    """A page's `` `KILN_X_*` `` names a prefix some settings class reads (a renamed one would leave it pointing at
+    nothing)."""
+    prefixes = {c.prefix for c in d.settings_classes(d.sources(CODE))}
+    named = {(page, p) for page, text in docs().items() for p in re.findall(r"`(KILN_[A-Z_]*_)\*`", text)}
+    assert len(named) >= 6
+    assert sorted((page, p) for page, p in named if p not in prefixes) == []
+    assert "KILN_BUILDER_" not in prefixes
+
+
 # metrics
 
 def code_metrics() -> list[d.Metric]:
