@@ -105,8 +105,8 @@ async def main() -> None:
         run_steps(COMPONENT_STEPS[component])
     client: Any = docker_client()
     env = dict(line.split("=", 1) for line in run_script("registry/registry.sh", "env").split())
-    registry = Registry(env["KILN_BUILDER_REGISTRY"], env["KILN_BUILDER_REGISTRY_USER"],
-                        env["KILN_BUILDER_REGISTRY_PASSWORD"])
+    registry = Registry(env["KILN_BUILD_REGISTRY"], env["KILN_BUILD_REGISTRY_USER"],
+                        env["KILN_BUILD_REGISTRY_PASSWORD"])
     bases = BaseImages("kiln/base:latest", "kiln/toolchain:latest")
     limits = Limits(memory_bytes=1 << 30, timeout_s=600)
     with tempfile.TemporaryDirectory() as tmp:

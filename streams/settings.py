@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import warnings
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 KAFKA_LOGGER = "kiln.librdkafka"
 """The Python logger every Kafka client kiln makes writes librdkafka's own log lines to."""
@@ -139,3 +142,52 @@ def producer_config(settings: KilnSettings, **extra: Any) -> dict[str, Any]:
 def get_settings() -> KilnSettings:
     """The one settings object of this process."""
     return KilnSettings()
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` of the code that made the settings object, past pydantic's frames and this module's."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and str(frame.f_globals.get("__name__", "")).startswith(("pydantic", __name__)):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+class _RenamedEnv(PydanticBaseSettingsSource):
+    """The variables of a settings class under its old prefix, each read (with a warning naming its new name) only
+    where the new name is not set."""
+
+    def __init__(self, settings_cls: type[BaseSettings], old_prefix: str) -> None:
+        super().__init__(settings_cls)
+        self.old_prefix = old_prefix
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # __call__ reads them all
+
+    def __call__(self) -> dict[str, Any]:
+        new_prefix = str(self.settings_cls.model_config.get("env_prefix", ""))
+        values: dict[str, Any] = {}
+        for name in self.settings_cls.model_fields:
+            old, new = f"{self.old_prefix}{name}".upper(), f"{new_prefix}{name}".upper()
+            if old in os.environ and new not in os.environ:
+                message = f"{old} is renamed {new}; the old name is read until the next release"
+                warnings.warn(message, DeprecationWarning, stacklevel=_callers_level())
+                logging.getLogger(__name__).warning(message)
+                values[name] = os.environ[old]
+        return values
+
+
+class RenamedPrefix(BaseSettings):
+    """Settings whose prefix was renamed: a subclass sets ``renamed_from`` to the old prefix, and a variable under it
+    is still read for one release where the new name is not set, with a ``DeprecationWarning`` naming the new one.
+    Values are read as the new variables would be (simple types; JSON for lists and dicts is not decoded)."""
+
+    renamed_from: ClassVar[str] = ""
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        renamed = (_RenamedEnv(settings_cls, cls.renamed_from),) if cls.renamed_from else ()
+        return init_settings, env_settings, *renamed, dotenv_settings, file_secret_settings

@@ -56,6 +56,21 @@ class TopicSpec:
 
 
 @dataclass(frozen=True)
+class Deployment:
+    """What a stage's worker pods get unless a deployment's values say otherwise (``kiln k8s render``,
+    ``streams/k8s/values.py``): the stage states its own needs, so the runtime names no stage."""
+
+    slots: int = 4
+    """Slots per pod; the pod requests this many CPUs."""
+    memory_per_slot_mib: int = 1024
+    max_workers: int = 100
+    container_engine: bool = False
+    """Builds or runs containers (build, exec): a rootless engine sidecar and the sandbox node pool."""
+    spare_cpu: bool = False
+    """Also runs on GPU machines' spare CPUs (a DaemonSet on nodes labelled for it; Lean)."""
+
+
+@dataclass(frozen=True)
 class StageSpec:
     """A stage's contract with the runtime and with clients; cheap to import (models only, no handler)."""
 
@@ -77,6 +92,8 @@ class StageSpec:
     """What the stats stream counts of a successful result (called with the typed result): a string value is
     counted per value (e.g. build system, outcome), a number is averaged (e.g. rollout lag). Keep it cheap and
     of low cardinality: every distinct string value is a table key."""
+    deployment: Deployment = Deployment()
+    """Its pods' defaults in a Kubernetes deployment (a values file overrides them per stage)."""
 
     def topics(self) -> list[TopicSpec]:
         """The request topic, its dead-letter twin and the events topic, with partitions and retention."""

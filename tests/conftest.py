@@ -84,8 +84,8 @@ def registry(s3_settings: KilnSettings, docker_engine: object) -> Registry:
     """The registry (storage on the S3 server) with its per-installation credentials."""
     _ensure("registry")
     env = dict(line.split("=", 1) for line in run_script("registry/registry.sh", "env").split())
-    return Registry(env["KILN_BUILDER_REGISTRY"], env["KILN_BUILDER_REGISTRY_USER"],
-                    env["KILN_BUILDER_REGISTRY_PASSWORD"])
+    return Registry(env["KILN_BUILD_REGISTRY"], env["KILN_BUILD_REGISTRY_USER"],
+                    env["KILN_BUILD_REGISTRY_PASSWORD"])
 
 
 @pytest.fixture

@@ -88,3 +88,37 @@ def test_the_deprecated_paths_are_shims_only() -> None:
 def test_the_rollout_package_holds_the_stage_only() -> None:
     """The RL loop around the stage (actor, trainer, loss, learning runs, ``kiln rl``) lives in rl/."""
     assert {p.stem for p in (ROOT / "workers" / "rollout").glob("*.py")} == {"__init__", "spec", "stage", "episodes"}
+
+
+def test_saucer_reaches_a_stage_only_through_the_ingest_facade_in_its_command() -> None:
+    """Saucer's library (``ingest/``) builds on schemas and streams; its command ``kiln saucer ingest`` submits
+    through the ingest stage's facade, like any client (docs/architecture.md)."""
+    reached = {(f, m) for f, m in _imports() if f.startswith("ingest/") and _within(m, "kiln.workers")}
+    assert reached == {("ingest/cli.py", "kiln.workers.ingest.client")}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    return {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+
+
+SETUP_COMPONENTS = {("streams/cli.py", "lean"), ("streams/infra.py", "lean")}
+"""``kiln setup lean``: the local install of the Lean REPL's sandbox (bubblewrap), a machine's component, not the
+stage."""
+
+
+def test_the_runtime_names_no_stage() -> None:
+    """Beyond its imports, no code under streams/ names a registered stage or its request topic: what a stage needs
+    of a deployment (slots, memory, a container engine, spare CPUs) comes from its spec (``StageSpec.deployment``)."""
+    from kiln.streams.stage import stage_specs
+
+    names = {k for k in stage_specs()} | {s.request_topic for s in stage_specs().values()}
+    named = []
+    for path in (ROOT / "streams").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        docs = _docstrings(tree)
+        named += [(str(path.relative_to(ROOT)), n.value) for n in ast.walk(tree)
+                  if isinstance(n, ast.Constant) and n.value in names and id(n) not in docs]
+    assert len(names) >= 16
+    assert set(named) == SETUP_COMPONENTS

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Debian's docker-registry (CNCF distribution 2.8) on 127.0.0.1, storing into the S3 server (infra/s3).
 # Every request needs credentials (htpasswd, bcrypt): user kiln, password generated once per installation
-# ($KILN_CACHE/secrets/registry-password); `registry.sh env` prints them for kiln (KILN_BUILDER_REGISTRY_USER/
+# ($KILN_CACHE/secrets/registry-password); `registry.sh env` prints them for kiln (KILN_BUILD_REGISTRY_USER/
 # _PASSWORD) and for `docker login`.
 #   registry.sh start | stop | status | env
 # Env: KILN_REGISTRY_PORT (5000), KILN_REGISTRY_BUCKET (kiln-registry); S3 settings as in infra/s3/s3.sh.
@@ -88,7 +88,7 @@ status() {
 }
 
 print_env() {
-  printf 'KILN_BUILDER_REGISTRY=127.0.0.1:%s\nKILN_BUILDER_REGISTRY_USER=%s\nKILN_BUILDER_REGISTRY_PASSWORD=%s\n' \
+  printf 'KILN_BUILD_REGISTRY=127.0.0.1:%s\nKILN_BUILD_REGISTRY_USER=%s\nKILN_BUILD_REGISTRY_PASSWORD=%s\n' \
     "$PORT" "$USER_NAME" "$PASSWORD"
 }
 

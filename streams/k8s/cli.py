@@ -23,7 +23,7 @@ def render(values: Annotated[Path | None, typer.Argument(help="A values YAML (in
     from kiln.streams.stage import stage_specs
 
     chosen = Values.model_validate(yaml.safe_load(values.read_text()) or {}) if values else Values()
-    text = yaml.safe_dump_all(render_manifests(chosen, sorted(stage_specs())), sort_keys=False)
+    text = yaml.safe_dump_all(render_manifests(chosen, list(stage_specs().values())), sort_keys=False)
     if out:
         out.write_text(text)
     else:

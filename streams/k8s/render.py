@@ -1,13 +1,14 @@
-"""The manifests, as plain dicts (``render(values, stages)`` -> a list of Kubernetes objects).
+"""The manifests, as plain dicts (``render(values, specs)`` -> a list of Kubernetes objects).
 
 Choices a reviewer should know:
 - Workers prefer preemptible nodes and tolerate their taint; terminationGracePeriodSeconds exceeds the runtime's
   grace so SIGTERM's drain-and-commit always finishes before SIGKILL.
-- Build and exec pods get their own rootless Docker engine as a sidecar, never the node's socket (mounting it is
-  root on the node). The sidecar must run privileged for its user namespaces, but its daemon runs as uid 1000: an
-  escape from a sandbox lands as an unprivileged user inside one pod, on a tainted node pool of its own. The worker
-  and the engine share the pod's process namespace (the exec stage empties session containers by pid) and an
-  emptyDir for the socket; there is no hostPath anywhere.
+- Pods of a stage that asks for one (``Deployment.container_engine`` in its spec: build, exec) get their own
+  rootless Docker engine as a sidecar, never the node's socket (mounting it is root on the node). The sidecar must
+  run privileged for its user namespaces, but its daemon runs as uid 1000: an escape from a sandbox lands as an
+  unprivileged user inside one pod, on a tainted node pool of its own. The worker and the engine share the pod's
+  process namespace (the exec stage empties session containers by pid) and an emptyDir for the socket; there is no
+  hostPath anywhere.
 - NetworkPolicies: pods with an engine may reach only the control-plane services (Kafka, S3, registry, egress
   proxy) and DNS; sandboxes inside the engine have no network of their own (``--network none``) besides that.
 - Scaling: KEDA's metrics-api trigger reads the autoscaler's minimum (Harmonic's REPL service rule) and its cpu
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.streams.k8s.values import StageValues, Values
+from kiln.streams.k8s.values import StageValues, Values, spare_cpu_stages, stage_values
+from kiln.streams.stage import StageSpec
 
 Manifest = dict[str, Any]
 STATS_PORT, AUTOSCALER_PORT, SAUCER_PORT = 8600, 8800, 8700
@@ -159,23 +161,26 @@ def _prometheus(values: Values) -> Manifest:
             "data": {"prometheus.yml": scrape}}
 
 
-def render(values: Values, stages: list[str]) -> list[Manifest]:
-    """Every object of a deployment running ``stages`` (the registered stage names)."""
+def render(values: Values, specs: list[StageSpec]) -> list[Manifest]:
+    """Every object of a deployment running the stages of ``specs`` (the registered ones), each stage's pods as its
+    spec asks (``StageSpec.deployment``) unless the values say otherwise."""
     out: list[Manifest] = []
-    for stage in sorted(stages):
-        sv = values.stages.get(stage, StageValues())
+    by_kind = {s.kind: s for s in specs}
+    stages = sorted(by_kind)
+    for stage in stages:
+        sv = stage_values(values, by_kind[stage])
         out.append(_workload("Deployment", f"kiln-worker-{stage}", worker_pod(stage, sv, values), values,
                              replicas=sv.min_workers))
         out.append(_scaled_object(stage, sv, values))
-    for stage in values.spare_cpu.stages:
-        sv = values.stages.get(stage, StageValues())
+    for stage in spare_cpu_stages(values, specs):
+        sv = stage_values(values, by_kind[stage]) if stage in by_kind else values.stages.get(stage, StageValues())
         out.append(_workload("DaemonSet", f"kiln-spare-{stage}", worker_pod(stage, sv, values, spare=True), values))
     out.append({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                 "metadata": {"name": "kiln-spare-cpu", "labels": {"app.kubernetes.io/part-of": "kiln"}},
                 "value": -10, "preemptionPolicy": "Never",
                 "description": "Workers on borrowed CPUs of other machines yield to the machines' own work."})
-    slots_of = [f"--slots-of={s}={values.stages.get(s, StageValues()).slots}" for s in sorted(stages)]
-    out += _service_deployment("kiln-autoscaler", ["autoscale", "run", *sorted(stages), "--backend", "keda",
+    slots_of = [f"--slots-of={s}={stage_values(values, by_kind[s]).slots}" for s in stages]
+    out += _service_deployment("kiln-autoscaler", ["autoscale", "run", *stages, "--backend", "keda",
                                                    "--stats-url", f"http://kiln-stats.{values.namespace}.svc:"
                                                    f"{STATS_PORT}", "--goal-minutes", f"{values.goal_minutes:g}",
                                                    "--host", "0.0.0.0", "--port", str(AUTOSCALER_PORT), *slots_of],

@@ -1,8 +1,11 @@
-"""What a deployment chooses (``infra/k8s/values.yaml`` is the documented default)."""
+"""What a deployment chooses (``infra/k8s/values.yaml`` is the documented default). Each stage's own needs (slots,
+memory, a container engine, spare CPUs) come from its spec (``StageSpec.deployment``); values override them."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from kiln.streams.stage import Deployment, StageSpec
 
 
 class _Strict(BaseModel):
@@ -10,19 +13,22 @@ class _Strict(BaseModel):
 
 
 class StageValues(_Strict):
-    slots: int = Field(4, ge=1, description="Slots per pod; the pod requests this many CPUs.")
-    memory_per_slot_mib: int = Field(1024, ge=64)
+    """One stage's pods. In a values file, a field left out is the stage's own (``StageSpec.deployment``)."""
+
+    slots: int = Field(Deployment.slots, ge=1, description="Slots per pod; the pod requests this many CPUs.")
+    memory_per_slot_mib: int = Field(Deployment.memory_per_slot_mib, ge=64)
     min_workers: int = Field(1, ge=0)
-    max_workers: int = Field(100, ge=1)
-    container_engine: bool = Field(False, description="Builds or runs containers (build, exec): gets a rootless "
-                                                      "engine sidecar and the sandbox node pool.")
+    max_workers: int = Field(Deployment.max_workers, ge=1)
+    container_engine: bool = Field(Deployment.container_engine, description="Builds or runs containers (build, "
+                                   "exec): gets a rootless engine sidecar and the sandbox node pool.")
 
 
 class SpareCpu(_Strict):
     """As in Harmonic's REPL service (its fourth version): GPU machines lend a fraction of their CPUs (a
     DaemonSet on nodes labelled for it)."""
 
-    stages: list[str] = Field(default_factory=lambda: ["lean"])
+    stages: list[str] | None = Field(None, description="Stages with spare-CPU DaemonSets; unset: those whose spec "
+                                     "asks for them (Deployment.spare_cpu).")
     cpu_fraction: float = Field(0.25, gt=0, le=1)
     node_label: dict[str, str] = Field(default_factory=lambda: {"kiln.dev/spare-cpu": "true"})
 
@@ -46,8 +52,22 @@ class Values(_Strict):
     control_plane_ports: list[int] = Field(default_factory=lambda: [9092, 9000, 5000, 3128])
     goal_minutes: float = 5.0
     cpu_target_percent: int = Field(90, ge=1, le=100)
-    stages: dict[str, StageValues] = Field(default_factory=lambda: {
-        "build": StageValues(slots=2, memory_per_slot_mib=4096, container_engine=True, max_workers=20),
-        "exec": StageValues(slots=4, memory_per_slot_mib=2048, container_engine=True),
-    }, description="Per-stage choices; a registered stage not named here gets the StageValues defaults.")
+    stages: dict[str, StageValues] = Field(default_factory=dict, description="Per-stage choices over each stage's "
+                                           "own (StageSpec.deployment); a field not named keeps the stage's.")
     spare_cpu: SpareCpu = Field(default_factory=SpareCpu)
+
+
+def stage_values(values: Values, spec: StageSpec) -> StageValues:
+    """A stage's pods: its spec's deployment, then the fields the values name for it."""
+    own = spec.deployment
+    chosen = values.stages.get(spec.kind)
+    fields = {"slots": own.slots, "memory_per_slot_mib": own.memory_per_slot_mib, "max_workers": own.max_workers,
+              "container_engine": own.container_engine}
+    return StageValues.model_validate({**fields, **(chosen.model_dump(exclude_unset=True) if chosen else {})})
+
+
+def spare_cpu_stages(values: Values, specs: list[StageSpec]) -> list[str]:
+    """The stages with spare-CPU DaemonSets: the values' list, else those whose spec asks for spare CPUs."""
+    if values.spare_cpu.stages is not None:
+        return list(values.spare_cpu.stages)
+    return sorted(s.kind for s in specs if s.deployment.spare_cpu)

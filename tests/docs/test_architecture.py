@@ -13,6 +13,9 @@ TOY = ROOT / "tests" / "fixtures" / "toy_stage"
 def test_the_worked_example_is_the_tested_toy_stage_verbatim() -> None:
     for path in [TOY / "pyproject.toml", *(TOY / "kiln_wordcount" / f"{m}.py" for m in ("spec", "stage", "client"))]:
         assert f"```{'toml' if path.suffix == '.toml' else 'python'}\n{path.read_text()}```" in DOC, path
+    files = [TOY / "pyproject.toml", *(TOY / "kiln_wordcount" / f"{m}.py" for m in ("spec", "stage", "client"))]
+    lines = sum(len(p.read_text().splitlines()) for p in files)
+    assert f"`tests/fixtures/toy_stage/` ({lines} lines with its" in DOC
 
 
 def test_every_code_path_the_document_names_exists() -> None:

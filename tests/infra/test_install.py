@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,7 @@ def test_a_wheel_installs_only_kiln_and_runs_a_job_outside_the_repository(kafka:
     assert {"streams", "schemas", "workers", "ingest", "rl", "integrations"}.isdisjoint(os.listdir(site))
     assert not (site / "kiln" / "streams").is_symlink() and (site / "kiln/schemas/jsonschema").is_dir()
     assert (site / "kiln/integrations/demo/calc-repo/tests/test_calc.py").is_file()  # the demo's repository ships
+    assert (site / "kiln/py.typed").is_file()
 
     # Its dependencies come from the shared environment (as a user's would from their own); then a job, from a
     # directory that is not the repository.
@@ -103,6 +105,29 @@ def test_a_wheel_installs_only_kiln_and_runs_a_job_outside_the_repository(kafka:
     assert ran.returncode == 0, ran.stderr + worker_output
     where, data = ran.stdout.split(maxsplit=1)
     assert where == str(site / "kiln" / "__init__.py") and data.strip() == "from outside"
+
+
+def test_the_wheel_is_typed_for_its_users(tmp_path: Path) -> None:
+    """PEP 561: the wheel carries ``kiln/py.typed``, so a user's mypy reads kiln's annotations from the installed
+    package instead of treating it as untyped."""
+    wheel = _wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as archive:
+        assert "kiln/py.typed" in archive.namelist()
+    venv = tmp_path / "user"
+    subprocess.run([BASE_PYTHON, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin/pip"), "install", "-q", "--disable-pip-version-check", "--no-deps", "--no-index",
+                    str(wheel)], check=True)
+    (_site_packages(venv) / "_deps.pth").write_text(f"import site; site.addsitedir({_shared_deps_site()!r})\n")
+    user = tmp_path / "elsewhere" / "user.py"
+    user.parent.mkdir()
+    user.write_text("from kiln.streams.settings import KilnSettings\n\nx: int = KilnSettings().bootstrap_servers\n")
+    checked = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--python-executable",
+                              str(venv / "bin/python"), "--follow-imports", "silent", "user.py"],
+                             cwd=user.parent, capture_output=True, text=True)
+    # kiln's annotation reached the user's checker: a str is not an int (untyped, kiln would be an error of its own)
+    assert 'Incompatible types in assignment (expression has type "str", variable has type "int")' in checked.stdout, \
+        checked.stdout + checked.stderr
+    assert "missing library stubs or py.typed marker" not in checked.stdout
 
 
 def test_two_checkouts_side_by_side_each_run_their_own_code(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ Without a model it is deterministic: commands come from the README's fenced shel
 CI ``run:`` steps, minus CI-only plumbing (``$GITHUB_*`` writes, ``cargo miri``, toolchain installers, sudo),
 classified as setup/build/test; on failure it applies small fixes (a script without its executable bit runs through
 ``sh``; a missing ``./`` is added), and it gives up after ``MAX_FAILED_TESTS`` failing test commands. With
-``KILN_BUILDER_AGENT_URL`` set, an OpenAI-compatible chat endpoint proposes each next command from the README, CI
+``KILN_BUILD_AGENT_URL`` set, an OpenAI-compatible chat endpoint proposes each next command from the README, CI
 file and the last error. Every command and where it came from is recorded; the image is the container committed
 after the last build step.
 """

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kiln.schemas.builder import BuildEvent, BuildRequest
-from kiln.streams.stage import StageSpec
+from kiln.streams.stage import Deployment, StageSpec
 
 
 def _facets(event: BuildEvent) -> dict[str, str | float]:
@@ -14,4 +14,5 @@ def _facets(event: BuildEvent) -> dict[str, str | float]:
 
 
 build = StageSpec("build", "image.build", BuildRequest, BuildEvent, handler="kiln.workers.builder.stage:stage",
-                  events_topic="image.events", facets=_facets)
+                  events_topic="image.events", facets=_facets,
+                  deployment=Deployment(slots=2, memory_per_slot_mib=4096, max_workers=20, container_engine=True))

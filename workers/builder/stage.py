@@ -1,25 +1,26 @@
 """``build``: ``image.build`` -> ``image.events``. Repository revision (read through Saucer) -> image, tests,
 unified coverage, and a failure class when it does not work out.
 
-Configuration (``KILN_BUILDER_*``): ``BASE_IMAGE``/``TOOLCHAIN_IMAGE`` (the local images hub images map to, built
-by ``kiln setup docker``), ``TEST_MEMORY_MB``, ``TEST_CPUS``, ``TEST_PIDS``, ``TEST_TIMEOUT_S``,
-``TEST_OUTPUT_BYTES`` (64 KiB of a test run's output kept), ``TEST_REPORTS_BYTES`` (256 MiB), and the fallback
-agent: ``AGENT`` (on), ``AGENT_BUDGET``, ``AGENT_URL``/``AGENT_MODEL``/``AGENT_API_KEY`` (an OpenAI-compatible
-endpoint; without one the agent reads README and CI commands deterministically).
-"""
+Configuration (``KILN_BUILD_*``, the build stage's one prefix; ``KILN_BUILDER_*``, the old names, are read until
+the next release): ``BASE_IMAGE``/``TOOLCHAIN_IMAGE`` (the local images hub images map to, built by ``kiln setup
+docker``), ``TEST_MEMORY_MB``, ``TEST_CPUS``, ``TEST_PIDS``, ``TEST_TIMEOUT_S``, ``TEST_OUTPUT_BYTES`` (64 KiB of a
+test run's output kept), ``TEST_REPORTS_BYTES`` (256 MiB), and the fallback agent: ``AGENT`` (on),
+``AGENT_BUDGET``, ``AGENT_URL``/``AGENT_MODEL``/``AGENT_API_KEY`` (an OpenAI-compatible endpoint; without one the
+agent reads README and CI commands deterministically). The build steps' sandbox reads the same prefix
+(``BuildSandbox``, ``workers/builder/sandbox.py``)."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildEvent, BuildRequest
-from kiln.streams.settings import get_settings
+from kiln.streams.settings import RenamedPrefix, get_settings
 from kiln.streams.stage import JobContext, Stage
 from kiln.workers.builder import spec
 from kiln.workers.builder.agent import AgentConfig, ModelClient
@@ -30,8 +31,12 @@ from kiln.workers.common.containers import Limits, docker_client
 from kiln.workers.common.registry import Registry
 
 
-class BuilderSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KILN_BUILDER_")
+class BuilderSettings(RenamedPrefix):
+    """The build stage's settings (``KILN_BUILD_`` + field name, as ``BuildSandbox``'s: one prefix per stage;
+    ``KILN_BUILDER_`` + field name is the old name, read until the next release with a warning)."""
+
+    model_config = SettingsConfigDict(env_prefix="KILN_BUILD_")
+    renamed_from: ClassVar[str] = "KILN_BUILDER_"
 
     base_image: str = "kiln/base:latest"
     toolchain_image: str = "kiln/toolchain:latest"

@@ -43,7 +43,7 @@ def scaled_object_schema() -> dict[str, Any]:
 
 def _manifests(values: Values) -> list[dict[str, Any]]:
     # through YAML, as kubectl would get them
-    return list(yaml.safe_load_all(yaml.safe_dump_all(render(values, sorted(stage_specs())))))
+    return list(yaml.safe_load_all(yaml.safe_dump_all(render(values, list(stage_specs().values())))))
 
 
 def _validate(doc: dict[str, Any], scaled_object_schema: dict[str, Any]) -> None:
@@ -106,7 +106,7 @@ def test_workers_drain_on_preemptible_nodes_and_never_touch_the_node() -> None:
             assert pod["terminationGracePeriodSeconds"] > values.grace_s
             assert pod["tolerations"][0]["key"] == "cloud.google.com/gke-preemptible"
             assert pod["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/healthz"
-    assert engines == sum(1 for sv in values.stages.values() if sv.container_engine) >= 2  # build and exec
+    assert engines == sum(1 for s in stage_specs().values() if s.deployment.container_engine) >= 2  # build and exec
     build = pods["kiln-worker-build"]
     assert [c["name"] for c in build["containers"]] == ["worker", "engine"] and build["shareProcessNamespace"]
     assert build["containers"][0]["resources"]["requests"]["cpu"] == "2"  # from its slots
@@ -130,3 +130,18 @@ def test_spare_cpu_slots_are_a_fraction_of_the_cpus() -> None:
     cpus = len(os.sched_getaffinity(0))
     assert KilnSettings(cpu_fraction=0.5).job_slots() == max(1, int(cpus * 0.5))
     assert KilnSettings(cpu_fraction=0.5, slots=7).job_slots() == 7
+
+
+def test_each_stage_states_its_pods_and_values_override_a_field() -> None:
+    """The runtime names no stage: build and exec ask for a container engine and Lean for spare CPUs in their specs;
+    a values file overrides a field and keeps the stage's others."""
+    specs = stage_specs()
+    assert {k for k, s in specs.items() if s.deployment.container_engine} == {"build", "exec"}
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _manifests(Values(stages={"exec": {"max_workers": 40}},
+                                                                             spare_cpu={"stages": []}))}
+    exec_pod = docs[("Deployment", "kiln-worker-exec")]["spec"]["template"]["spec"]
+    assert [c["name"] for c in exec_pod["containers"]] == ["worker", "engine"]
+    assert exec_pod["containers"][0]["args"][-2:] == ["--slots", "4"]  # the stage's, kept
+    assert docs[("ScaledObject", "kiln-worker-exec")]["spec"]["maxReplicaCount"] == 40
+    assert ("DaemonSet", "kiln-spare-lean") not in docs
+    assert "kiln-spare-lean" in {d["metadata"]["name"] for d in _manifests(Values())}

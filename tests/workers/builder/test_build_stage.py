@@ -74,8 +74,8 @@ async def test_layered_builds_through_the_stage(stage_topics: Callable[..., Kiln
     second = b.commit("one more module")
     assert (await ingest(IngestRequest(name="demo/layered-stage", location=str(tmp_path / "src")), "r", store,
                          tmp_path / "work")).status == "ingested"
-    env = worker_env(settings, KILN_METRICS_PORT=str(free_port()), KILN_BUILDER_REGISTRY=registry.address,
-                     KILN_BUILDER_REGISTRY_USER=registry.user, KILN_BUILDER_REGISTRY_PASSWORD=registry.password)
+    env = worker_env(settings, KILN_METRICS_PORT=str(free_port()), KILN_BUILD_REGISTRY=registry.address,
+                     KILN_BUILD_REGISTRY_USER=registry.user, KILN_BUILD_REGISTRY_PASSWORD=registry.password)
     with WorkerProcess("build", settings, "image.build", slots=1, env=env) as worker:
         worker.wait_assigned()
         async with KilnClient(settings, "builder-client") as client:
