@@ -9,7 +9,8 @@ KilnError
 │   ├── BrokerRefused      the broker answered but refused kiln's credentials (SASL, TLS)
 │   └── DockerUnavailable  the Docker engine did not answer
 ├── DeliveryRefused        a record can never be delivered (an address librdkafka rejects, too large, a topic or
-│                          partition that does not exist): the job is dead-lettered with the reason
+│   │                      partition that does not exist): the job is dead-lettered with the reason
+│   └── NoDestination      the topic or partition is not there (for good, unless it is being re-created)
 ├── BlobError              the blob store failed
 │   ├── BlobNotFound       no blob with that digest
 │   ├── BlobCorrupt        stored bytes do not hash to their digest
@@ -62,6 +63,14 @@ class BrokerRefused(InfraError):
 
 class DeliveryRefused(KilnError):
     """A record was refused for good: retrying the same record cannot succeed."""
+
+
+class NoDestination(DeliveryRefused):
+    """The topic (or partition) is not there: for good, unless it existed a moment ago (being re-created)."""
+
+    def __init__(self, message: str, topic: str) -> None:
+        super().__init__(message)
+        self.topic = topic
 
 
 class BlobError(KilnError):

@@ -16,7 +16,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from kiln.streams.errors import BlobUnavailable, BrokerUnavailable, DeliveryRefused, KilnError
+from kiln.streams.errors import BlobUnavailable, BrokerUnavailable, DeliveryRefused, KilnError, NoDestination
 from kiln.streams.metrics import WorkerMetrics
 from kiln.streams.settings import KilnSettings, producer_config
 
@@ -37,14 +37,6 @@ _UNAVAILABLE = {
     KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND, KafkaError.KAFKA_STORAGE_ERROR,
 }
 _NO_DESTINATION = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
-
-
-class NoDestination(DeliveryRefused):
-    """The topic (or partition) is not there: for good, unless it existed a moment ago (being re-created)."""
-
-    def __init__(self, message: str, topic: str) -> None:
-        super().__init__(message)
-        self.topic = topic
 
 
 def _shown(topic: str) -> str:
