@@ -35,6 +35,11 @@ class CompletionVerdict(BaseModel):
     failed: int | None = Field(None, description="tests failed, when the verifier counts them")
     details: dict[str, Any] = Field(default_factory=dict)
     seconds: float = Field(0.0, description="from the request's start in the worker to this verdict")
+    verifier: str = Field("", max_length=64, description="the verifier that decided it (the task's ``verifier``); "
+                                                          "empty in verdicts stored before it was carried")
+    version: str = Field("", max_length=64, description="digest of the verifier's source, the task's check and the "
+                                                         "images it names (``kiln.workers.verifiers.version``); empty "
+                                                         "when no verifier was found, or stored before it was carried")
 
 
 class VerifyResult(BaseModel):

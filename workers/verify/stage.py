@@ -98,7 +98,7 @@ async def handle(request: VerifyRequest, ctx: JobContext) -> VerifyResult:
         verdicts = _every(request, message, "checker_error")
     elapsed = time.perf_counter() - started
     SECONDS.labels(task.verifier).observe(elapsed)
-    out = [answered(v, elapsed) for v in verdicts]
+    out = _verifiers[0].stamped(task, [answered(v, elapsed) for v in verdicts])
     for v in out:
         COMPLETIONS.labels(task.verifier, v.failure or "none").inc()
     return VerifyResult(task_id=task.task_id, verifier=task.verifier, verdicts=out, verify_s=elapsed)
