@@ -49,3 +49,19 @@ class VerifyResult(BaseModel):
     verifier: str
     verdicts: list[CompletionVerdict]
     verify_s: float = Field(description="the worker's time on the whole batch")
+
+
+class RescoredRequest(BaseModel):
+    """One stored verify request re-scored by ``kiln verify rescore``: its verdicts now (``result``) next to those it
+    was answered with (``before``, from the results topic; None when no result is kept), on ``verify.rescored``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str
+    topic: str
+    partition: int
+    offset: int
+    before: VerifyResult | None
+    result: VerifyResult
+    changed: list[int] = Field(default_factory=list, description="indices of completions whose reward or failure "
+                                                                  "differs from ``before``")

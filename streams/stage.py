@@ -77,15 +77,18 @@ class StageSpec:
     """What the stats stream counts of a successful result (called with the typed result): a string value is
     counted per value (e.g. build system, outcome), a number is averaged (e.g. rollout lag). Keep it cheap and
     of low cardinality: every distinct string value is a table key."""
+    extra_topics: tuple[TopicSpec, ...] = ()
+    """Topics the stage's tools write besides its own (e.g. ``verify.rescored``), created with them."""
 
     def topics(self) -> list[TopicSpec]:
-        """The request topic, its dead-letter twin and the events topic, with partitions and retention."""
+        """The request topic, its dead-letter twin, the events topic and the extra topics, with partitions and
+        retention."""
         specs = [TopicSpec(self.request_topic, self.partitions,
                            {**(FOREVER if self.retention == "forever" else WEEK), **BROKER_TIME}),
                  TopicSpec(f"{self.request_topic}.dlq", 1, FOREVER)]
         if self.events_topic:
             specs.append(TopicSpec(self.events_topic, self.events_partitions, WEEK))
-        return specs
+        return specs + list(self.extra_topics)
 
 
 @dataclass
