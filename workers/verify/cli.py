@@ -15,6 +15,11 @@ app = typer.Typer(help="The verify stage's tools: re-scoring stored requests.", 
 out = Console()
 
 
+@app.callback()
+def main() -> None:
+    """The verify stage's tools (a group, so ``rescore`` stays a subcommand)."""
+
+
 def _when(text: str | None) -> datetime | None:
     if text is None:
         return None
@@ -39,7 +44,7 @@ def rescore(
     report = asyncio.run(run(get_settings(), since=_when(since), until=_when(until), from_offset=from_offset,
                              to_offset=to_offset, concurrency=concurrency, publish=publish))
     if json:
-        out.print_json(report.model_dump_json())
+        typer.echo(report.model_dump_json(indent=2))  # plain: a terminal's wrapping must not break the JSON
         return
     out.print(f"{report.topic}: {report.requests} requests, {report.completions} verdicts re-scored, "
               f"{report.changed} changed; {report.without_before} requests without a stored result, "
