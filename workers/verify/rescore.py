@@ -25,7 +25,7 @@ from kiln.schemas.verify import CompletionVerdict, RescoredRequest, VerifyReques
 from kiln.streams import codec
 from kiln.streams.blobstore import BlobStore, open_blob_store
 from kiln.streams.client import KilnClient
-from kiln.streams.errors import ConfigError, MalformedRequest
+from kiln.streams.errors import BlobCorrupt, BlobNotFound, ConfigError, MalformedRequest
 from kiln.streams.offsets import coordinates
 from kiln.streams.replay import read_topic
 from kiln.streams.settings import KilnSettings, producer_config
@@ -58,7 +58,8 @@ class RescoreReport(BaseModel):
     completions: int = 0
     changed: int = 0
     without_before: int = Field(0, description="requests whose stored result is no longer kept (not compared)")
-    malformed: int = Field(0, description="records that are not readable verify requests")
+    malformed: int = Field(0, description="records that are not readable verify requests (or whose claim-check "
+                                          "blob is gone)")
     past_retention: int = Field(0, description="offsets of the asked range the topic no longer holds")
     published: int = 0
     transitions: list[Transition] = Field(default_factory=list, description="changed verdicts, by verifier version "
@@ -133,7 +134,7 @@ def stored_requests(settings: KilnSettings, *, since: datetime | None = None, un
             if envelope.claim_check is not None and blob_store is None:
                 blob_store = open_blob_store(settings)
             request = codec.request_payload(envelope, VerifyRequest, blob_store)
-        except MalformedRequest:
+        except (MalformedRequest, BlobNotFound, BlobCorrupt):  # a blob store unreachable now: raised, not counted
             report.malformed += 1
             continue
         assert isinstance(request, VerifyRequest)

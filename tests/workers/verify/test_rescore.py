@@ -16,6 +16,8 @@ from typer.testing import CliRunner, Result
 
 from kiln.schemas.rl import RolloutTask
 from kiln.schemas.verify import CompletionVerdict, RescoredRequest
+from kiln.streams import codec
+from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.replay import read_topic
 from kiln.streams.settings import KilnSettings
@@ -84,13 +86,19 @@ async def test_rescoring_after_a_fix_changes_exactly_the_planted_verdicts(
     work = batch()
     with verify_worker(settings, PYTHONPATH=str(site)) as worker:
         worker.wait_assigned()
-        async with KilnClient(settings, f"planted-{unique}") as kiln:
-            client = VerifyClient(kiln)
-            scored: list[list[CompletionVerdict]] = await asyncio.gather(*(client.verify(t, c) for t, c in work))
+        # Half the requests travel as claim checks (their payload in the blob store): re-scoring reads them back.
+        checked = settings.model_copy(update={"claim_check_bytes": 1})
+        async with KilnClient(settings, f"planted-{unique}") as kiln, \
+                KilnClient(checked, f"planted-cc-{unique}", blob_store=open_blob_store(settings)) as kiln_cc:
+            clients = VerifyClient(kiln), VerifyClient(kiln_cc)
+            scored: list[list[CompletionVerdict]] = await asyncio.gather(
+                *(clients[i % 2].verify(t, c) for i, (t, c) in enumerate(work)))
     for (task, completions), verdicts in zip(work, scored, strict=True):
         assert [v.reward for v in verdicts] == [1.0 if c == task.answer or planted(task, c) else 0.0
                                                 for c in completions]
         assert {v.verifier for v in verdicts} == {task.verifier} and all(v.version for v in verdicts)
+    stored = [codec.decode_request(r.value()) for r in read_topic(settings, "verify.requests")]
+    assert sum(e.claim_check is not None for e in stored) == len(work) // 2
     old = {t.verifier: v[0].version for (t, _), v in zip(work, scored, strict=True)}
 
     plant(site, FIXED)  # the fix: the worker is gone, the command runs with the fixed verifier installed here
