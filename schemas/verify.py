@@ -35,6 +35,11 @@ class CompletionVerdict(BaseModel):
     failed: int | None = Field(None, description="tests failed, when the verifier counts them")
     details: dict[str, Any] = Field(default_factory=dict)
     seconds: float = Field(0.0, description="from the request's start in the worker to this verdict")
+    verifier: str = Field("", max_length=64, description="the verifier that decided it (the task's ``verifier``); "
+                                                          "empty in verdicts stored before it was carried")
+    version: str = Field("", max_length=64, description="digest of the verifier's source, the task's check and the "
+                                                         "images it names (``kiln.workers.verifiers.version``); empty "
+                                                         "when no verifier was found, or stored before it was carried")
 
 
 class VerifyResult(BaseModel):
@@ -44,3 +49,19 @@ class VerifyResult(BaseModel):
     verifier: str
     verdicts: list[CompletionVerdict]
     verify_s: float = Field(description="the worker's time on the whole batch")
+
+
+class RescoredRequest(BaseModel):
+    """One stored verify request re-scored by ``kiln verify rescore``: its verdicts now (``result``) next to those it
+    was answered with (``before``, from the results topic; None when no result is kept), on ``verify.rescored``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str
+    topic: str
+    partition: int
+    offset: int
+    before: VerifyResult | None
+    result: VerifyResult
+    changed: list[int] = Field(default_factory=list, description="indices of completions whose reward or failure "
+                                                                  "differs from ``before``")

@@ -94,15 +94,18 @@ class StageSpec:
     of low cardinality: every distinct string value is a table key."""
     deployment: Deployment = Deployment()
     """Its pods' defaults in a Kubernetes deployment (a values file overrides them per stage)."""
+    extra_topics: tuple[TopicSpec, ...] = ()
+    """Topics the stage's tools write besides its own (e.g. ``verify.rescored``), created with them."""
 
     def topics(self) -> list[TopicSpec]:
-        """The request topic, its dead-letter twin and the events topic, with partitions and retention."""
+        """The request topic, its dead-letter twin, the events topic and the extra topics, with partitions and
+        retention."""
         specs = [TopicSpec(self.request_topic, self.partitions,
                            {**(FOREVER if self.retention == "forever" else WEEK), **BROKER_TIME}),
                  TopicSpec(f"{self.request_topic}.dlq", 1, FOREVER)]
         if self.events_topic:
             specs.append(TopicSpec(self.events_topic, self.events_partitions, WEEK))
-        return specs
+        return specs + list(self.extra_topics)
 
 
 @dataclass

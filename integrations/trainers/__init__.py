@@ -12,6 +12,12 @@ Every adapter reads the task the same way (``task_of``): a dataset's label/groun
 ``RolloutTask``, its dict or JSON (``verifier``, ``check``, ``answer``) — or a plain answer (``exact_match``). A
 completion that got no real verdict (timeout, sandbox error, …) scores 0 and is logged: nothing is raised into the
 trainer's step.
+
+Every verdict names its verifier and version (``CompletionVerdict.verifier``/``version``); each adapter passes them
+to the trainer's logs as far as that trainer takes them: verl's reward dict (``kiln_verifier``, ``kiln_version``),
+OpenRLHF's ``extra_logs`` (numbers only: ``kiln_version_id``, the version's first 24 bits), and for those whose
+reward functions return a bare float (TRL, AReaL, prime-rl) a line on the ``kiln.rewards`` logger the first time a
+process sees a verifier version (``note_versions``).
 """
 
 from __future__ import annotations
@@ -19,17 +25,41 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from kiln.schemas.rl import RolloutTask
+from kiln.schemas.verify import CompletionVerdict
 from kiln.streams.settings import KilnSettings
 from kiln.workers.verify.client import BlockingVerifyClient
 
 _lock = threading.Lock()
 _shared: dict[int, BlockingVerifyClient] = {}
 _settings: list[KilnSettings] = []
+log = logging.getLogger("kiln.rewards")
+_seen_versions: set[tuple[str, str]] = set()
+
+
+def note_versions(verdicts: Iterable[CompletionVerdict]) -> None:
+    """Log (``kiln.rewards``, INFO) each verifier version this process has not seen before: a trainer whose reward
+    functions return bare floats still records in its log which verifier versions scored its rewards."""
+    for v in verdicts:
+        if v.version and (v.verifier, v.version) not in _seen_versions:  # an unavailable verdict has none
+            with _lock:
+                _seen_versions.add((v.verifier, v.version))
+            log.info("rewards scored by verifier %s version %s", v.verifier, v.version)
+
+
+def version_id(version: str) -> float:
+    """A verifier version as a number (its first 24 bits; exact in a float32), for loggers that take numbers only;
+    0 for none."""
+    try:
+        return float(int(version[:6], 16)) if version else 0.0
+    except ValueError:
+        return 0.0
 
 
 def configure(settings: KilnSettings | None) -> None:

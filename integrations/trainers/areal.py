@@ -6,14 +6,15 @@
 - ``async_reward_fn`` — the same, awaitable, for workflows that call rewards on their own event loop.
 
 The task is the row's ``kiln_task`` column, else its ``answer`` or ``solution`` (``task_of``); a completion without a
-real verdict scores 0 (logged).
+real verdict scores 0 (logged). AReaL takes a float: the verifier version goes to the ``kiln.rewards`` log the first
+time a process sees it (``note_versions``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kiln.integrations.trainers import shared_client, task_of
+from kiln.integrations.trainers import note_versions, shared_client, task_of
 
 
 def _task(prompt: str, data: dict[str, Any]) -> Any:
@@ -26,11 +27,15 @@ def _task(prompt: str, data: dict[str, Any]) -> Any:
 def reward_fn(prompt: str, completions: str, prompt_ids: list[int], completion_ids: list[int],
               **data: Any) -> float:
     del prompt_ids, completion_ids
-    return shared_client().verify(_task(prompt, data), [completions])[0].reward
+    verdicts = shared_client().verify(_task(prompt, data), [completions])
+    note_versions(verdicts)
+    return verdicts[0].reward
 
 
 async def async_reward_fn(prompt: str, completions: str, prompt_ids: list[int], completion_ids: list[int],
                           **data: Any) -> float:
     del prompt_ids, completion_ids
     client = shared_client()
-    return (await client.submit(client.client.verify(_task(prompt, data), [completions])))[0].reward
+    verdicts = await client.submit(client.client.verify(_task(prompt, data), [completions]))
+    note_versions(verdicts)
+    return verdicts[0].reward

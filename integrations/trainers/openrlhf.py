@@ -1,7 +1,10 @@
 """OpenRLHF's remote reward protocol (``--remote_rm_url http://GATEWAY:8500/openrlhf/reward``), as its
 ``SingleTurnAgentExecutor`` speaks it (openrlhf 0.11): ``POST {"query": [...], "prompts": [...], "labels": [...]}``
 → ``{"rewards": [...], "scores": [...], "extra_logs": {...}}``. ``query`` is the decoded prompt and response;
-``labels`` the dataset's ``--label_key`` column: a kiln task (JSON) or a plain answer (``task_of``)."""
+``labels`` the dataset's ``--label_key`` column: a kiln task (JSON) or a plain answer (``task_of``). OpenRLHF logs
+``extra_logs`` as numbers: ``kiln_failed`` (1 for no real verdict) and ``kiln_version_id`` (the verifier version's
+first 24 bits, ``version_id``: a change in it is a change of verifier); the gateway's own log names each version
+(``note_versions``)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from kiln.integrations.trainers import task_of
+from kiln.integrations.trainers import note_versions, task_of, version_id
 from kiln.workers.verify.client import VerifyClient
 
 
@@ -39,6 +42,8 @@ async def rewards(client: VerifyClient, request: RewardRequest) -> RewardRespons
     tasks = [task_of(label, prompt) for label, prompt in zip(labels, prompts, strict=True)]
     verdicts = await client.verify_batch(tasks, [completion_of(q, p) for q, p in zip(request.query, prompts,
                                                                                       strict=True)])
+    note_versions(verdicts)
     scores = [v.reward for v in verdicts]
     return RewardResponse(rewards=scores, scores=scores,
-                          extra_logs={"kiln_failed": [1.0 if v.failure else 0.0 for v in verdicts]})
+                          extra_logs={"kiln_failed": [1.0 if v.failure else 0.0 for v in verdicts],
+                                      "kiln_version_id": [version_id(v.version) for v in verdicts]})

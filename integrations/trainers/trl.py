@@ -5,7 +5,9 @@ parallel across the exec or Lean workers. A reward object owns one ``BlockingVer
 background event loop: TRL calls rewards synchronously, from its own thread). By default the verifier runs in this
 process and sends its jobs to the exec/Lean stages; ``through_stage=True`` sends the batch to the ``verify`` stage
 instead (reward work off the trainer's node). A completion whose check failed (a timeout, a job that failed for good)
-scores 0, logged: the batch is not lost for one."""
+scores 0, logged: the batch is not lost for one. TRL logs a reward function's floats under its name and takes
+nothing else from it: the verifier version that scored a batch goes to the ``kiln.rewards`` log the first time a
+process sees it (``note_versions``)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from kiln.integrations.trainers import task_of
+from kiln.integrations.trainers import note_versions, task_of
 from kiln.schemas.exec import SessionLimits
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.settings import KilnSettings
@@ -51,13 +53,17 @@ class _Scorer:
 
     async def _score(self, tasks: Sequence[RolloutTask], completions: Sequence[str]) -> list[float]:
         if self.through_stage:
-            return [v.reward for v in await self.bridge.client.verify_batch(tasks, completions)]
+            stamped = await self.bridge.client.verify_batch(tasks, completions)
+            note_versions(stamped)
+            return [v.reward for v in stamped]
         groups: dict[str, tuple[RolloutTask, list[int]]] = {}
         for i, task in enumerate(tasks):
             groups.setdefault(task.model_dump_json(), (task, []))[1].append(i)
 
         async def group(task: RolloutTask, at: list[int]) -> list[float]:
-            verdicts = await self.verifiers.get(task.verifier).verify(task, [completions[i] for i in at], "")
+            verdicts = self.verifiers.stamped(
+                task, await self.verifiers.get(task.verifier).verify(task, [completions[i] for i in at], ""))
+            note_versions(verdicts)
             for v in verdicts:
                 if v.failure:
                     log.warning("a completion scored 0: %s: %s", v.failure, v.details.get("error", ""))

@@ -7,7 +7,9 @@
   call: the whole step's batch at once, one verify request per distinct task.
 
 The task is ``extra_info["kiln_task"]`` when the row has one, else ``ground_truth`` (see ``task_of``). Each returns
-``{"score": reward, "kiln_failure": "" | failure}``: verl takes ``score`` as the reward and logs the rest.
+``{"score": reward, "kiln_failure": "" | failure, "kiln_verifier": name, "kiln_version": version}``: verl takes
+``score`` as the reward and keeps the other keys per sample in its ``reward_extra_info`` (dumped with the step's
+generations), so a run's samples name the verifier version that scored them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ def _task_label(ground_truth: Any, extra_info: Any) -> Any:
 
 
 def _score(verdict: CompletionVerdict) -> dict[str, Any]:
-    return {"score": verdict.reward, "kiln_failure": verdict.failure or ""}
+    return {"score": verdict.reward, "kiln_failure": verdict.failure or "", "kiln_verifier": verdict.verifier,
+            "kiln_version": verdict.version}
 
 
 async def compute_score(data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any = None,

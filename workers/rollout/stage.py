@@ -128,7 +128,8 @@ async def handle(request: RolloutRequest, ctx: JobContext) -> RolloutGroup:
         raise TransientJobError(f"a tool call's exec session failed: {e.reason}") from None
     generated = time.perf_counter()
     verifier = _verifiers[0].get(request.task.verifier)
-    verdicts = await verifier.verify(request.task, [e.answer for e in episodes], ctx.envelope.request_id)
+    verdicts = _verifiers[0].stamped(
+        request.task, await verifier.verify(request.task, [e.answer for e in episodes], ctx.envelope.request_id))
     VERIFY.labels(request.task.verifier).observe(time.perf_counter() - generated)
     samples = []
     for episode, verdict in zip(episodes, verdicts, strict=True):
@@ -137,7 +138,7 @@ async def handle(request: RolloutRequest, ctx: JobContext) -> RolloutGroup:
             text=episode.text, token_ids=episode.token_ids, logprobs=episode.logprobs, versions=episode.versions,
             finish_reason=episode.finish_reason, reward=verdict.reward, turns=episode.turns,
             tool_mask=episode.tool_mask if episode.tool_calls else [],
-            verifier={"name": request.task.verifier, **verdict.details}))
+            verifier={"name": request.task.verifier, "version": verdict.version, **verdict.details}))
     GROUPS.inc()
     GENERATE.observe(generated - started)
     versions = [v for e in episodes for v in e.versions]

@@ -15,8 +15,10 @@ A library (no spec): the rollout stage and the ``verify`` stage both use it, one
 - ``program`` (``programs``): the completion's program run on the task's stdin, checked against its expected output.
 
 ``contract`` holds what they share (``Verifier``, ``VerifierContext``, ``Verdict``, ``checked``), ``errors`` their
-errors, ``registry`` the ``Verifiers`` a worker knows. A user plugs in their own through the ``kiln.verifiers`` entry
-point group: ``name = "module:factory"``, the factory takes a ``VerifierContext`` and returns a ``Verifier``.
+errors, ``registry`` the ``Verifiers`` a worker knows (``Verifiers.stamped``: every verdict named with its verifier
+and version), ``version`` what a verdict's version digests (the verifier's source, the task's check, its images). A
+user plugs in their own through the ``kiln.verifiers`` entry point group: ``name = "module:factory"``, the factory
+takes a ``VerifierContext`` and returns a ``Verifier``.
 ``RolloutTask.check`` carries what the verifier needs; each validates it with its own model, and a task it cannot read
 fails as a routine error (dead-lettered with the reason).
 """

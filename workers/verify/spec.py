@@ -5,7 +5,7 @@ it."""
 from __future__ import annotations
 
 from kiln.schemas.verify import VerifyRequest, VerifyResult
-from kiln.streams.stage import StageSpec
+from kiln.streams.stage import WEEK, StageSpec, TopicSpec
 
 
 def _facets(result: VerifyResult) -> dict[str, str | float]:
@@ -15,5 +15,9 @@ def _facets(result: VerifyResult) -> dict[str, str | float]:
             "failed_fraction": failed / len(rewards) if rewards else 0.0}
 
 
+RESCORED_TOPIC = "verify.rescored"
+"""Where ``kiln verify rescore`` publishes re-computed verdicts (``RescoredRequest``), keyed by the request id."""
+
 verify = StageSpec("verify", "verify.requests", VerifyRequest, VerifyResult,
-                   handler="kiln.workers.verify.stage:stage", partitions=16, facets=_facets)
+                   handler="kiln.workers.verify.stage:stage", partitions=16, facets=_facets,
+                   extra_topics=(TopicSpec(RESCORED_TOPIC, 4, WEEK),))

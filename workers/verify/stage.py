@@ -82,11 +82,13 @@ def _every(request: VerifyRequest, error: str, failure: FailureKind) -> list[Ver
     return [Verdict(reward=0.0, details={"error": error}, failure=failure)] * len(request.completions)
 
 
-async def handle(request: VerifyRequest, ctx: JobContext) -> VerifyResult:
+async def verified(verifiers: Verifiers, request: VerifyRequest, request_id: str) -> VerifyResult:
+    """The request's result from ``verifiers``: what a worker answers, and what ``kiln verify rescore`` re-computes
+    in process with the verifiers installed where it runs."""
     task, started = request.task, time.perf_counter()
     try:
-        verifier = _verifiers[0].get(task.verifier)
-        verdicts = await verifier.verify(task, request.completions, ctx.envelope.request_id)
+        verifier = verifiers.get(task.verifier)
+        verdicts = await verifier.verify(task, request.completions, request_id)
     except (VerifyError, SandboxError) as e:
         verdicts = _every(request, str(e), e.failure)
     except RequestFailed as e:  # a stage the verifier relies on failed the request for good
@@ -98,10 +100,14 @@ async def handle(request: VerifyRequest, ctx: JobContext) -> VerifyResult:
         verdicts = _every(request, message, "checker_error")
     elapsed = time.perf_counter() - started
     SECONDS.labels(task.verifier).observe(elapsed)
-    out = [answered(v, elapsed) for v in verdicts]
+    out = verifiers.stamped(task, [answered(v, elapsed) for v in verdicts])
     for v in out:
         COMPLETIONS.labels(task.verifier, v.failure or "none").inc()
     return VerifyResult(task_id=task.task_id, verifier=task.verifier, verdicts=out, verify_s=elapsed)
+
+
+async def handle(request: VerifyRequest, ctx: JobContext) -> VerifyResult:
+    return await verified(_verifiers[0], request, ctx.envelope.request_id)
 
 
 # Waiting on other stages, not computing: many requests per CPU (their sandboxes' CPU is the exec workers').

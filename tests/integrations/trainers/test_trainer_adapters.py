@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,11 @@ async def _verl() -> list[Any]:
                                     ground_truths=["", "", ""], extra_infos=[{"kiln_task": t} for t in
                                                                              (RIGHT, RIGHT, LATE)])
     assert [s["kiln_failure"] for s in single + batch] == ["", "", "timeout"] * 2
+    # The verifier's version, per sample (verl keeps the extra keys in reward_extra_info): one check, one version;
+    # the timing-out task's check differs, so its version does.
+    assert {s["kiln_verifier"] for s in single + batch} == {"exec"}
+    versions = [s["kiln_version"] for s in single + batch]
+    assert all(versions) and versions[0] == versions[1] == versions[3] != versions[2] == versions[5]
     return [s["score"] for s in single] + [s["score"] for s in batch]
 
 
@@ -101,10 +107,14 @@ async def _openrlhf(url: str) -> list[Any]:
                                                                          "labels": [lab]})).json()
                        for q, p, lab in zip(queries, prompts, labels, strict=True)]
     assert [a["extra_logs"]["kiln_failed"] for a in answers] == [[0.0], [0.0], [1.0]]
+    ids = [a["extra_logs"]["kiln_version_id"][0] for a in answers]
+    assert ids[0] == ids[1] != ids[2] and all(ids)
     return [a["rewards"][0] for a in answers]
 
 
-async def test_every_adapter_gives_real_sandboxed_verdicts(stack: KilnSettings, tmp_path: Path) -> None:
+async def test_every_adapter_gives_real_sandboxed_verdicts(stack: KilnSettings, tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kiln.rewards")
     trainers.configure(stack)
     try:
         assert await _verl() == [1.0, 0.0, 0.0] * 2
@@ -119,6 +129,9 @@ async def test_every_adapter_gives_real_sandboxed_verdicts(stack: KilnSettings, 
         finally:
             trl.close()
         assert rewards == [1.0, 0.0, 0.0]
+        # Bare-float trainers (TRL, AReaL, prime) get the verifier's version in their log, once per version.
+        noted = [r.getMessage() for r in caplog.records if "rewards scored by verifier exec" in r.getMessage()]
+        assert len(noted) == len(set(noted)) >= 2, noted
         # kiln's own TRL rewards, through the stage: a program checked on its stdin — right, wrong, past its time.
         programs = OutputMatches(settings=stack, timeout_s=2, through_stage=True)
         try:

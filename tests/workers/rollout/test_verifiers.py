@@ -110,4 +110,5 @@ async def test_rollout_rewards_come_from_the_exec_stage(stage_topics: Callable[.
         task = tasks.task(*(int(x) for x in group.task_id.split("-")[1:]))
         for sample in group.samples:
             assert sample.verifier["name"] == "exec" and "said" in sample.verifier
+            assert len(sample.verifier["version"]) == 16  # stamped by the rollout stage's Verifiers
             assert sample.reward == exact_match(task, sample.text)
