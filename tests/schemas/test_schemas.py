@@ -7,7 +7,7 @@ import json
 from datetime import timedelta
 
 import pytest
-from hypothesis import example, given
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kiln.schemas.envelope import RequestEnvelope, new_request_id, utcnow
@@ -73,6 +73,8 @@ _JSON = st.none() | st.booleans() | st.integers() | st.text(max_size=5) | st.dic
                                                                                            st.integers(), max_size=2)
 
 
+# Generation is slow when the machine is busy (its health check failed on a loaded machine): the property is not.
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(st.sets(st.sampled_from(sorted(_VALID)), max_size=4),
        st.dictionaries(st.sampled_from(sorted(_VALID)), _JSON, max_size=3))
 @example(dropped={"payload"}, changed={})  # neither a payload nor a claim check
