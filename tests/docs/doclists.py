@@ -354,8 +354,8 @@ def metrics_reference(metrics: Iterable[Metric]) -> str:
     return "\n".join(lines) + "\n"
 
 
-NOT_METRICS = {"kiln_task", "kiln_failed", "kiln_failure", "kiln_wordcount", "kiln_wordlen", "kiln_verifier", "kiln_version",
-               "kiln_version_id"}
+NOT_METRICS = {"kiln_task", "kiln_failed", "kiln_failure", "kiln_wordcount", "kiln_wordlen", "kiln_verifier",
+               "kiln_version", "kiln_version_id"}
 """``kiln_…`` names the docs use that are no metric: fields of the trainer adapters' rows, the toy packages."""
 
 
