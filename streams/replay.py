@@ -57,8 +57,10 @@ def _open_to_end(settings: KilnSettings, name: str) -> tuple[Consumer, dict[int,
     return consumer, ends, total
 
 
-def _records_until_end(consumer: Consumer, ends: dict[int, int], max_batch: int = 500) -> list[Message]:
-    """The next batch of records before the end offsets; drops partitions from ``ends`` as they reach them."""
+def records_until_end(consumer: Consumer, ends: dict[int, int], max_batch: int = 500,
+                      until_ms: int | None = None) -> list[Message]:
+    """The next batch of records before the end offsets (and, with ``until_ms``, no later than that broker time);
+    drops partitions from ``ends`` as they reach them. Call until ``ends`` is empty."""
     batch: list[Message] = []
     for msg in consumer.consume(max_batch, 0.2):
         err = msg.error()
@@ -67,9 +69,14 @@ def _records_until_end(consumer: Consumer, ends: dict[int, int], max_batch: int 
                 ends.pop(msg.partition() or 0, None)
             continue
         _, p, offset = coordinates(msg)
-        if p in ends and offset < ends[p]:
+        if p not in ends:
+            continue
+        if until_ms is not None and msg.timestamp()[1] > until_ms:
+            del ends[p]  # broker time only grows along a partition (LogAppendTime)
+            continue
+        if offset < ends[p]:
             batch.append(msg)
-        if p in ends and offset >= ends[p] - 1:
+        if offset >= ends[p] - 1:
             del ends[p]
     return batch
 
@@ -80,7 +87,7 @@ def read_topic(settings: KilnSettings, topic: str) -> list[Message]:
     records: list[Message] = []
     try:
         while ends:
-            records.extend(_records_until_end(consumer, ends))
+            records.extend(records_until_end(consumer, ends))
     finally:
         consumer.close()
     return records
@@ -129,7 +136,7 @@ async def replay(stage: Stage, settings: KilnSettings, topic: str | None = None,
     with progress:
         bar = progress.add_task("replay", total=total)
         while remaining:
-            for msg in await asyncio.to_thread(_records_until_end, consumer, remaining):
+            for msg in await asyncio.to_thread(records_until_end, consumer, remaining):
                 _, p, offset = coordinates(msg)
                 stats.messages += 1
                 after = last_of_key.get(msg.key()) if keyed else None

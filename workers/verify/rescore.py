@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from pydantic import BaseModel, Field
 
 from kiln.schemas.verify import CompletionVerdict, RescoredRequest, VerifyRequest, VerifyResult
@@ -27,7 +27,7 @@ from kiln.streams.blobstore import BlobStore, open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import BlobCorrupt, BlobNotFound, ConfigError, MalformedRequest
 from kiln.streams.offsets import coordinates
-from kiln.streams.replay import read_topic
+from kiln.streams.replay import read_topic, records_until_end
 from kiln.streams.settings import KilnSettings, producer_config
 from kiln.streams.stage import RESULTS_TOPIC
 from kiln.workers.verifiers import VerifierContext, Verifiers
@@ -108,22 +108,7 @@ def stored_requests(settings: KilnSettings, *, since: datetime | None = None, un
         consumer.assign([TopicPartition(name, p, o) for p, o in starts.items()])
         records: list[Message] = []
         while ends:
-            for msg in consumer.consume(500, 0.2):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        ends.pop(msg.partition() or 0, None)
-                    continue
-                _, p, offset = coordinates(msg)
-                if p not in ends:
-                    continue
-                _, stamp = msg.timestamp()
-                if offset >= ends[p] or (until_ms is not None and stamp > until_ms):
-                    del ends[p]  # broker time only grows along a partition (LogAppendTime)
-                    continue
-                records.append(msg)
-                if offset >= ends[p] - 1:
-                    del ends[p]
+            records.extend(records_until_end(consumer, ends, until_ms=until_ms))
     finally:
         consumer.close()
     stored: dict[str, Stored] = {}
