@@ -64,6 +64,17 @@ def report(title: str, metrics: dict[str, float], notes: dict[str, str] | None =
     console.print(table)
 
 
+async def until(condition: Callable[[], bool], what: str, timeout_s: float, interval_s: float = 0.2) -> float:
+    """Poll ``condition`` (in a thread: it may block) until it holds; the seconds it took. ``RuntimeError`` when it
+    still does not after ``timeout_s``."""
+    start = time.monotonic()
+    while not await asyncio.to_thread(condition):
+        if time.monotonic() - start > timeout_s:
+            raise RuntimeError(f"{what}: not after {timeout_s:g}s")
+        await asyncio.sleep(interval_s)
+    return time.monotonic() - start
+
+
 async def offer_at_rate(rate: float, seconds: float, job: Callable[[int], Awaitable[None]]) -> None:
     """Open-loop load: start ``job(n)`` at ``rate`` per second for ``seconds``, whatever the completions do,
     then wait for all of them (latency is measured under the offered load, not throttled by it)."""

@@ -30,19 +30,20 @@ def free_port() -> int:
 
 class WorkerProcess:
     """One ``kiln worker STAGE`` process consuming ``topic`` with group ``group`` (default ``g-<topic>``); its
-    output goes to ``log``."""
+    output goes to ``log``. ``launcher``: a command that execs the rest where the worker should run (e.g. in a worker
+    node, ``infra/nodes/nodes.sh run N``), keeping its pid."""
 
     def __init__(self, stage: str, settings: KilnSettings, topic: str, *, slots: int, journal: Path | None = None,
                  grace_s: float = 30.0, extra: list[str] | None = None, env: dict[str, str] | None = None,
-                 group: str | None = None) -> None:
+                 group: str | None = None, launcher: list[str] | None = None) -> None:
         proc_env = {**os.environ, "KILN_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "KILN_GRACE_S": str(grace_s),
                     "KILN_BLOB_STORE": f"file://{settings.cache / 'blobs'}", **(env or {})}
         if journal is not None:
             proc_env["KILN_SLEEP_JOURNAL"] = str(journal)
         self.log = Path(tempfile.gettempdir()) / f"kiln-worker-{topic}-{time.monotonic_ns()}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kiln.streams.cli", "worker", stage, "--slots", str(slots), "--topic", topic,
-             "--group", group or f"g-{topic}", *(extra or [])],
+            [*(launcher or []), sys.executable, "-m", "kiln.streams.cli", "worker", stage, "--slots", str(slots),
+             "--topic", topic, "--group", group or f"g-{topic}", *(extra or [])],
             env=proc_env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
         )
 

@@ -9,13 +9,17 @@
 #   kafka.sh pids      "node_id pid" of each running node (for fault injection: a bench kills and restarts them)
 #   kafka.sh start-node N / stop-node N   one node of a cluster (its restart after a kill)
 #   kafka.sh home      the installed jars' directory (its libs/ holds them)
+#   kafka.sh bootstrap-nodes   the bootstrap servers of the nodes' listener (KILN_KAFKA_NODES_ADDRESS)
 # Env: KILN_KAFKA_PORT (9092), KILN_KAFKA_CONTROLLER_PORT (port+1), KILN_KAFKA_SASL_PORT (port+2),
 #      KILN_KAFKA_HEAP (512m), KILN_KAFKA_DATA, KILN_KAFKA_START_TIMEOUT (600 s: a broker holding thousands of
 #      partitions loads each log before it opens its port, minutes on a busy 2-core machine),
 #      KILN_KAFKA_SHARE_GROUPS (1; 0 formats without share.version, like a broker that lacks share groups),
 #      KILN_KAFKA_BROKERS (1; N: a cluster, node i on port + 10*(i-1) (+1 controller, +2 SASL), data under
 #      $KILN_RUN/kafka-<port>-x<N>/n<i>; default replication min(3, N), min.insync.replicas min(2, N), internal
-#      topics likewise, unclean leader election off).
+#      topics likewise, unclean leader election off),
+#      KILN_KAFKA_NODES_ADDRESS (unset; an address of this host, e.g. the worker nodes' bridge of infra/nodes: a
+#      third client listener, NODES, PLAINTEXT on that address at port+3 of each node, for clients in other network
+#      namespaces — they cannot reach loopback).
 # Two client listeners: PLAINTEXT on the port (loopback only: the local admin path, a super user) and
 # SASL_PLAINTEXT with SCRAM-SHA-256 on port+2, where the StandardAuthorizer lets a principal do only what its ACLs
 # allow (nothing by default). Users and ACLs are made through the admin API (tests/streams/test_sasl.py shows how).
@@ -55,9 +59,21 @@ voters() {
 }
 
 bootstrap() {
-  local i out=""
-  for ((i = 1; i <= BROKERS; i++)); do use_node "$i"; out+="${out:+,}127.0.0.1:$NODE_PORT"; done
+  local i out="" address=${1:-127.0.0.1} offset=${2:-0}
+  for ((i = 1; i <= BROKERS; i++)); do use_node "$i"; out+="${out:+,}$address:$((NODE_PORT + offset))"; done
   echo "$out"
+}
+
+NODES_ADDRESS="${KILN_KAFKA_NODES_ADDRESS:-}"
+# listeners_config: the listener lines (loopback only, unless a nodes' address adds the NODES listener).
+listeners_config() {
+  local nodes="" nodes_map=""
+  if [[ -n $NODES_ADDRESS ]]; then nodes=",NODES://$NODES_ADDRESS:$((NODE_PORT + 3))" nodes_map=",NODES:PLAINTEXT"; fi
+  echo "listeners=PLAINTEXT://127.0.0.1:$NODE_PORT,CONTROLLER://127.0.0.1:$NODE_CONTROLLER,SASL_PLAINTEXT://127.0.0.1:$NODE_SASL$nodes"
+  echo "advertised.listeners=PLAINTEXT://127.0.0.1:$NODE_PORT,CONTROLLER://127.0.0.1:$NODE_CONTROLLER,SASL_PLAINTEXT://127.0.0.1:$NODE_SASL$nodes"
+  echo "controller.listener.names=CONTROLLER"
+  echo "inter.broker.listener.name=PLAINTEXT"
+  echo "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT$nodes_map"
 }
 
 install() {
@@ -97,11 +113,7 @@ write_config() {
 process.roles=broker,controller
 node.id=$NODE
 $(quorum_config)
-listeners=PLAINTEXT://127.0.0.1:$NODE_PORT,CONTROLLER://127.0.0.1:$NODE_CONTROLLER,SASL_PLAINTEXT://127.0.0.1:$NODE_SASL
-advertised.listeners=PLAINTEXT://127.0.0.1:$NODE_PORT,CONTROLLER://127.0.0.1:$NODE_CONTROLLER,SASL_PLAINTEXT://127.0.0.1:$NODE_SASL
-controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+$(listeners_config)
 sasl.enabled.mechanisms=SCRAM-SHA-256
 listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
@@ -239,10 +251,11 @@ case "${1:-}" in
   stop) stop ;;
   status) status ;;
   bootstrap) bootstrap ;;
+  bootstrap-nodes) [[ -n $NODES_ADDRESS ]] || die "KILN_KAFKA_NODES_ADDRESS is not set"; bootstrap "$NODES_ADDRESS" 3 ;;
   pids) pids ;;
   start-node) n=$(node_arg "${2:-}"); install; launch_node "$n"; await_node "$n" ;;
   stop-node) n=$(node_arg "${2:-}"); use_node "$n"; stop_pidfile "$PIDFILE" "kafka node $NODE" ;;
   version) echo "$KAFKA_VERSION" ;;
   home) echo "$KAFKA_HOME" ;;
-  *) echo "usage: $0 install|start|stop|status|bootstrap|pids|start-node N|stop-node N|version|home" >&2; exit 2 ;;
+  *) echo "usage: $0 install|start|stop|status|bootstrap|bootstrap-nodes|pids|start-node N|stop-node N|version|home" >&2; exit 2 ;;
 esac

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Debian's docker-registry (CNCF distribution 2.8) on 127.0.0.1, storing into the S3 server (infra/s3).
+# Debian's docker-registry (CNCF distribution 2.8) on 127.0.0.1 (or KILN_REGISTRY_ADDRESS), storing into the S3
+# server (infra/s3).
 # Every request needs credentials (htpasswd, bcrypt): user kiln, password generated once per installation
 # ($KILN_CACHE/secrets/registry-password); `registry.sh env` prints them for kiln (KILN_BUILD_REGISTRY_USER/
 # _PASSWORD) and for `docker login`.
 #   registry.sh start | stop | status | env
-# Env: KILN_REGISTRY_PORT (5000), KILN_REGISTRY_BUCKET (kiln-registry); S3 settings as in infra/s3/s3.sh.
+# Env: KILN_REGISTRY_PORT (5000), KILN_REGISTRY_ADDRESS (127.0.0.1; e.g. the worker nodes' bridge address,
+#      infra/nodes), KILN_REGISTRY_BUCKET (kiln-registry); S3 settings as in infra/s3/s3.sh.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
+ADDRESS="${KILN_REGISTRY_ADDRESS:-127.0.0.1}"
 PORT="${KILN_REGISTRY_PORT:-5000}"
 BUCKET="${KILN_REGISTRY_BUCKET:-kiln-registry}"
 DATA="$KILN_RUN/registry-$PORT"
@@ -15,7 +18,7 @@ USER_NAME=kiln
 PASSWORD="$(installation_secret registry-password)"
 eval "$("$INFRA_DIR/s3/s3.sh" env)"
 
-registry_ready() { curl -sf -u "$USER_NAME:$PASSWORD" "http://127.0.0.1:$PORT/v2/" >/dev/null; }
+registry_ready() { curl -sf -u "$USER_NAME:$PASSWORD" "http://$ADDRESS:$PORT/v2/" >/dev/null; }
 
 create_bucket() {
   local code
@@ -53,7 +56,7 @@ auth:
     realm: kiln-registry
     path: $DATA/htpasswd
 http:
-  addr: 127.0.0.1:$PORT
+  addr: $ADDRESS:$PORT
   secret: $(installation_secret registry-http-secret)
 health:
   storagedriver: { enabled: true, interval: 10s, threshold: 3 }
@@ -64,32 +67,32 @@ start() {
   "$INFRA_DIR/s3/s3.sh" start
   local key; key=$(printf '%s:%s:%s' "$PASSWORD" "$KILN_S3_ACCESS_KEY" "$KILN_S3_SECRET_KEY" | sha256sum | cut -c1-16)
   if same_config_running "$PIDFILE" "$DATA/config.key" "$key"; then
-    log "registry already running on 127.0.0.1:$PORT"; return 0
+    log "registry already running on $ADDRESS:$PORT"; return 0
   fi
   pid_alive "$PIDFILE" && stop_pidfile "$PIDFILE" docker-registry  # other credentials: restart with these
-  tcp_open 127.0.0.1 "$PORT" && die "port $PORT is taken by another process"
+  tcp_open "$ADDRESS" "$PORT" && die "port $PORT is taken by another process"
   command -v docker-registry >/dev/null || apt_install docker-registry
   command -v htpasswd >/dev/null || apt_install apache2-utils
   create_bucket
   write_config
   (umask 077; htpasswd -Bbn "$USER_NAME" "$PASSWORD" >"$DATA/htpasswd")
   echo "$key" >"$DATA/config.key"
-  log "starting docker-registry on 127.0.0.1:$PORT (storage: s3://$BUCKET at $KILN_S3_ENDPOINT)"
+  log "starting docker-registry on $ADDRESS:$PORT (storage: s3://$BUCKET at $KILN_S3_ENDPOINT)"
   # AWS_CA_BUNDLE (set on these machines) makes the registry's AWS SDK panic on its custom transport.
   nohup env -u AWS_CA_BUNDLE docker-registry serve "$DATA/config.yml" >"$DATA/registry.log" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
   wait_for docker-registry 30 registry_ready
-  log "registry ready on http://127.0.0.1:$PORT"
+  log "registry ready on http://$ADDRESS:$PORT"
 }
 
 status() {
-  if pid_alive "$PIDFILE" && registry_ready; then echo "registry running on http://127.0.0.1:$PORT (s3://$BUCKET)"
-  else echo "registry not running on 127.0.0.1:$PORT"; return 1; fi
+  if pid_alive "$PIDFILE" && registry_ready; then echo "registry running on http://$ADDRESS:$PORT (s3://$BUCKET)"
+  else echo "registry not running on $ADDRESS:$PORT"; return 1; fi
 }
 
 print_env() {
-  printf 'KILN_BUILD_REGISTRY=127.0.0.1:%s\nKILN_BUILD_REGISTRY_USER=%s\nKILN_BUILD_REGISTRY_PASSWORD=%s\n' \
-    "$PORT" "$USER_NAME" "$PASSWORD"
+  printf 'KILN_BUILD_REGISTRY=%s:%s\nKILN_BUILD_REGISTRY_USER=%s\nKILN_BUILD_REGISTRY_PASSWORD=%s\n' \
+    "$ADDRESS" "$PORT" "$USER_NAME" "$PASSWORD"
 }
 
 case "${1:-}" in

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Worker nodes on one machine: each node is its own network namespace with its own Docker engine (own containerd,
+# data root, bridge and packet filter) and the kiln workers started in it. Nodes share only what a real cluster's
+# nodes share — the Kafka cluster, S3 and the registry — reached over the nodes' bridge, never over loopback.
+#   nodes.sh up I        node I: namespace, its link to the bridge, its cgroup, its engine (idempotent)
+#   nodes.sh kill I      node I dies whole, as a preempted VM does: every process of it — workers, dockerd,
+#                        containerd, the shims, the sandboxes — frozen and SIGKILLed at once (its disk is kept;
+#                        its /run is wiped, as a reboot wipes it). `up I` brings it back.
+#   nodes.sh down [I]    stop node I (or every node) and remove its namespace, cgroup and state
+#   nodes.sh run I CMD…  run CMD in node I (its network namespace and cgroup, DOCKER_HOST its engine's socket)
+#   nodes.sh env I       what a process of node I is given (DOCKER_HOST, KILN_NODE_*), as shell assignments
+#   nodes.sh address     the host's address on the bridge: where a node reaches Kafka, S3 and the registry
+#   nodes.sh bridge      make that bridge (before a service listens on its address)
+#   nodes.sh pids I      the pids of node I's processes (its cgroup's)
+#   nodes.sh status      each node's state
+# Env: KILN_NODES_SUBNET (10.231.0: a /24; the host is .1, node I is .(10+I)), KILN_NODES_INSECURE_REGISTRY
+#      (host:port of the registry the engines pull from over plain HTTP; default: none), KILN_NODES_DATA
+#      ($KILN_RUN/nodes: the nodes' disks, kept across runs so a node's pulled images stay, as a VM's disk does).
+# A node's processes keep the host's mount namespace (nsenter --net, not `ip netns exec`, which makes a mount
+# namespace per command): the exec reaper judges containers by the mount namespace their worker's lock is in.
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+
+SUBNET="${KILN_NODES_SUBNET:-10.231.0}"
+HOST_ADDRESS="$SUBNET.1"
+BRIDGE=kiln-nodes
+DATA_ROOT="${KILN_NODES_DATA:-$KILN_RUN/nodes}"
+RUN_ROOT=/run/kiln-nodes
+# The controllers whose hierarchy holds a node's processes: freezer (a node stops at once) and pids (they are
+# listed); the engine puts its containers under the same parent in every controller (--cgroup-parent).
+CGROUP_FS=/sys/fs/cgroup
+
+use_node() {
+  [[ ${1:-} =~ ^[1-9]$ ]] || die "a node is 1-9, not '${1:-}'"
+  NODE=$1
+  NS="kiln-node-$NODE"
+  ADDRESS="$SUBNET.$((10 + NODE))"
+  DATA="$DATA_ROOT/n$NODE"
+  RUN="$RUN_ROOT/n$NODE"
+  SOCK="$RUN/docker.sock"
+  CGROUP="kiln-node-$NODE"
+}
+
+bridge() {
+  ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
+  # (grep on a captured listing: `ip … | grep -q` fails under pipefail when grep stops reading early)
+  [[ $(ip addr show dev "$BRIDGE") == *"inet $HOST_ADDRESS/"* ]] || ip addr add "$HOST_ADDRESS/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+}
+
+namespace() {
+  bridge
+  [[ -e /run/netns/$NS ]] || ip netns add "$NS"
+  local host_end="kn$NODE-h"
+  if ! ip link show "$host_end" >/dev/null 2>&1; then
+    ip link add "$host_end" type veth peer name "kn$NODE-n"
+    ip link set "kn$NODE-n" netns "$NS"
+    ip -n "$NS" link set "kn$NODE-n" name eth0
+  fi
+  ip link set "$host_end" master "$BRIDGE" up
+  ip -n "$NS" link set lo up
+  ip -n "$NS" link set eth0 up
+  [[ $(ip -n "$NS" addr show dev eth0) == *"inet $ADDRESS/"* ]] || ip -n "$NS" addr add "$ADDRESS/24" dev eth0
+  ip -n "$NS" route replace default via "$HOST_ADDRESS"
+}
+
+controllers() { echo freezer pids; }
+
+cgroups() {
+  local c
+  for c in $(controllers); do mkdir -p "$CGROUP_FS/$c/$CGROUP/system"; done
+}
+
+# join: this shell (and what it execs) into node I's cgroups.
+join() {
+  local c
+  for c in $(controllers); do echo "$BASHPID" >"$CGROUP_FS/$c/$CGROUP/system/cgroup.procs"; done
+}
+
+engine_ready() { DOCKER_HOST="unix://$SOCK" docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+
+engine() {
+  if engine_ready; then return 0; fi
+  mkdir -p "$DATA/docker" "$DATA/kiln" "$RUN"
+  echo '{}' >"$RUN/daemon.json"
+  local insecure=()
+  [[ -n ${KILN_NODES_INSECURE_REGISTRY:-} ]] && insecure=(--insecure-registry "$KILN_NODES_INSECURE_REGISTRY")
+  log "starting node $NODE's dockerd in $NS ($ADDRESS)"
+  # No system containerd here: dockerd starts its own under --exec-root, so each node has its own containerd
+  # and shims, and a node's death takes them with it. --bridge=none as on the host; --iptables=false: the
+  # node's egress rules are kiln's own (infra/egress/egress.sh, run in the node).
+  (join; exec nsenter --net="/run/netns/$NS" nohup dockerd --config-file "$RUN/daemon.json" \
+    --data-root "$DATA/docker" --exec-root "$RUN/docker" --pidfile "$RUN/dockerd.pid" -H "unix://$SOCK" \
+    --bridge=none --iptables=false --ip-masq=false --no-new-privileges --userland-proxy=false \
+    --cgroup-parent "$CGROUP" "${insecure[@]}" >"$DATA/dockerd.log" 2>&1 </dev/null) &
+  wait_for "node $NODE's dockerd" 60 engine_ready
+}
+
+up() {
+  use_node "$1"
+  namespace
+  cgroups
+  engine
+  log "node $NODE up: $NS at $ADDRESS, engine unix://$SOCK"
+}
+
+node_env() {
+  use_node "$1"
+  printf 'DOCKER_HOST=unix://%s\nKILN_NODE=%s\nKILN_NODE_ADDRESS=%s\nKILN_NODE_HOST_ADDRESS=%s\n' \
+    "$SOCK" "$NODE" "$ADDRESS" "$HOST_ADDRESS"
+  # The exec workers' liveness locks and label seal live on the node's disk: a worker of the node after its
+  # restart reaps what the dead ones left. Its caches (Saucer's, the builder's work) are the node's own too.
+  printf 'KILN_EXEC_LOCK_DIR=%s\nKILN_EXEC_SEAL_DIR=%s\nKILN_CACHE=%s\n' "$DATA/kiln/exec" "$DATA/kiln" "$DATA/kiln/cache"
+}
+
+run() {
+  use_node "$1"; shift
+  [[ -e /run/netns/$NS ]] || die "node $NODE is not up"
+  join
+  local line
+  while IFS= read -r line; do export "${line?}"; done < <(node_env "$NODE")
+  exec nsenter --net="/run/netns/$NS" "$@"
+}
+
+node_pids() {
+  use_node "$1"
+  local dir
+  [[ -d $CGROUP_FS/pids/$CGROUP ]] || return 0
+  while IFS= read -r dir; do cat "$dir/cgroup.procs"; done < <(find "$CGROUP_FS/pids/$CGROUP" -type d)
+}
+
+freezer_state() { cat "$CGROUP_FS/freezer/$CGROUP/freezer.state" 2>/dev/null || echo THAWED; }
+
+# unmount_under DIR: the mounts a killed engine left under DIR (overlays, shm, netns files), deepest first.
+unmount_under() {
+  local m
+  awk -v d="$1" '$2 == d || index($2, d "/") == 1 {print $2}' /proc/mounts | sort -r | while IFS= read -r m; do
+    umount -l "$m" 2>/dev/null || true
+  done
+}
+
+kill_node() {
+  use_node "$1"
+  [[ -d $CGROUP_FS/freezer/$CGROUP ]] || { log "node $NODE has no processes"; return 0; }
+  # Frozen first, so nothing of the node acts (restarts a child, reaps, writes) between two kills.
+  echo FROZEN >"$CGROUP_FS/freezer/$CGROUP/freezer.state"
+  local waited=0
+  until [[ $(freezer_state) == FROZEN ]] || ((waited >= 50)); do sleep 0.1; waited=$((waited + 1)); done
+  local pids; pids=$(node_pids "$NODE" | tr '\n' ' ')
+  [[ -n ${pids// /} ]] && kill -9 $pids 2>/dev/null || true
+  echo THAWED >"$CGROUP_FS/freezer/$CGROUP/freezer.state"
+  local tries=0
+  while [[ -n $(node_pids "$NODE") ]] && ((tries < 100)); do
+    pids=$(node_pids "$NODE" | tr '\n' ' ')
+    kill -9 $pids 2>/dev/null || true
+    sleep 0.1; tries=$((tries + 1))
+  done
+  [[ -z $(node_pids "$NODE") ]] || die "node $NODE: processes survived: $(node_pids "$NODE" | tr '\n' ' ')"
+  unmount_under "$RUN"
+  unmount_under "$DATA/docker"
+  rm -rf "$RUN"  # a reboot wipes /run; the disk ($DATA) stays
+  log "node $NODE killed: its processes, engine, shims and sandboxes are gone"
+}
+
+down() {
+  use_node "$1"
+  if engine_ready; then
+    kill "$(cat "$RUN/dockerd.pid" 2>/dev/null)" 2>/dev/null || true
+    wait_for "node $NODE's dockerd to stop" 30 bash -c "! kill -0 $(cat "$RUN/dockerd.pid" 2>/dev/null || echo 0)"
+  fi
+  kill_node "$NODE" >/dev/null 2>&1 || true
+  local c
+  for c in $(controllers); do
+    find "$CGROUP_FS/$c/$CGROUP" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  done
+  ip link del "kn$NODE-h" 2>/dev/null || true
+  ip netns del "$NS" 2>/dev/null || true
+  log "node $NODE down"
+}
+
+status() {
+  local i any=0
+  for i in 1 2 3 4 5 6 7 8 9; do
+    use_node "$i"
+    [[ -e /run/netns/$NS ]] || continue
+    any=1
+    if engine_ready; then echo "node $i: up ($ADDRESS, $(node_pids "$i" | wc -l) processes)"
+    else echo "node $i: engine down ($ADDRESS)"; fi
+  done
+  ((any)) || echo "no nodes"
+}
+
+case "${1:-}" in
+  up) up "${2:-}" ;;
+  kill) kill_node "${2:-}" ;;
+  down)
+    if [[ -n ${2:-} ]]; then down "$2"
+    else for n in /run/netns/kiln-node-*; do [[ -e $n ]] && down "${n##*-}"; done; fi ;;
+  run) n="${2:-}"; shift 2 || true; run "$n" "$@" ;;
+  env) node_env "${2:-}" ;;
+  address) echo "$HOST_ADDRESS" ;;
+  bridge) bridge ;;
+  pids) node_pids "${2:-}" ;;
+  status) status ;;
+  *) echo "usage: $0 up|kill|down|run|env|address|bridge|pids|status [node] [cmd...]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,32 @@
+"""A bounded run of bench/nodes.py: two worker nodes (each its own network namespace and Docker engine) share a
+broker, S3 and the registry over the nodes' bridge; the sandbox image reaches each engine only by digest from the
+registry; one repository's sessions gather on one node and spill to the other; that node is then killed whole with
+calls in flight — they replay on the other node and complete, its sessions answer SessionLost, and once it is back
+its leftovers are reaped. The scenario's broker is stopped and the nodes removed afterwards."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+from bench.nodes import NODES_SH, parser, run
+
+KAFKA_PORT = 19292
+
+
+async def test_a_node_lost_whole_loses_nothing_and_leaks_nothing() -> None:
+    args = parser().parse_args(["--nodes", "2", "--calls", "8", "--call-s", "4", "--settle", "45",
+                                "--kafka-port", str(KAFKA_PORT), "--s3-port", "19470", "--registry-port", "19500"])
+    metrics = await run(args)
+    assert metrics["nodes_pulled_by_digest"] == 2
+    assert metrics["nodes_affinity_ok"] == 1
+    assert metrics["nodes_spilled_to_other_node"] == 1
+    assert metrics["nodes_lost_requests"] == 0
+    assert metrics["nodes_duplicate_answers"] == 0
+    assert metrics["nodes_sessions_lost_answered"] >= 1 and metrics["nodes_sessions_hung"] == 0
+    assert metrics["nodes_leaked_containers"] == 0
+    assert metrics["nodes_takeover_s"] > 0
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", KAFKA_PORT)) != 0, "the scenario's broker is still running"
+    status = subprocess.run(["bash", str(NODES_SH), "status"], capture_output=True, text=True, check=True).stdout
+    assert status.strip() == "no nodes", status
