@@ -6,10 +6,10 @@ its leftovers are reaped. The scenario's broker is stopped and the nodes removed
 
 from __future__ import annotations
 
+import asyncio
 import socket
-import subprocess
 
-from bench.nodes import NODES_SH, parser, run
+from bench.nodes import NODES_SH, parser, run, script
 
 KAFKA_PORT = 19292
 
@@ -28,5 +28,5 @@ async def test_a_node_lost_whole_loses_nothing_and_leaks_nothing() -> None:
     assert metrics["nodes_takeover_s"] > 0
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", KAFKA_PORT)) != 0, "the scenario's broker is still running"
-    status = subprocess.run(["bash", str(NODES_SH), "status"], capture_output=True, text=True, check=True).stdout
+    status = await asyncio.to_thread(script, NODES_SH, "status")
     assert status.strip() == "no nodes", status
