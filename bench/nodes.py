@@ -19,8 +19,9 @@ store) and the registry on it. The scenario:
    before any client deduplicates); its sessions
    answer ``SessionLost`` (``nodes_sessions_lost_answered``, never a hang: ``nodes_sessions_hung``);
    ``nodes_takeover_s``: from the kill until the survivors own every partition of the exec topic.
-4. **The node comes back**: its engine restarts with what the dead worker left; the new worker's reaper removes it
-   (``nodes_leaked_containers``: containers on any node's engine whose worker is dead, after ``--settle`` s).
+4. **The node comes back**: its engine restarts with what the dead worker left (``nodes_leftovers_on_return``); the
+   new worker's reaper removes it (``nodes_leaked_containers``: containers on any node's engine whose worker is dead,
+   after ``--settle`` s).
 5. **Saucer on every node**, off the shared store (S3): a client reads a file of an ingested repository all along,
    from the nodes in turn, trying the next node when one does not answer (as a Service in front of them would);
    ``nodes_saucer_reads`` and ``nodes_saucer_failed_reads`` (reads no node answered; aim 0) across the node's loss.
@@ -198,13 +199,17 @@ class Node:
         return worker
 
     def owned(self) -> set[int]:
-        """The exec partitions this node's live worker holds (its last assignment line)."""
+        """The exec partitions this node's live workers hold, from their logs: an assignment adds partitions, a
+        revocation or a loss takes them away (incremental, as the group hands them over)."""
         owned: set[int] = set()
         for w in self.workers:
-            if w.proc.poll() is None:
-                found = re.findall(r"assigned \[([0-9, ]*)\]", w.log.read_text())
-                if found:
-                    owned |= {int(p) for p in found[-1].split(",") if p.strip()}
+            if w.proc.poll() is not None:
+                continue
+            held: set[int] = set()
+            for change, listed in re.findall(r"\b(assigned|revoked|lost) \[([0-9, ]*)\]", w.log.read_text()):
+                partitions = {int(p) for p in listed.split(",") if p.strip()}
+                held = held | partitions if change == "assigned" else held - partitions
+            owned |= held
         return owned
 
     def clean(self) -> None:
@@ -283,6 +288,12 @@ async def saucer_on_every_node(settings: KilnSettings, nodes: list[Node], work: 
 
     await until(serving, "Saucer answering on every node", 60)
     return SaucerReader(urls, token, expected)
+
+
+def settled(nodes: list[Node], partitions: int) -> bool:
+    """Every partition owned by exactly one node, and every node owning some."""
+    owned = [n.owned() for n in nodes]
+    return all(owned) and sum(map(len, owned)) == partitions and set().union(*owned) == set(range(partitions))
 
 
 def partition_of(key: str, partitions: int) -> int:
@@ -373,8 +384,7 @@ async def scenario(args: argparse.Namespace, shared: Shared, nodes: list[Node]) 
         n.start_exec_worker(settings, args.slots)
     for n in nodes:
         await asyncio.to_thread(n.workers[0].wait_assigned, 120)
-    await until(lambda: {p for n in nodes for p in n.owned()} == set(range(partitions))
-                and all(n.owned() for n in nodes), "every node owning exec partitions", 120)
+    await until(lambda: settled(nodes, partitions), "every node owning exec partitions", 120)
     out: dict[str, float] = {}
     kiln = KilnClient(settings, f"nodes-{uuid.uuid4().hex[:6]}", results_topic=RESULTS_TOPIC)
     work = Path(tempfile.mkdtemp(prefix="kiln-nodes-"))
@@ -421,8 +431,7 @@ async def scenario(args: argparse.Namespace, shared: Shared, nodes: list[Node]) 
         console.print(f"node {victim.index} holds in-flight calls and {len(gathered)} sessions: killing it whole")
         killed_at = time.monotonic()
         await asyncio.to_thread(victim.kill)
-        await until(lambda: {p for n in survivors for p in n.owned()} == set(range(partitions)),
-                    "the survivors owning every exec partition", 180, 0.1)
+        await until(lambda: settled(survivors, partitions), "the survivors owning every exec partition", 180, 0.1)
         out["nodes_takeover_s"] = round(time.monotonic() - killed_at, 2)
         lost_answered = hung = 0
         for s, host in zip(sessions, hosts, strict=True):
@@ -440,6 +449,7 @@ async def scenario(args: argparse.Namespace, shared: Shared, nodes: list[Node]) 
         out["nodes_lost_requests"] = sum(answer != token for token, answer in expected.items())
         # 4. The node comes back: its new worker reaps what the dead one left.
         await asyncio.to_thread(victim.up)
+        out["nodes_leftovers_on_return"] = await asyncio.to_thread(leaked, nodes)
         victim.start_exec_worker(settings, args.slots)
         await asyncio.to_thread(victim.workers[0].wait_assigned, 120)
         with contextlib.suppress(RuntimeError):
