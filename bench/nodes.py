@@ -393,14 +393,20 @@ async def scenario(args: argparse.Namespace, shared: Shared, nodes: list[Node]) 
     reads = asyncio.create_task(reader.run(reading))
     try:
         client = ExecClient(kiln, sessions_per_key=args.sessions_per_key)
-        # 1. First use on every node: each pulls the image by digest from the registry.
-        firsts = [client.run_once(image, "python3 -c 'print(6*7)'", timeout_s=60) for _ in range(4 * len(nodes))]
-        answers = await asyncio.gather(*firsts)
-        assert all(a.output and a.output.stdout.strip() == "42" for a in answers), answers
+        # 1. First use on every node: each pulls the image by digest from the registry. Calls go to random
+        # partitions: rounds of them until every node has served one (or ten rounds).
         digest = image.split("@", 1)[1]
-        out["nodes_pulled_by_digest"] = sum(
-            any(d.endswith(digest) for i in n.engine().images.list() for d in i.attrs.get("RepoDigests", []))
-            for n in nodes)
+
+        def pulled(n: Node) -> bool:
+            return any(d.endswith(digest) for i in n.engine().images.list() for d in i.attrs.get("RepoDigests", []))
+
+        for _ in range(10):
+            answers = await asyncio.gather(*(client.run_once(image, "python3 -c 'print(6*7)'", timeout_s=60)
+                                             for _ in range(2 * partitions)))
+            assert all(a.output and a.output.stdout.strip() == "42" for a in answers), answers
+            if all(await asyncio.gather(*(asyncio.to_thread(pulled, n) for n in nodes))):
+                break
+        out["nodes_pulled_by_digest"] = sum(await asyncio.gather(*(asyncio.to_thread(pulled, n) for n in nodes)))
         # 2. Sessions of one repository gather on one node, then spill to another.
         repository = spill_repository(nodes, partitions, args.sessions_per_key)
         sessions: list[ExecSession] = []
