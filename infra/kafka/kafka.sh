@@ -214,6 +214,10 @@ await_node() {
 start() {
   install
   local i
+  # One start at a time per broker or cluster: two at once (two test sessions finding it down) would both launch
+  # a node, and the one that loses the port would leave its pid in the pid file.
+  exec 9>"$KILN_RUN/kafka-$PORT-x$BROKERS.start.lock"
+  flock 9
   for ((i = 1; i <= BROKERS; i++)); do launch_node "$i"; done
   for ((i = 1; i <= BROKERS; i++)); do await_node "$i"; done
   ((BROKERS == 1)) || log "kafka cluster of $BROKERS ready: $(bootstrap) (replication $REPLICATION, min ISR $MIN_ISR)"

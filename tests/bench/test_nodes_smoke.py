@@ -11,7 +11,7 @@ import socket
 
 from bench.nodes import NODES_SH, parser, run, script
 
-KAFKA_PORT = 19292
+KAFKA_PORT = 19692  # its own broker (19292 is test_reply_outage's)
 
 
 async def test_a_node_lost_whole_loses_nothing_and_leaks_nothing() -> None:
