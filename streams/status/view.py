@@ -5,14 +5,16 @@ thread follows the topics from their start, so the retained history of each stag
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from kiln.schemas.ops import StageStats, WorkerHeartbeat
 from kiln.schemas.tasks import TaskHealth
@@ -44,9 +46,11 @@ class OpsView:
             "group.id": f"kiln-status-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
             "enable.partition.eof": True}))
         # The legacy heartbeat topic is read too where it exists (start() assigns only topics the broker has).
-        self._topics = {settings.topic(STATS_TOPIC): self._on_stats, settings.topic(HEARTBEATS_TOPIC): self._on_beat,
-                        settings.topic(LEGACY_HEARTBEATS_TOPIC): self._on_beat,
-                        settings.topic(TASK_HEALTH_TOPIC): self._on_task}
+        on_beat = functools.partial(self._latest, self.workers, WorkerHeartbeat, False)
+        on_task = functools.partial(self._latest, self.tasks, TaskHealth, True)
+        self._topics: dict[str, Callable[[bytes | None, bytes | None], None]] = {
+            settings.topic(STATS_TOPIC): self._on_stats, settings.topic(HEARTBEATS_TOPIC): on_beat,
+            settings.topic(LEGACY_HEARTBEATS_TOPIC): on_beat, settings.topic(TASK_HEALTH_TOPIC): on_task}
         self._pending_eof: set[tuple[str, int]] = set()
 
     def start(self) -> OpsView:
@@ -94,27 +98,20 @@ class OpsView:
             trend = self.history.setdefault(numbers.stage, deque(maxlen=HISTORY))
             trend.append({"at": numbers.at, **{name: getattr(numbers, name) for name in TRENDS}})
 
-    def _on_beat(self, key: bytes | None, value: bytes | None) -> None:
-        worker = (key or b"").decode(errors="replace")
+    def _latest(self, table: dict[str, Any], model: type[BaseModel], keep_unreadable: bool, key: bytes | None,
+                value: bytes | None) -> None:
+        """A compacted topic's record into ``table``, the latest value per key: a tombstone removes the key; a value
+        that does not validate is skipped, or kept as None with ``keep_unreadable``."""
+        name = (key or b"").decode(errors="replace")
         with self._lock:
             if value is None:
-                self.workers.pop(worker, None)
+                table.pop(name, None)
                 return
             try:
-                self.workers[worker] = WorkerHeartbeat.model_validate_json(value)
+                table[name] = model.model_validate_json(value)
             except ValidationError:
-                return
-
-    def _on_task(self, key: bytes | None, value: bytes | None) -> None:
-        task = (key or b"").decode(errors="replace")
-        with self._lock:
-            if value is None:
-                self.tasks.pop(task, None)
-                return
-            try:
-                self.tasks[task] = TaskHealth.model_validate_json(value)
-            except ValidationError:
-                self.tasks[task] = None  # a task source treats it as quarantined; so does the page
+                if keep_unreadable:  # a task source treats such a task as quarantined; so does the page
+                    table[name] = None
 
     def task_sources(self) -> dict[str, dict[str, Any]]:
         """Per task source: its tasks by status, quarantined ones by reason, and the healthy share (of all its
