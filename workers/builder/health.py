@@ -266,12 +266,19 @@ def operator_record(previous: TaskHealth | None, task_id: str, action: Literal["
     source, sep, _problem = task_id.partition(":")
     if previous is None and not (sep and source):
         raise TaskFileError(f"{task_id!r} is not a task id (<source>:<problem id>)")
+    if previous is None and action == "release":
+        raise TaskFileError(f"task {task_id} has no health record: nothing to release")
     base = previous or TaskHealth(task_id=task_id, source=source, status="unchecked", updated_at=now)
     if action == "quarantine":
         return base.model_copy(update={"status": "quarantined", "reason": "operator", "detail": note[:4000],
                                        "operator_note": note[:2000], "healthy_checks": 0, "updated_at": now})
     return base.model_copy(update={"status": "healthy", "reason": None, "detail": "", "operator_note": note[:2000],
                                    "healthy_checks": 0, "updated_at": now})
+
+
+LATEST_S = 5.0
+"""How old the board a check's record is made against may be: an operator's ``quarantine`` or ``release`` older
+than this is never overwritten by a check that started before it."""
 
 
 def _due(record: TaskHealth | None, now: float, fresh_s: float) -> bool:
@@ -284,7 +291,8 @@ async def health_run(kiln: KilnClient, tasks: list[SWETask], health: TaskHealthS
     """Check every task of ``tasks`` not checked within ``health_fresh_s``, each record written when its check
     ends."""
     started = time.monotonic()
-    previous = TaskHealthBoard(kiln.settings).refresh()
+    board = TaskHealthBoard(kiln.settings, refresh_s=LATEST_S)
+    previous = board.records()
     now = clock()
     due = [t for t in tasks if _due(previous.get(t.task_id), now, health.health_fresh_s)]
     report = HealthReport(tasks=len(tasks), skipped=len(tasks) - len(due))
@@ -300,7 +308,9 @@ async def health_run(kiln: KilnClient, tasks: list[SWETask], health: TaskHealthS
                 *(_run(execs, task, True, health, calls) for _ in range(health.health_runs)),
                 *(_run(execs, task, False, health, calls) for _ in range(health.health_runs_without_fix))))
             finding = judge(task, runs, health.health_max_failure_share)
-            record = next_record(previous.get(task.task_id), task, finding, health.health_release_after, clock())
+            # Against the latest record, not the one read at the start: an operator may have acted meanwhile.
+            latest = await asyncio.to_thread(board.get, task.task_id)
+            record = next_record(latest, task, finding, health.health_release_after, clock())
             await asyncio.to_thread(publish_health, kiln.settings, [record])
             CHECKS.labels(finding.verdict or "unjudged").inc()
             CHECK_SECONDS.observe(time.monotonic() - began)

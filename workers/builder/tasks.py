@@ -171,6 +171,7 @@ def board_command(every_task: Annotated[bool, typer.Option("--all", help="Every 
                   as_json: Annotated[bool, typer.Option("--json", help="The records as JSON lines.")] = False) -> None:
     """The tasks on kiln.tasks.health: the quarantined ones (or --all) with their reason and evidence."""
     from rich.table import Table
+    from rich.text import Text
 
     from kiln.workers.common.task_health import TaskHealthBoard
 
@@ -184,6 +185,6 @@ def board_command(every_task: Annotated[bool, typer.Option("--all", help="Every 
                   title=f"task health: {sum(r.status == 'quarantined' for r in records)} of {len(records)} "
                         "quarantined")
     for r in shown:
-        table.add_row(r.task_id, r.status, r.reason or "-", f"{r.gold_passed_runs}/{r.runs}", str(r.infra_failures),
-                      (r.detail or r.infra_detail)[:120])
+        table.add_row(Text(r.task_id), r.status, r.reason or "-", f"{r.gold_passed_runs}/{r.runs}",
+                      str(r.infra_failures), Text((r.detail or r.infra_detail)[:120]))  # Text: no markup read
     out.print(table)

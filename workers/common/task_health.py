@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 
 from pydantic import ValidationError
@@ -30,6 +31,7 @@ class TaskHealthBoard:
         self._records: dict[str, TaskHealth] = {}
         self._unreadable: set[str] = set()
         self._read_at: float | None = None
+        self._reading = threading.Lock()
 
     def refresh(self) -> dict[str, TaskHealth]:
         """Read the topic to its end now (``ConfigError`` when it does not exist: ``kiln topics create`` makes
@@ -52,13 +54,19 @@ class TaskHealthBoard:
         return records
 
     def _fresh(self) -> None:
-        if self._read_at is None or time.monotonic() - self._read_at >= self.refresh_s:
-            self.refresh()
+        with self._reading:  # one read at a time; a caller waiting for it takes its result
+            if self._read_at is None or time.monotonic() - self._read_at >= self.refresh_s:
+                self.refresh()
 
     def records(self) -> dict[str, TaskHealth]:
         """The latest record of every task that has one."""
         self._fresh()
         return dict(self._records)
+
+    def get(self, task_id: str) -> TaskHealth | None:
+        """The latest record of one task (None: it has none)."""
+        self._fresh()
+        return self._records.get(task_id)
 
     def quarantined(self) -> set[str]:
         """Task ids not to serve: quarantined, or with a record this reader cannot read."""

@@ -120,6 +120,8 @@ def test_an_operator_quarantine_holds_until_released() -> None:
     assert (unknown.source, unknown.status) == ("other/repo", "quarantined")
     with pytest.raises(TaskFileError, match="not a task id"):
         operator_record(None, "no-colon", "quarantine", "bad", 5.0)
+    with pytest.raises(TaskFileError, match="nothing to release"):
+        operator_record(None, "other/repo:p8", "release", "typo", 5.0)
 
 
 def test_a_task_file_names_its_bad_line(tmp_path: Path) -> None:
