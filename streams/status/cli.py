@@ -120,7 +120,7 @@ def tail(topic: Annotated[str, typer.Argument(help="Topic name without the deplo
          client: Annotated[str | None, typer.Option(help="Only this client id's records.")] = None,
          request_id: Annotated[str | None, typer.Option(help="Only this request (or what re-drives it).")] = None,
          as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False) -> None:
-    """Print the records of TOPIC decoded (requests, results, dead letters, heartbeats, stats)."""
+    """Print the records of TOPIC decoded (requests, results, dead letters, heartbeats, stats, task health)."""
     from kiln.streams.status.tail import Filter
     from kiln.streams.status.tail import tail as follow_topic
 
