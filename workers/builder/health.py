@@ -12,12 +12,13 @@ test failed in every gold run (the gold patch no longer passes) or in more than 
 
 kiln's own failures never quarantine a task: a run whose exec call expired, was lost, or failed for the worker, the
 engine or the broker is tried again (``health_infra_attempts``); what still fails leaves the task unjudged — its
-status unchanged, the failure counted apart (``infra_failures``), the command's exit status 1. An image missing on
-some workers while it started on others is kiln's failure too (a node without a local image). A quarantine is
-lifted by ``health_release_after`` consecutive healthy checks, or by ``kiln tasks release``; one an operator set
-(``kiln tasks quarantine``) only by ``kiln tasks release``. Each task's record is written as soon as its check ends,
-so an interrupted run loses nothing, and with ``health_fresh_s`` a run skips the tasks checked since: run again, it
-resumes."""
+status unchanged, the failure counted apart (``infra_failures``), the command's exit status 1. A run whose tests did
+not finish in time is tried again too (a loaded worker); only one that times out in every try fails its tests. An
+image missing on some workers while it started on others is kiln's failure too (a node without a local image). A
+quarantine is lifted by ``health_release_after`` consecutive healthy checks, or by ``kiln tasks release``; one an
+operator set (``kiln tasks quarantine``) only by ``kiln tasks release``. Each task's record is written as soon as its
+check ends, so an interrupted run loses nothing, and with ``health_fresh_s`` a run skips the tasks checked since: run
+again, it resumes."""
 
 from __future__ import annotations
 
@@ -175,9 +176,15 @@ async def _run(execs: ExecClient, task: SWETask, with_fix: bool, health: TaskHea
         except (ClientError, InfraError) as e:  # expired, lost, not sent; the broker
             why = f"{type(e).__name__}: {str(e)[:500]}"
         else:
+            tests = next((s for s in result.steps if s.name == "tests"), None)
+            if tests is not None and tests.timed_out and attempt + 1 < health.health_infra_attempts:
+                why = f"the tests did not finish within {health.health_timeout_s:g} s"
+                continue  # a loaded worker, or a test that hangs: tried again; every try timing out is the task's
             RUNS.labels(side, "ran").inc()
-            exit_code = next((s.exit_code for s in result.steps if s.name == "tests"), None)
-            return Run(with_fix, passed=contract_passes(result.tests, exit_code), retries=attempt)
+            passed = contract_passes(result.tests, tests.exit_code if tests is not None else None)
+            if tests is not None and tests.timed_out:
+                passed = f"the tests did not finish within {health.health_timeout_s:g} s in {attempt + 1} tries"
+            return Run(with_fix, passed=passed, retries=attempt)
     RUNS.labels(side, "infrastructure").inc()
     return Run(with_fix, failure="infrastructure", detail=why, retries=health.health_infra_attempts - 1)
 
