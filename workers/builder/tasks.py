@@ -147,7 +147,7 @@ def _operator(task_ids: list[str], action: Literal["quarantine", "release"], not
     records = [operator_record(previous.get(t), t, action, note, time.time()) for t in task_ids]
     publish_health(settings, records)
     for record in records:
-        out.print(f"{record.task_id}: {record.status}")
+        out.print(f"{record.task_id}: {record.status}", markup=False, highlight=False)
 
 
 @app.command("quarantine")
