@@ -9,7 +9,9 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field
 
 from kiln.schemas.rl import RolloutTask as Task
-from kiln.workers.common.swe import TaskValidation
+from kiln.workers.common.errors import NoHealthyTasks
+from kiln.workers.common.swe import TaskValidation, task_id
+from kiln.workers.common.task_health import TaskHealthBoard
 from kiln.workers.verifiers import InvalidTask, exact_match
 
 __all__ = ["Addition", "Problem", "Propositions", "RepositoryTasks", "TaskSource", "exact_match"]
@@ -123,13 +125,28 @@ class Problem(BaseModel):
 class RepositoryTasks:
     """SWE-style tasks on a repository revision's built image: the policy may run commands in its own session
     (``<run>…</run>``, up to ``max_turns`` turns) and answers with ``<patch>unified diff</patch>``; the repository's
-    tests with the task's test patch are the reward (``swe`` verifier)."""
+    tests with the task's test patch are the reward (``swe`` verifier).
+
+    With ``health`` (the ``kiln.tasks.health`` board, ``kiln tasks health``) neither ``sample`` nor ``held_out`` ever
+    returns a task the board has quarantined as of its last read (read again every ``refresh_s``), and ``sample``
+    raises ``NoHealthyTasks`` when none is left."""
 
     def __init__(self, repository: str, image: str, problems: list[Problem], max_turns: int = 4,
-                 test_command: str | None = None, seed: int = 0) -> None:
+                 test_command: str | None = None, seed: int = 0, health: TaskHealthBoard | None = None) -> None:
         self.repository, self.image, self.problems, self.max_turns = repository, image, problems, max_turns
         self.test_command = test_command
+        self.health = health
         self._rng = random.Random(seed)
+
+    def task_id(self, problem: Problem) -> str:
+        return task_id(self.repository, problem.problem_id)
+
+    def served(self) -> list[Problem]:
+        """The problems not quarantined (all of them without a health board)."""
+        if self.health is None:
+            return list(self.problems)
+        quarantined = self.health.quarantined()
+        return [p for p in self.problems if self.task_id(p) not in quarantined]
 
     def task(self, problem: Problem) -> Task:
         check: dict[str, Any] = {"image": self.image, "test_patch": problem.test_patch}
@@ -139,11 +156,15 @@ class RepositoryTasks:
             check["test_command"] = self.test_command
         prompt = (f"Repository {self.repository}. {problem.statement}\n"
                   "Run commands as <run>command</run>; answer with <patch>unified diff</patch>.\n")
-        return Task(task_id=f"{self.repository}:{problem.problem_id}", prompt=prompt, verifier="swe", check=check,
+        return Task(task_id=self.task_id(problem), prompt=prompt, verifier="swe", check=check,
                     max_turns=self.max_turns)
 
     def sample(self, n: int) -> list[Task]:
-        return [self.task(self._rng.choice(self.problems)) for _ in range(n)]
+        problems = self.served()
+        if not problems:
+            raise NoHealthyTasks(f"all {len(self.problems)} tasks of {self.repository} are quarantined "
+                                 "(kiln tasks board)")
+        return [self.task(self._rng.choice(problems)) for _ in range(n)]
 
     def held_out(self) -> list[Task]:
-        return [self.task(p) for p in self.problems]
+        return [self.task(p) for p in self.served()]

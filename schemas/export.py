@@ -23,6 +23,7 @@ from kiln.schemas.lean import LeanRequest, LeanResult
 from kiln.schemas.ops import StageStats, WorkerHeartbeat
 from kiln.schemas.reports import CoverageReport, TestReport
 from kiln.schemas.rl import PolicyUpdate, RolloutGroup, RolloutRequest
+from kiln.schemas.tasks import TaskHealth
 from kiln.schemas.verify import VerifyRequest, VerifyResult
 
 SCHEMA_DIR = Path(__file__).parent / "jsonschema"
@@ -30,7 +31,7 @@ MODELS: list[type[BaseModel]] = [
     RequestEnvelope, ResultEnvelope, EchoRequest, EchoResult, SleepRequest, SleepResult, TestReport, CoverageReport,
     IngestRequest, IngestEvent, LeanRequest, LeanResult, BuildRequest, BuildEvent,
     ExecRequest, ExecResult, RolloutRequest, RolloutGroup, PolicyUpdate, WorkerHeartbeat, StageStats, VerifyRequest,
-    VerifyResult,
+    VerifyResult, TaskHealth,
 ]
 
 

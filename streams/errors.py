@@ -115,12 +115,14 @@ class RequestExpired(ClientError):
 
 
 class RequestFailed(ClientError):
-    """The job was dead-lettered; ``reason`` says why."""
+    """The job was dead-lettered (or answered with an error); ``reason`` says why, ``error_type`` is the class of the
+    error it ended with (the result's ``error.type``), for a caller that tells one failure from another."""
 
-    def __init__(self, request_id: str, reason: str) -> None:
+    def __init__(self, request_id: str, reason: str, error_type: str = "") -> None:
         super().__init__(f"request {request_id} failed: {reason}")
         self.request_id = request_id
         self.reason = reason
+        self.error_type = error_type
 
 
 class RequestRefused(ClientError):

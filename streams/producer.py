@@ -11,10 +11,11 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from pydantic import BaseModel
 
 from kiln.streams.errors import BlobUnavailable, BrokerUnavailable, DeliveryRefused, KilnError, NoDestination
 from kiln.streams.metrics import WorkerMetrics
@@ -60,6 +61,36 @@ def delivery_error(error: BaseException | KafkaError, topic: str) -> KilnError:
     if isinstance(error, KilnError):
         return error
     return DeliveryRefused(f"delivery to {_shown(topic)} refused: {type(error).__name__}: {str(error)[:300]}")
+
+
+def publish_records(settings: KilnSettings, topic: str, records: Iterable[tuple[str, BaseModel]], client_id: str,
+                    timeout_s: float = 30.0) -> int:
+    """Produce each ``(key, model)`` (its JSON) to ``topic`` (unprefixed) and return once the broker has every one
+    (acks=all): for a tool that writes records outside a worker (``kiln verify rescore``, ``kiln tasks health``).
+    Raises what the first undelivered record's failure means (``delivery_error``); returns how many were sent."""
+    name = settings.topic(topic)
+    producer = Producer(producer_config(settings, **{"client.id": client_id}))
+    failed: list[KafkaError] = []
+
+    def delivered(error: KafkaError | None, _msg: Message) -> None:
+        if error is not None:
+            failed.append(error)
+    sent = 0
+    try:
+        for key, model in records:
+            producer.produce(name, key=key.encode(), value=model.model_dump_json().encode(), on_delivery=delivered)
+            producer.poll(0)
+            sent += 1
+    except (KafkaException, ValueError, RuntimeError) as e:
+        producer.flush(timeout_s)
+        raise delivery_error(e, name) from None
+    left = producer.flush(timeout_s)
+    if failed:
+        raise delivery_error(failed[0], name)
+    if left:
+        raise BrokerUnavailable(f"delivery to {_shown(name)}: {left} of {sent} records not acknowledged in "
+                                f"{timeout_s:g} s")
+    return sent
 
 
 def backoff(delay: float) -> float:

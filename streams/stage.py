@@ -37,6 +37,10 @@ visible during a rolling upgrade; delete it once every worker publishes to ``kil
 "Heartbeats")."""
 STATS_TOPIC = "kiln.stats"
 """The stats stream's per-stage numbers (``schemas.ops.StageStats``), compacted: the latest, by stage."""
+TASK_HEALTH_TOPIC = "kiln.tasks.health"
+"""The health of repository tasks (``schemas.tasks.TaskHealth``, written by ``kiln tasks health``), compacted: the
+latest, by task id. Task sources read it to skip quarantined tasks; the status page, to show each source's healthy
+share."""
 
 # Kept forever: replaying it from offset 0 rebuilds a derived store; dead letters are evidence until looked at.
 FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
@@ -189,10 +193,11 @@ def spec_for_topic(topic: str) -> StageSpec | None:
 
 
 def topology(specs: dict[str, StageSpec] | None = None) -> list[TopicSpec]:
-    """Every topic kiln needs: the runtime's results, heartbeat and stats topics plus each registered stage's topics."""
+    """Every topic kiln needs: the runtime's results, heartbeat, stats, redrive and task-health topics plus each
+    registered stage's topics."""
     topics = [TopicSpec(RESULTS_TOPIC, RESULTS_PARTITIONS, {**WEEK, **BROKER_TIME}),
               TopicSpec(HEARTBEATS_TOPIC, 1, COMPACTED), TopicSpec(STATS_TOPIC, 1, COMPACTED),
-              TopicSpec(REDRIVES_TOPIC, 1, COMPACTED)]
+              TopicSpec(REDRIVES_TOPIC, 1, COMPACTED), TopicSpec(TASK_HEALTH_TOPIC, 1, COMPACTED)]
     for spec in (specs if specs is not None else stage_specs()).values():
         topics.extend(spec.topics())
     return topics

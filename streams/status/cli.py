@@ -47,6 +47,21 @@ def _status_table(view: OpsView) -> Table:
     return table
 
 
+def _task_table(view: OpsView) -> Table | None:
+    sources = view.task_sources()
+    if not sources:
+        return None
+    table = Table(title="task health (kiln tasks health)")
+    for column in ("task source", "tasks", "healthy", "quarantined", "unchecked", "healthy share",
+                   "quarantined by reason", "kiln failures"):
+        table.add_column(column, justify="left" if column in ("task source", "quarantined by reason") else "right")
+    for source, t in sources.items():
+        reasons = ", ".join(f"{r} {n}" for r, n in sorted(t["reasons"].items())) or "-"
+        table.add_row(source, str(t["tasks"]), str(t["healthy"]), str(t["quarantined"]), str(t["unchecked"]),
+                      f"{t['healthy_share']:.0%}", reasons, str(t["kiln_failures"]))
+    return table
+
+
 @status_app.callback()
 def status(ctx: typer.Context,
            watch: Annotated[bool, typer.Option("--watch", "-w", help="Redraw every --every seconds.")] = False,
@@ -54,7 +69,7 @@ def status(ctx: typer.Context,
            svg: Annotated[Path | None, typer.Option(help="Also save the table as an SVG screenshot.")] = None,
            as_json: Annotated[bool, typer.Option("--json", help="The page's JSON instead of a table.")] = False,
            ) -> None:
-    """The status page's numbers as a table (read from kiln.stats and kiln.heartbeats)."""
+    """The status page's numbers as tables (read from kiln.stats, kiln.heartbeats and kiln.tasks.health)."""
     if ctx.invoked_subcommand is not None:
         return
     from rich.live import Live
@@ -68,6 +83,9 @@ def status(ctx: typer.Context,
         if not watch:
             recorder = Console(record=True, width=160)
             recorder.print(_status_table(view))
+            tasks = _task_table(view)
+            if tasks is not None:
+                recorder.print(tasks)
             if not view.stats:
                 recorder.print(f"no numbers on {view.settings.topic(STATS_TOPIC)}: is `kiln stats serve` running?")
             if svg is not None:
@@ -102,7 +120,7 @@ def tail(topic: Annotated[str, typer.Argument(help="Topic name without the deplo
          client: Annotated[str | None, typer.Option(help="Only this client id's records.")] = None,
          request_id: Annotated[str | None, typer.Option(help="Only this request (or what re-drives it).")] = None,
          as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False) -> None:
-    """Print the records of TOPIC decoded (requests, results, dead letters, heartbeats, stats)."""
+    """Print the records of TOPIC decoded (requests, results, dead letters, heartbeats, stats, task health)."""
     from kiln.streams.status.tail import Filter
     from kiln.streams.status.tail import tail as follow_topic
 

@@ -1,5 +1,5 @@
 """Reading kiln's records for people: what a record on any kiln topic is (request, result, dead letter,
-heartbeat, stage numbers, other), its ids for filtering, and a one-line summary."""
+heartbeat, stage numbers, task health, other), its ids for filtering, and a one-line summary."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from kiln.schemas.envelope import RequestEnvelope, ResultEnvelope
 from kiln.schemas.ops import StageStats, WorkerHeartbeat
+from kiln.schemas.tasks import TaskHealth
 
 DLQ_HEADER = "kiln-error-type"
 
@@ -33,7 +34,7 @@ class Record:
     key: str | None
     headers: list[tuple[str, str]]
     type: str
-    """request | result | dead-letter | heartbeat | tombstone | stats | json | bytes"""
+    """request | result | dead-letter | heartbeat | tombstone | stats | task-health | json | bytes"""
     value: bytes | None = None
     model: BaseModel | None = None
     body: Any = None
@@ -66,6 +67,11 @@ class Record:
             s = self.model
             return (f"stats {s.stage} queue={s.queue_length} done/min={s.completions_per_min:.1f} "
                     f"workers={s.workers_now} busy {s.busy_now}/{s.slots_now}")
+        if self.type == "task-health":
+            assert isinstance(self.model, TaskHealth)
+            t = self.model
+            return (f"task-health {t.task_id} {t.status}{f' reason={t.reason}' if t.reason else ''} gold runs passed "
+                    f"{t.gold_passed_runs}/{t.runs} kiln failures={t.infra_failures}")
         if self.type == "tombstone":
             return f"tombstone key={self.key}"
         text = json.dumps(self.body) if self.type == "json" else repr(self.body)
@@ -99,7 +105,7 @@ def decode(msg: Message) -> Record:
         return record
     dead = record.header(DLQ_HEADER)
     for model, name in ((RequestEnvelope, "request"), (ResultEnvelope, "result"), (WorkerHeartbeat, "heartbeat"),
-                        (StageStats, "stats")):
+                        (StageStats, "stats"), (TaskHealth, "task-health")):
         try:
             record.model = model.model_validate_json(value)
         except ValidationError:

@@ -36,7 +36,7 @@ def create_app(settings: KilnSettings, status: StatusSettings) -> FastAPI:
     view = OpsView(settings)
     registry = CollectorRegistry()
     stages_shown = Gauge("kiln_status_stages", "Stages with numbers on the page.", registry=registry)
-    caught_up = Gauge("kiln_status_caught_up", "1 once kiln.stats and kiln.heartbeats were read to their end.",
+    caught_up = Gauge("kiln_status_caught_up", "1 once the topics the page follows were read to their end.",
                       registry=registry)
 
     @asynccontextmanager

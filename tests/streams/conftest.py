@@ -12,7 +12,7 @@ from kiln.streams import admin
 from kiln.streams.blobstore import BlobStore, FileBlobStore, open_blob_store
 from kiln.streams.processes import StatsProcess
 from kiln.streams.settings import KilnSettings
-from kiln.streams.stage import COMPACTED, HEARTBEATS_TOPIC, REDRIVES_TOPIC, STATS_TOPIC, TopicSpec
+from kiln.streams.stage import COMPACTED, HEARTBEATS_TOPIC, REDRIVES_TOPIC, STATS_TOPIC, TASK_HEALTH_TOPIC, TopicSpec
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -25,13 +25,15 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> BlobSt
 
 @pytest.fixture
 def ops_topics(kafka: KilnSettings, unique: str, tmp_path: Path) -> Iterator[Callable[..., KilnSettings]]:
-    """``ops_topics(("sleep.requests", 4))``: those topics (+ DLQ twins), kiln.results, kiln.heartbeats, kiln.stats and
-    kiln.redrives under a fresh prefix; everything under the prefix (faust's own topics too) is deleted afterwards."""
+    """``ops_topics(("sleep.requests", 4))``: those topics (+ DLQ twins), kiln.results, kiln.heartbeats, kiln.stats,
+    kiln.redrives and kiln.tasks.health under a fresh prefix; everything under the prefix (faust's own topics too) is
+    deleted afterwards."""
     settings = kafka.model_copy(update={"topic_prefix": f"t{unique}.", "cache": tmp_path / "cache"})
 
     def make(*topics: tuple[str, int]) -> KilnSettings:
         specs = [TopicSpec("kiln.results", 2), TopicSpec(HEARTBEATS_TOPIC, 1, COMPACTED),
-                 TopicSpec(STATS_TOPIC, 1, COMPACTED), TopicSpec(REDRIVES_TOPIC, 1, COMPACTED)]
+                 TopicSpec(STATS_TOPIC, 1, COMPACTED), TopicSpec(REDRIVES_TOPIC, 1, COMPACTED),
+                 TopicSpec(TASK_HEALTH_TOPIC, 1, COMPACTED)]
         for name, partitions in topics:
             specs += [TopicSpec(name, partitions), TopicSpec(f"{name}.dlq", 1)]
         admin.create_topics(settings, specs)

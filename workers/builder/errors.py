@@ -1,5 +1,5 @@
-"""The builder's errors, under kiln's root ``KilnError``. Both become a failure class in the build's event, never a
-dead letter.
+"""The builder's errors, under kiln's root ``KilnError``. A build's become a failure class in its event, never a
+dead letter; the others are the task commands' (``kiln tasks``).
 
 BuildError
 ├── PlanError    the rules cannot build this checkout (no rule fits, a manifest does not parse, a toolchain or base
@@ -7,6 +7,7 @@ BuildError
 └── StepFailed   a build step (docker build, dependency install, compile, a revision layer's rebuild) failed;
                  carries the step's log and whether it ran out of time
 TaskPatchFailed  a repository task's test or gold patch does not apply to its revision (``kiln tasks validate``)
+TaskFileError    a task file line or task id that does not read (``kiln tasks health``, ``release``, ``quarantine``)
 """
 
 from __future__ import annotations
@@ -33,3 +34,7 @@ class StepFailed(BuildError):
 
 class TaskPatchFailed(KilnError):
     """A patch of a repository task does not apply to the revision's tree; the message says which and why."""
+
+
+class TaskFileError(KilnError):
+    """A task file (``kiln tasks health``) or task id that kiln cannot read; the message names the line or id."""

@@ -7,3 +7,7 @@ from kiln.streams.errors import KilnError
 
 class ReportError(KilnError):
     """A test or coverage report does not parse."""
+
+
+class NoHealthyTasks(KilnError):
+    """Every task of a task source is quarantined (``kiln tasks health``): there is nothing left to serve."""

@@ -34,6 +34,31 @@ class TaskValidation(BaseModel):
     seconds: float = 0.0
 
 
+def task_id(source: str, problem_id: str) -> str:
+    """How a repository task is named wherever its health is looked up: ``<source>:<problem id>``."""
+    return f"{source}:{problem_id}"
+
+
+class SWETask(BaseModel):
+    """A validated repository task with what re-checking it needs (its gold patch): one JSON line of the task file
+    ``kiln tasks health`` reads (``kiln tasks validate --save`` appends one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(min_length=1, max_length=500, description="The repository (``RepositoryTasks``' "
+                                                                  "``repository``).")
+    problem_id: str = Field(min_length=1, max_length=400)
+    image: str = Field(min_length=1, max_length=1000, description="The revision's built image.")
+    test_patch: str
+    gold_patch: str = Field(min_length=1)
+    fail_to_pass: list[str] = Field(min_length=1)
+    pass_to_pass: list[str] = Field(default_factory=list)
+
+    @property
+    def task_id(self) -> str:
+        return task_id(self.source, self.problem_id)
+
+
 def _passed(report: TestReport) -> set[str]:
     return {c.name for c in report.cases if c.outcome == "passed"}
 

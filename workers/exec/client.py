@@ -146,12 +146,14 @@ class ExecClient:
                        steps: list[RunStep] | None = None, stdin: str | None = None,
                        limits: SessionLimits | None = None, timeout_s: float = 60.0,
                        max_output_bytes: int = 64 * 1024, fetch: list[str] | None = None,
-                       env: dict[str, str] | None = None, cwd: str = "", tests: bool = False) -> ExecResult:
+                       env: dict[str, str] | None = None, cwd: str = "", tests: bool = False,
+                       deadline_s: float | None = None) -> ExecResult:
         """``command`` (or ``steps``) on ``image`` with ``files`` in /work, in a sandbox of its own that nothing of
         it outlives: no session to open or close, a warm runner per call. ``fetch`` names files (relative to
         ``cwd``; a trailing ``/`` takes a directory's files) to return. Each step's result is measured outside the
         code it ran (``result.steps``; ``result.output`` is the last step's). ``tests``: then the image's test
-        command, its reports parsed into ``result.tests`` (checked against its exit status)."""
+        command, its reports parsed into ``result.tests`` (checked against its exit status). ``deadline_s``: the
+        request's time budget (``KilnClient.submit``): not started by then, it is answered expired, never run."""
         if steps is None:
             steps = [RunStep(name="run", command=command, timeout_s=timeout_s, stdin=stdin)] if command else []
         elif command is not None or stdin is not None:
@@ -161,7 +163,7 @@ class ExecClient:
                               env=env or {}, cwd=cwd, max_output_bytes=max_output_bytes, tests=tests,
                               timeout_s=max([timeout_s, *(s.timeout_s for s in steps)]))
         # Any worker can serve it: a fresh key spreads calls over every partition.
-        result: ExecResult = await self.kiln.call("exec", request, key=new_request_id())
+        result: ExecResult = await self.kiln.call("exec", request, key=new_request_id(), deadline_s=deadline_s)
         return result
 
     async def close_session(self, session: ExecSession) -> None:

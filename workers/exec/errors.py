@@ -9,6 +9,11 @@ class SessionError(RoutineJobError):
     """The request cannot apply to the session (bad path, image not allowed, ...): an answer, not a dead letter."""
 
 
+class ImageUnavailable(SessionError):
+    """The image cannot run here: neither the engine nor the registry has it, or a tests run finds no test command
+    recorded in it. The image's failure, not the worker's: answered, never retried."""
+
+
 class SessionDenied(SessionError):
     """The request's proof does not match the session (forged, altered, or a replay past the window)."""
 

@@ -9,7 +9,7 @@ import shlex
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from docker.errors import APIError, DockerException
+from docker.errors import APIError, DockerException, NotFound
 from pydantic import ValidationError
 
 from kiln.schemas.exec import CommandOutput, ExecRequest, ExecResult, FileContent, RunStep, file_content
@@ -19,7 +19,7 @@ from kiln.streams.stage import JobContext
 from kiln.workers.common import reports
 from kiln.workers.common.image_cache import ImageCache
 from kiln.workers.exec import protocol
-from kiln.workers.exec.errors import SessionError
+from kiln.workers.exec.errors import ImageUnavailable, SessionError
 from kiln.workers.exec.metrics import RUNNERS_DISCARDED, TIMEOUTS
 from kiln.workers.exec.runners import RunnerPool
 from kiln.workers.exec.sessions import Session, SessionManager, safe_path
@@ -130,20 +130,29 @@ class SessionOps:
         return output
 
 
+async def ensure_image(images: ImageCache, image: str, ctx: JobContext) -> None:
+    """Make ``image`` local (pulled from the registry when it is a reference there). An image the engine lacks and
+    the registry does not have is the image's failure, not the worker's: ``ImageUnavailable``, answered at once."""
+    try:
+        await ctx.cancel.run(images.ensure, image)
+    except NotFound as e:  # docker's ImageNotFound too; a registry that does not answer is an APIError, retried
+        raise ImageUnavailable(f"image {image} is not available: {e}") from None
+
+
 async def run_once(manager: SessionManager, images: ImageCache, runners: RunnerPool, request: ExecRequest,
                    ctx: JobContext) -> ExecResult:
     """A stateless call on a warm runner: nothing of it outlives it, so a replay just runs it again."""
     image = request.image or ""
     manager.check_image(image)
     if not runners.serves(image):  # a Docker API round trip only for an image no runner has yet
-        await ctx.cancel.run(images.ensure, image)
+        await ensure_image(images, image, ctx)
     steps = request.steps or ([RunStep(name="run", command=request.command, timeout_s=request.timeout_s)]
                               if request.command else [])
     contract, env, fetch = ImageContract(), dict(request.env), list(request.paths)
     if request.tests:
         contract = await ctx.cancel.run(image_contract, manager, image)
         if not contract.test:
-            raise SessionError(f"image {image} records no test command")
+            raise ImageUnavailable(f"image {image} records no test command")
         steps = [*steps, RunStep(name="tests", command=f"rm -rf {contract.reports_dir}; {contract.test}",
                                  timeout_s=request.timeout_s)]
         env = {**contract.env, **env}

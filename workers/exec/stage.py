@@ -31,7 +31,7 @@ from kiln.workers.common.registry import Registry
 from kiln.workers.exec import spec
 from kiln.workers.exec.errors import LimitExceeded
 from kiln.workers.exec.metrics import HANDOVERS, LATENCY, OPENED, SESSIONS, registry
-from kiln.workers.exec.ops import SessionOps, checked_report, run_once
+from kiln.workers.exec.ops import SessionOps, checked_report, ensure_image, run_once
 from kiln.workers.exec.reaper import LivenessLock, Reaper, namespace
 from kiln.workers.exec.runners import RunnerPool, supervisor_binary
 from kiln.workers.exec.sessions import REPLAY_BYTES, LabelSeal, SessionManager
@@ -232,7 +232,7 @@ class ExecService:
         manager.check_image(image)
         assert self.images is not None and self.warm is not None
         warm_pool = self.warm
-        await ctx.cancel.run(self.images.ensure, image)
+        await ensure_image(self.images, image, ctx)
         entry = warm_pool.take(image) if request.limits == SessionLimits() and request.snapshot is None else None
         warm = entry is not None
         if entry is None:

@@ -121,15 +121,21 @@ class SWEVerifier:
         pass
 
 
+def contract_passes(report: TestReport | None, exit_code: int | None) -> set[str] | str:
+    """The tests that passed in a run's per-test results, or why those results cannot be a reward (no results, or
+    ``_untrusted``): the rule of the ``swe`` reward, shared with ``kiln tasks health`` so that a task's health is
+    judged exactly as its completions are."""
+    if report is None:
+        return "no test results"
+    return _untrusted(report, exit_code) or _outcomes(report)[0]
+
+
 def _contract(check: SWECheck, report: TestReport | None, exit_code: int | None,
               detail: dict[str, Any]) -> Verdict:
     """1 exactly when every FAIL_TO_PASS and PASS_TO_PASS test passed in per-test results kiln trusts."""
-    if report is None:
-        return Verdict(reward=0.0, details={**detail, "stage": "report", "error": "no test results"})
-    untrusted = _untrusted(report, exit_code)
-    if untrusted:
-        return Verdict(reward=0.0, details={**detail, "stage": "report", "error": untrusted})
-    passed, _failed = _outcomes(report)
+    passed = contract_passes(report, exit_code)
+    if isinstance(passed, str):
+        return Verdict(reward=0.0, details={**detail, "stage": "report", "error": passed})
     fail_to_pass = [t for t in check.fail_to_pass if t not in passed]
     pass_to_pass = [t for t in check.pass_to_pass if t not in passed]
     if fail_to_pass or pass_to_pass:

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from pydantic import BaseModel, Field
 
 from kiln.schemas.verify import CompletionVerdict, RescoredRequest, VerifyRequest, VerifyResult
@@ -27,8 +27,9 @@ from kiln.streams.blobstore import BlobStore, open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import BlobCorrupt, BlobNotFound, ConfigError, MalformedRequest
 from kiln.streams.offsets import coordinates
+from kiln.streams.producer import publish_records
 from kiln.streams.replay import read_topic, records_until_end
-from kiln.streams.settings import KilnSettings, producer_config
+from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import RESULTS_TOPIC
 from kiln.workers.verifiers import VerifierContext, Verifiers
 from kiln.workers.verify.spec import RESCORED_TOPIC, verify
@@ -194,16 +195,7 @@ async def rescore(settings: KilnSettings, *, since: datetime | None = None, unti
                                      completions=n) for k, n in sorted(transitions.items())]
     report.versions = dict(sorted(versions.items()))
     if publish and rescored:
-        await asyncio.to_thread(_publish, settings, rescored)
+        await asyncio.to_thread(publish_records, settings, RESCORED_TOPIC, [(r.request_id, r) for r in rescored],
+                                f"verify-rescore-{os.getpid()}")
         report.published = len(rescored)
     return report
-
-
-def _publish(settings: KilnSettings, rescored: list[RescoredRequest]) -> None:
-    producer = Producer(producer_config(settings, **{"client.id": f"verify-rescore-{os.getpid()}"}))
-    topic = settings.topic(RESCORED_TOPIC)
-    for r in rescored:
-        producer.produce(topic, key=r.request_id.encode(), value=r.model_dump_json().encode())
-        producer.poll(0)
-    if producer.flush(30) > 0:
-        raise ConfigError(f"could not publish every re-scored request to {topic}")

@@ -109,6 +109,16 @@ function render(data) {
     el("td", {}, Object.entries(w.gauges || {}).map(([k, v]) => `${k}=${fmt(v)}`).join(" ")),
     el("td", {}, `${fmt(data.at - w.at)} s ago`)));
   document.querySelector("#workers tbody").replaceChildren(...rows);
+  const sources = Object.entries(data.task_sources || {});
+  document.getElementById("task-health").hidden = !sources.length;
+  document.querySelector("#task-sources tbody").replaceChildren(...sources.map(([name, t]) => {
+    const cell = (field, value) => el("td", { "data-source": name, "data-field": field }, value);
+    return el("tr", {}, el("td", {}, name), cell("tasks", fmt(t.tasks)), cell("healthy", fmt(t.healthy)),
+      cell("quarantined", fmt(t.quarantined)), cell("unchecked", fmt(t.unchecked)),
+      cell("healthy_share", `${Math.round(t.healthy_share * 100)} %`),
+      cell("reasons", Object.entries(t.reasons).sort().map(([r, n]) => `${r} ${n}`).join(", ") || "–"),
+      cell("kiln_failures", fmt(t.kiln_failures)));
+  }));
   const behind = document.querySelectorAll(".badge.behind").length;
   document.getElementById("summary").textContent =
     `${Object.keys(data.stages).length} stages · ${data.workers.length} workers · ` +

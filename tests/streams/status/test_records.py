@@ -11,8 +11,10 @@ from confluent_kafka import Producer
 
 from kiln.schemas.envelope import ErrorInfo, RequestEnvelope, ResultEnvelope
 from kiln.schemas.ops import StageStats, WorkerHeartbeat
+from kiln.schemas.tasks import TaskHealth
 from kiln.streams.errors import ConfigError
 from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import TASK_HEALTH_TOPIC
 from kiln.streams.status.dlq import select
 from kiln.streams.status.records import DLQ_HEADER
 from kiln.streams.status.tail import Filter, tail
@@ -75,6 +77,18 @@ def test_every_kind_of_record_is_decoded_and_summarised(ops_topics: Callable[...
     dead = [r for r in got if r.type == "dead-letter"]
     assert select(dead, reasons=["timeout"]) == [dead[0]] and select(dead, offsets=[9]) == [dead[1]]
     assert select(dead, request_ids=[request.request_id], reasons=["malformed"]) == []
+
+
+def test_task_health_records_are_decoded(ops_topics: Callable[..., KilnSettings]) -> None:
+    settings = ops_topics()
+    health = TaskHealth(task_id="a/one:7", source="a/one", status="quarantined", reason="flaky", runs=5,
+                        gold_passed_runs=3, updated_at=1.0)
+    producer = Producer(settings.kafka())
+    producer.produce(settings.topic(TASK_HEALTH_TOPIC), key=b"a/one:7", value=health.model_dump_json())
+    assert producer.flush(30) == 0
+    [got] = tail(settings, TASK_HEALTH_TOPIC, from_beginning=True)
+    assert (got.type, got.model, got.key) == ("task-health", health, "a/one:7")
+    assert got.summary() == "task-health a/one:7 quarantined reason=flaky gold runs passed 3/5 kiln failures=0"
 
 
 def test_tail_reads_the_last_records_of_each_partition_or_refuses_an_unknown_topic(

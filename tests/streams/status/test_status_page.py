@@ -18,9 +18,12 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from kiln.schemas.builtin import SleepRequest
 from kiln.schemas.envelope import ResultEnvelope
+from kiln.schemas.tasks import TaskHealth
 from kiln.streams.client import KilnClient
 from kiln.streams.processes import ServiceProcess, StatsProcess, WorkerProcess
+from kiln.streams.producer import publish_records
 from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import TASK_HEALTH_TOPIC
 from tests.streams.harness import read_all
 
 FAST = {"KILN_HEARTBEAT_S": "1"}
@@ -96,3 +99,38 @@ def test_status_page_shows_what_ran(ops_topics: Callable[..., KilnSettings],
     finally:
         WorkerProcess.stop_all(workers)
 
+
+
+def _task(task_id: str, status: str, reason: str | None = None, infra_failures: int = 0) -> TaskHealth:
+    return TaskHealth.model_validate({"task_id": task_id, "source": task_id.partition(":")[0], "status": status,
+                                      "reason": reason, "infra_failures": infra_failures, "updated_at": 1.0})
+
+
+def test_status_page_shows_each_task_sources_healthy_share(ops_topics: Callable[..., KilnSettings],
+                                                           status_page: Callable[[KilnSettings], ServiceProcess],
+                                                           browser: Any, output_dir: Path) -> None:
+    """Records as ``kiln tasks health`` writes them, a later record replacing an earlier one, a tombstone forgetting a
+    task and one record no reader can read (counted quarantined, as task sources treat it): the page's per-source
+    counts and healthy share are those of the latest record per task."""
+    settings = ops_topics()
+    records = [_task("a/one:1", "quarantined", "flaky"), _task("a/one:1", "healthy"), _task("a/one:2", "healthy"),
+               _task("a/one:3", "quarantined", "gold_fails"), _task("a/one:4", "healthy"),
+               _task("b/two:1", "unchecked", infra_failures=3), _task("b/two:2", "quarantined", "operator")]
+    publish_records(settings, TASK_HEALTH_TOPIC, [(r.task_id, r) for r in records], "test-tasks")
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers})
+    producer.produce(settings.topic(TASK_HEALTH_TOPIC), key=b"a/one:4", value=None)  # forgotten
+    producer.produce(settings.topic(TASK_HEALTH_TOPIC), key=b"b/two:3", value=b'{"task_id": "b/two:3", "new": 1}')
+    producer.flush(10)
+    page = status_page(settings)
+    browser.get(page.url)
+
+    def cell(source: str, field: str) -> str:
+        found = browser.find_elements(By.CSS_SELECTOR, f'[data-source="{source}"][data-field="{field}"]')
+        return str(found[0].text) if found else ""
+    WebDriverWait(browser, 30).until(lambda d: cell("b/two", "tasks") == "3")
+    assert [cell("a/one", f) for f in ("tasks", "healthy", "quarantined", "unchecked", "healthy_share", "reasons")] == [
+        "3", "2", "1", "0", "67 %", "gold_fails 1"]
+    assert [cell("b/two", f) for f in ("healthy", "quarantined", "unchecked", "healthy_share", "reasons",
+                                       "kiln_failures")] == ["0", "2", "1", "0 %", "operator 1, unreadable 1", "3"]
+    screenshot = output_dir / "status-page-tasks.png"
+    assert browser.save_screenshot(str(screenshot)) and screenshot.stat().st_size > 10_000
