@@ -24,6 +24,7 @@ import yaml
 
 from kiln.schemas.builder import Decision
 from kiln.schemas.images import REPORTS_DIR
+from kiln.workers.builder import reporters
 from kiln.workers.builder.dockerfile import confine
 from kiln.workers.builder.errors import PlanError
 
@@ -668,22 +669,34 @@ def _npm(root: Path, p: Plan, ci: CiJobs) -> None:
     # pretest/posttest hooks lint and audit (audits need the network): the suite is scripts.test itself.
     command = f"{manager} test" + (" --ignore-scripts" if manager == "npm" else "")
     found = npm_runner(scripts)
-    setup = ""
+    setup, stdout = "", ""
     if found is not None:
-        command = with_reporter(found.runner, found.command)
+        declared = {**pkg.get("dependencies", {}), **pkg.get("devDependencies", {})}.get(found.runner)
+        major = _version(str(declared))[:1] if declared else ()
+        command = with_reporter(found.runner, found.command, major[0] if major else None)
         setup = "".join(f"{step} && " for step in found.setup)
+        stdout = f" >{REPORTS_DIR}/{STDOUT_REPORTS[found.runner]}" if found.runner in STDOUT_REPORTS else ""
+        if found.runner in ("uvu", "jasmine"):
+            p.deps_script += f" && {reporters.install_script()}"
+            p.decide("reporter", f"kiln's {found.runner} reporter", f"{found.runner} has no reporter writing per-test "
+                     "results to a file: kiln's writes one line per test, checked against the runner's own summary")
         p.decide("test command", " && ".join([*found.setup, found.command]),
                  f"the {found.runner} command of scripts.test (and the steps before it), run with a reporter writing "
                  "per-test results to a file kiln reads (lint steps and a stop at the first failure left out)")
     else:
         p.decide("test command", command, "package.json scripts.test, without its pre/post hooks (lint, audit); "
                                           "no runner kiln can give a reporter: per-test lines read from its output")
-    p.test_script = (f"export PATH=$PWD/node_modules/.bin:$PATH; {setup}/opt/c8/bin/c8 --reporter=json "
-                     f"--report-dir={REPORTS_DIR} --exclude='test/**' --exclude='**/*.test.*' {command} 2>&1 | "
-                     f"tee {REPORTS_DIR}/test-output.txt; exit ${{PIPESTATUS[0]}}")
+    # Variables the command sets go before c8, which would take the first of them for the program to run.
+    env = re.match(r"(?:[A-Za-z_]\w*=\S*\s+)*", command)
+    assigned = env.group(0) if env else ""
+    # "2>&1 >file": stderr to the pipe, stdout (a runner's TAP) to its report file.
+    p.test_script = (f"export PATH=$PWD/node_modules/.bin:$PATH; {setup}{assigned}/opt/c8/bin/c8 --reporter=json "
+                     f"--report-dir={REPORTS_DIR} --exclude='test/**' --exclude='**/*.test.*' "
+                     f"{command[len(assigned):]} 2>&1{stdout} | tee {REPORTS_DIR}/test-output.txt; "
+                     "exit ${PIPESTATUS[0]}")
 
 
-NPM_RUNNERS = ("mocha", "jest", "vitest", "node")
+NPM_RUNNERS = ("mocha", "jest", "vitest", "node", "uvu", "ava", "tap", "jasmine", "qunit")
 _LINT_STEP = re.compile(r"^(?:npx\s+)?(?:eslint|standard|semistandard|prettier|xo|tslint|jshint|jscs|markdownlint|"
                         r"attw|depcheck|licensee|aud|npm audit|tsc\b.*--noEmit)\b")
 _LINT_SCRIPT = re.compile(r"lint|format|prettier|audit|typecheck|types|check-types|tsd", re.IGNORECASE)
@@ -737,17 +750,28 @@ _REPORTER_OPTIONS = re.compile(r"\s(?:(?:--reporter|-R|--reporter-options?|-O|--
                                r"--test-reporter|--test-reporter-destination)(?:[= ](?!-)\S+)?|--json)(?=\s|$)")
 
 
-# Stop at the first failure (mocha's and jest's --bail/-b, vitest's --bail=N): the tests after it never report, so
-# a patch that breaks one test would score as one that breaks them all (real: merge-descriptors 1.0.1, whose first
-# test fails on Node 20 and whose --bail left 1 result of 8).
-_BAIL = re.compile(r"\s(?:--bail(?:[= ]\d+)?|-b)(?=\s|$)")
+# Stop at the first failure (mocha's and jest's --bail/-b, vitest's --bail=N, ava's and jasmine's --fail-fast): the
+# tests after it never report, so a patch that breaks one test would score as one that breaks them all (real:
+# merge-descriptors 1.0.1, whose first test fails on Node 20 and whose --bail left 1 result of 8).
+_BAIL = re.compile(r"\s(?:--bail(?:[= ]\d+)?|-b|--fail-fast)(?=\s|$)")
+# Options that change how a runner reports or runs that kiln's reporter cannot live with: jasmine's parallel mode
+# refuses reporters added by a helper; node-tap's coverage (nyc, or c8 built in) would be checked at 100 % in tap
+# >= 15 and wraps the run kiln's c8 already wraps.
+_RUNNER_OPTIONS = re.compile(r"\s(?:--parallel(?:=\S+)?|--100|--check-coverage|--no-check-coverage|--cov|"
+                             r"--coverage|--no-coverage|--disable-coverage|--coverage-report(?:[= ]\S+)?|"
+                             r"--nyc-arg(?:[= ]\S+)?)(?=\s|$)")
+# Runners whose report kiln takes from their stdout (TAP with their own count at the end): the file it goes to.
+STDOUT_REPORTS = {"ava": "ava.tap", "qunit": "qunit.tap", "tap": "tap.tap"}
 
 
-def with_reporter(runner: str, command: str) -> str:
+def with_reporter(runner: str, command: str, major: int | None = None) -> str:
     """``command`` with its own reporter options and any stop at the first failure removed, and kiln's reporter
-    added: a report file in the reports directory (mocha's xunit, jest's and vitest's JSON, node's TAP) next to the
-    human output."""
+    added: a report file in the reports directory (mocha's xunit, jest's and vitest's JSON, node's TAP, kiln's own
+    uvu and jasmine reporters) next to the human output, or TAP on stdout (ava, QUnit, node-tap: ``STDOUT_REPORTS``
+    says where the test command sends it). ``major``: the runner's major version, where its options differ (tap)."""
     bare = _BAIL.sub("", _REPORTER_OPTIONS.sub("", f" {command}")).strip()
+    if runner in ("ava", "qunit", "tap", "jasmine"):
+        bare = _RUNNER_OPTIONS.sub("", f" {bare}").strip()
     if runner == "mocha":
         # _mocha is the runner itself: mocha 1.x's bin/mocha wrapper runs it through a spawn option Node 20 no
         # longer has, and prints nothing (real: etag, methods). "--reporter-options" (plural) is what mocha < 6
@@ -759,6 +783,17 @@ def with_reporter(runner: str, command: str) -> str:
     if runner == "vitest":
         run = "" if re.search(r"\bvitest (run|--run)\b", bare) else " --run"
         return f"{bare}{run} --reporter=default --reporter=json --outputFile.json={REPORTS_DIR}/vitest.json"
+    if runner == "uvu":
+        return f"{reporters.UVU_REPORT_ENV}={REPORTS_DIR}/uvu.tap {bare}"
+    if runner == "jasmine":
+        return f"{reporters.JASMINE_REPORT_ENV}={REPORTS_DIR}/jasmine.tap {bare} --helper={reporters.JASMINE_HELPER}"
+    if runner == "ava":
+        return f"{bare} --tap"
+    if runner == "qunit":
+        return f"{bare} --reporter tap"
+    if runner == "tap":
+        # node-tap 18 renamed the options: --reporter=tap and --disable-coverage (before: -R tap, --no-coverage).
+        return f"{bare} --reporter=tap --disable-coverage" if (major or 0) >= 18 else f"{bare} -R tap --no-coverage"
     return bare.replace("node ", f"node --test-reporter=tap --test-reporter-destination={REPORTS_DIR}/node-tap.txt "
                                  "--test-reporter=spec --test-reporter-destination=stdout ", 1)
 

@@ -194,6 +194,12 @@ def test_a_makefile_whose_only_target_is_the_test_binary_runs_it(tmp_path: Path)
     ({"test": "mocha --reporter spec --bail --check-leaks test/"},
      f"_mocha --check-leaks test/ --reporter xunit --reporter-options output={REPORTS_DIR}/mocha.xml"),
     ({"test": "jest -b --bail=2 tests/"}, f"jest tests/ --ci --json --outputFile={REPORTS_DIR}/jest.json"),
+    ({"test": "uvu tests -b"}, f"KILN_UVU_REPORT={REPORTS_DIR}/uvu.tap uvu tests"),
+    ({"test": "ava --verbose --fail-fast"}, "ava --verbose --tap"),
+    ({"test": "qunit --reporter dot test/"}, "qunit test/ --reporter tap"),
+    ({"test": "jasmine --parallel=auto --reporter=./r.js"},
+     f"KILN_JASMINE_REPORT={REPORTS_DIR}/jasmine.tap jasmine --helper=/opt/kiln-js/jasmine-report.cjs"),
+    ({"test": "tap --100 test/*.js"}, "tap test/*.js -R tap --no-coverage"),
     ({"test": "tape test/*.js | tap-spec"}, None),
     ({"test": "npm test"}, None),
 ])
@@ -212,6 +218,21 @@ def test_the_steps_before_an_npm_runner_run_lint_left_out(scripts: dict[str, str
     """What scripts.test does before its runner (a build, fixtures the tests read) still runs; lint does not."""
     found = npm_runner(scripts)
     assert found is not None and found.setup == setup
+
+
+def test_npm_runners_reporting_on_stdout_or_through_kiln_reporters(tmp_path: Path) -> None:
+    """ava's TAP goes to its report file, the rest of the output to the printed log; uvu and jasmine get kiln's
+    reporter installed with the dependencies; a variable the script sets comes before c8; tap >= 18 renamed its
+    options."""
+    ava = plan(checkout(tmp_path / "a", {"package.json": '{"scripts": {"test": "NODE_ENV=test ava"}}'}))
+    assert f"NODE_ENV=test /opt/c8/bin/c8 --reporter=json --report-dir={REPORTS_DIR}" in ava.test_script
+    assert f" ava --tap 2>&1 >{REPORTS_DIR}/ava.tap | tee {REPORTS_DIR}/test-output.txt" in ava.test_script
+    uvu = plan(checkout(tmp_path / "u", {"package.json": '{"scripts": {"test": "uvu tests"}}'}))
+    assert "__kilnUvu" in uvu.deps_script and f"KILN_UVU_REPORT={REPORTS_DIR}/uvu.tap /opt/c8" in uvu.test_script
+    assert "__kilnUvu" not in ava.deps_script
+    tap = plan(checkout(tmp_path / "t", {"package.json": '{"scripts": {"test": "tap"}, "devDependencies": '
+                                                         '{"tap": "^18.6.1"}}'}))
+    assert f"tap --reporter=tap --disable-coverage 2>&1 >{REPORTS_DIR}/tap.tap" in tap.test_script
 
 
 def test_npm_plan_runs_the_runner_with_its_reporter(tmp_path: Path) -> None:

@@ -453,3 +453,65 @@ def test_mocha_1_xunit_counts_each_failure_once() -> None:
     assert (report.summary_passed, report.summary_failed) == (5, 3) and unusable_reason(report) is None
     mocha10 = junit(printed.replace('failures="3"', 'failures="0"'), "mocha", summary=True)
     assert (mocha10.summary_passed, mocha10.summary_failed) == (5, 3)
+
+
+# trybuild inside one libtest test (real: a proc-macro crate's tests/ui.rs): its own "test … ... ok" lines go
+# straight to the terminal, between libtest's "running 1 test" and that test's own line.
+TRYBUILD = """\
+running 2 tests
+test tests::adds ... ok
+test tests::subtracts ... ok
+
+test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s
+
+     Running tests/ui.rs (target/debug/deps/ui-0a1b2c3d)
+
+running 1 test
+    Checking calc-tests v0.0.0 (/work/target/tests/trybuild/calc)
+    Finished `dev` profile [unoptimized + debuginfo] target(s) in 0.51s
+
+
+test tests/ui/pass.rs [should pass] ... ok
+test tests/ui/missing-arg.rs [should fail to compile] ... ok
+test tests/ui/bad-type.rs [should fail to compile] ... ok
+
+
+test ui ... ok
+
+test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 2.37s
+"""
+
+
+def test_a_nested_harness_inside_one_libtest_test_is_no_case_of_its_own() -> None:
+    report = cargo_test(TRYBUILD)
+    assert [c.name for c in report.cases] == ["tests::adds", "tests::subtracts", "ui"]
+    assert (report.passed, report.summary_passed, report.summary_failed) == (3, 3, 0)
+    assert unusable_reason(report) is None
+    # Doc tests and workspaces keep every line: the lines equal what libtest said it runs.
+    assert len(cargo_test(CARGO_OUTPUT).cases) == 7
+
+
+@pytest.mark.parametrize(("forged", "why"), [
+    # Lines with libtest's names are libtest's: printed by the code under test they disagree with the summary.
+    ("test tests::forged ... ok\n", "a libtest name among the nested lines"),
+    ("test ui ... ok\n", "the failing test repeated as passing"),
+    # A nested harness's lines with one libtest-named line too many: no selection comes to N, all of them count.
+    ("test tests/ui/x.rs ... ok\ntest tests::forged ... ok\n", "a mix"),
+])
+def test_forged_lines_in_a_nested_harness_still_disagree(forged: str, why: str) -> None:
+    failing = TRYBUILD.replace("test ui ... ok", "test ui ... FAILED").replace(
+        "test result: ok. 1 passed; 0 failed", "test result: FAILED. 0 passed; 1 failed")
+    report = cargo_test(failing.replace("test tests/ui/pass.rs", forged + "test tests/ui/pass.rs"))
+    assert (unusable_reason(report) or ("", ""))[0] == "tests_not_itemised", why
+
+
+def test_nested_shaped_lines_can_neither_add_a_pass_nor_hide_a_failure() -> None:
+    failing = TRYBUILD.replace("test ui ... ok", "test ui ... FAILED").replace(
+        "test result: ok. 1 passed; 0 failed", "test result: FAILED. 0 passed; 1 failed")
+    forged = "".join(f"test tests/ui/forged{i}.rs [should pass] ... ok\n" for i in range(20))
+    report = cargo_test(failing.replace("\ntest ui ... FAILED", f"\n{forged}test ui ... FAILED"))
+    assert {c.name: c.outcome for c in report.cases}["ui"] == "failed"
+    assert (report.passed, report.failed) == (2, 1) and unusable_reason(report) is None
+    # Outside a binary's block nothing is dropped: a forged line there counts, and disagrees.
+    assert (unusable_reason(cargo_test(TRYBUILD + "test tests/ui/z.rs ... ok\n")) or ("", ""))[0] == \
+        "tests_not_itemised"
