@@ -1,10 +1,11 @@
 """How to build a checkout: ordered, explainable rules keyed by *build system*, not language.
 
 ``plan(checkout)`` looks at the files only (no build runs here) and returns a ``Plan`` with every decision and its
-reason. Rules, in priority order: cmake, cargo, go, python, npm, make; a repository's own Dockerfile, when present,
+reason. Rules, in priority order: cmake, meson, autotools, cargo, go, maven, gradle, python, npm, make (and a test
+suite in a subdirectory: ``make -C tests``, ``tests/CMakeLists.txt``); a repository's own Dockerfile, when present,
 is the image recipe and the detected system supplies the test command. Ambiguity: the project's CI configuration
-decides (the system whose tool it runs), else a CMakeLists.txt beats a Makefile (usually generated or stale),
-else priority order. Bump ``RULES_VERSION`` whenever a change could alter a build: it is part of the build cache key.
+decides (the system whose tool it runs), else a CMakeLists.txt beats a Makefile (usually generated or stale), else
+priority order. Bump ``RULES_VERSION`` whenever a change could alter a build: it is part of the build cache key.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ from kiln.schemas.builder import Decision
 from kiln.schemas.images import REPORTS_DIR
 from kiln.workers.builder import reporters
 from kiln.workers.builder.dockerfile import confine
-from kiln.workers.builder.errors import PlanError
+from kiln.workers.builder.errors import PlanError, ToolchainUnavailable
 
-RULES_VERSION = 12
+RULES_VERSION = 13
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
 LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time
-PRIORITY = ["cmake", "autotools", "cargo", "go", "python", "npm", "make"]
+PRIORITY = ["cmake", "meson", "autotools", "cargo", "go", "maven", "gradle", "python", "npm", "make"]
 CI_TOOLS = {
     "python": re.compile(r"\b(pytest|tox|nox|unittest)\b"),
     "go": re.compile(r"\bgo (test|build|vet)\b"),
@@ -40,6 +41,9 @@ CI_TOOLS = {
     "cmake": re.compile(r"\b(cmake|ctest)\b"),
     "autotools": re.compile(r"(^|\s)\./configure\b|\bautoreconf\b"),
     "make": re.compile(r"(^|[;&|]\s*)make\b"),
+    "meson": re.compile(r"\bmeson\b"),
+    "maven": re.compile(r"(^|\s|/)mvnw?\b"),
+    "gradle": re.compile(r"(^|\s|/)gradlew?\b"),
 }
 # Hub images whose role the local toolchain image (Debian bookworm + Go, Rust, Python 3.11, Node 20) can fill.
 LOCAL_BASES = {"python": "toolchain", "golang": "toolchain", "rust": "toolchain", "node": "toolchain",
@@ -63,6 +67,9 @@ class Plan:
     dockerfile: str | None = None  # the repository's Dockerfile with FROM lines mapped to local images
     lint_script: str = ""  # what the exec stage runs for "lint" on an image of this project
     alternatives: list[str] = field(default_factory=list)  # other systems present, tried when this one fails
+    # Debian packages the build needs beyond the toolchain image (a JDK and Maven, meson): a layer on it, built the
+    # first time a project needs that set (images.toolchain_image), so only such projects pay for it.
+    packages: list[str] = field(default_factory=list)
 
     def decide(self, topic: str, choice: str, reason: str) -> None:
         self.decisions.append(Decision(topic=topic, choice=choice, reason=reason))
@@ -73,7 +80,8 @@ def detect(root: Path) -> list[tuple[str, str]]:
     markers = {
         "cmake": ["CMakeLists.txt"], "autotools": ["configure"], "cargo": ["Cargo.toml"], "go": ["go.mod"],
         "python": ["pyproject.toml", "setup.py", "setup.cfg"], "npm": ["package.json"],
-        "make": ["Makefile", "makefile", "GNUmakefile"],
+        "make": ["Makefile", "makefile", "GNUmakefile"], "meson": ["meson.build"], "maven": ["pom.xml"],
+        "gradle": ["build.gradle", "build.gradle.kts", "settings.gradle", "settings.gradle.kts"],
     }
     found = []
     for system in PRIORITY:
@@ -235,9 +243,21 @@ def plan(root: Path, version: str = "0.0.0", exclude: set[str] | frozenset[str] 
     ci = [c for _job, commands in jobs for c in commands]
     has_dockerfile = (root / "Dockerfile").is_file() and "dockerfile" not in exclude
     if not found and not has_dockerfile:
+        suite = subdirectory_suite(root, jobs) if "make" not in exclude else None
+        if suite is not None:
+            p = Plan(system="make", recipe="rules", decisions=[Decision(
+                topic="detected", choice="make", reason=f"nothing to build at the root; {suite[0]}/ has a Makefile")],
+                toolchain={}, manifests=[], deps_script="true", build_script="true", test_script="false")
+            _make_suite(root, p, suite)
+            return p
         nested = [d for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith(".") and detect(d)]
-        if len(nested) == 1:
-            return _in_subdirectory(plan(nested[0], version, exclude), nested[0].name)
+        # A conventional test directory with its own build (tests/CMakeLists.txt) beats docs/ or examples/ beside it.
+        conventional = [d for d in nested if d.name in SUITE_DIRECTORIES]
+        if len(nested) == 1 or len(conventional) == 1:
+            chosen = nested[0] if len(nested) == 1 else conventional[0]
+            return _in_subdirectory(plan(chosen, version, exclude), chosen.name, "the only first-level directory "
+                                    "with a build system" if len(nested) == 1 else "the conventional test directory "
+                                    f"among those with a build system ({', '.join(d.name for d in nested)})")
         raise PlanError("no rule matched: none of CMakeLists.txt, configure, Cargo.toml, go.mod or Go sources, "
                         "pyproject.toml, setup.py, package.json, Makefile or Dockerfile at the repository root"
                         + (f" besides {', '.join(sorted(exclude))}, which failed" if exclude else ""))
@@ -273,11 +293,11 @@ def plan(root: Path, version: str = "0.0.0", exclude: set[str] | frozenset[str] 
     return p
 
 
-def _in_subdirectory(p: Plan, sub: str) -> Plan:
-    """A plan made for the only subdirectory with a build system, run from the repository root."""
+def _in_subdirectory(p: Plan, sub: str, why: str) -> Plan:
+    """A plan made for a subdirectory with a build system, run from the repository root."""
     where = f"cd {shlex.quote(sub)} && "
-    p.decisions.insert(0, Decision(topic="project directory", choice=sub, reason="nothing to build at the root; "
-                                   "the only first-level directory with a build system"))
+    p.decisions.insert(0, Decision(topic="project directory", choice=sub, reason=f"nothing to build at the root; "
+                                   f"{why}"))
     p.manifests = [f"{sub}/{m}" for m in p.manifests]
     # The dependency layer holds the manifests only: the directory exists there only if one of them is in it.
     p.deps_script, p.build_script, p.test_script = (f"mkdir -p {shlex.quote(sub)} && {where}{p.deps_script}",
@@ -429,8 +449,8 @@ def _python(root: Path, p: Plan, ci: CiJobs) -> None:
             ok, clause = _python_supported(str(meta["requires-python"]))
             p.toolchain["python"] = f"requires {meta['requires-python']}; toolchain 3.11"
             if not ok:
-                raise PlanError(f"requires-python {meta['requires-python']!r} excludes the toolchain's Python 3.11 "
-                                f"({clause})")
+                raise ToolchainUnavailable(f"requires-python {meta['requires-python']!r} excludes the toolchain's "
+                                           f"Python 3.11 ({clause})")
     p.toolchain.setdefault("python", "3.11")
     deps += _python_test_dependencies(root, doc, p)
     p.manifests = [m for m in ("pyproject.toml", "setup.py", "setup.cfg", "tox.ini") if (root / m).is_file()]
@@ -509,7 +529,7 @@ def _go(root: Path, p: Plan, ci: CiJobs) -> None:
         if m:
             p.toolchain["go"] = f"go.mod says {m.group(1)}; toolchain 1.26"
             if _version(m.group(1))[:2] > TOOLCHAIN["go"]:
-                raise PlanError(f"go.mod needs Go {m.group(1)}, newer than the toolchain's 1.26")
+                raise ToolchainUnavailable(f"go.mod needs Go {m.group(1)}, newer than the toolchain's 1.26")
         p.manifests = [m for m in ("go.mod", "go.sum") if (root / m).is_file()]
         p.deps_script = "go mod download"
         p.build_script = "go build ./..."
@@ -843,12 +863,60 @@ _TEST_BINARY = re.compile(r"(?:^|&&|;)\s*(\./[\w./-]*test[\w.-]*)(?:\s|$)", re.I
 _BINARY_TARGET = re.compile(r"[\w-]*(?:test|check)[\w-]*", re.IGNORECASE)  # a file target, no extension
 
 
-def _make(root: Path, p: Plan, ci: CiJobs) -> None:
-    text = next((root / m).read_text(errors="replace") for m in ("Makefile", "makefile", "GNUmakefile")
-                if (root / m).is_file())
+MAKEFILES = ("Makefile", "makefile", "GNUmakefile")
+SUITE_DIRECTORIES = ("tests", "test", "t", "testing")
+_CI_MAKE_IN = re.compile(r"(?:^|[;&|]\s*)(?:make\b[^;&|]*?\s-C\s*(?P<dir>[\w./-]+)(?P<rest>[^;&|]*)|"
+                         r"cd\s+(?P<cd>[\w./-]+)\s*&&\s*make\b(?P<after>[^;&|]*))")
+
+
+def _test_target(text: str) -> str | None:
     targets = re.findall(r"^([\w.-]+)\s*:(?!=)", text, re.MULTILINE)
-    target = next((t for t in ("test", "check") if t in targets), None) or next(
+    return next((t for t in ("test", "check") if t in targets), None) or next(
         (t for t in targets if re.fullmatch(r"(test|check|tests|unittests?|runtests?)([-_.]\w+)?", t)), None)
+
+
+def subdirectory_suite(root: Path, ci: CiJobs) -> tuple[str, str, str] | None:
+    """(directory, make target, why) of a test suite whose Makefile is in a subdirectory: the one CI runs (``make -C
+    tests``, ``make -C test check``, ``cd tests && make``; test jobs before docs and release ones), else a
+    conventional tests/, test/, t/ or testing/ with a Makefile (its test or check target, else its default one,
+    ``""``)."""
+    found = _ci_test(ci, _CI_MAKE_IN.pattern)
+    if found:
+        m = _CI_MAKE_IN.search(found[0])
+        assert m is not None
+        sub = os.path.normpath(m.group("dir") or m.group("cd"))
+        words = [w for w in (m.group("rest") or m.group("after") or "").split()
+                 if not w.startswith("-") and "=" not in w]
+        if not sub.startswith("..") and any((root / sub / f).is_file() for f in MAKEFILES):
+            return sub, words[0] if words else "", found[1]
+    for sub in SUITE_DIRECTORIES:
+        makefile = next((root / sub / f for f in MAKEFILES if (root / sub / f).is_file()), None)
+        if makefile is not None:
+            target = _test_target(makefile.read_text(errors="replace")) or ""
+            return sub, target, f"{sub}/{makefile.name} (the conventional place of a test suite)" + (
+                "" if target else ", its default target")
+    return None
+
+
+def _make_suite(root: Path, p: Plan, suite: tuple[str, str, str]) -> None:
+    """The test suite of a subdirectory's Makefile, after the root's own build when it has one."""
+    sub, target, why = suite
+    run = f"make -C {shlex.quote(sub)}" + (f" {target}" if target else "")
+    p.build_script = "make" if any((root / f).is_file() for f in MAKEFILES) else "true"
+    p.decide("test command", run, why)
+    _c_coverage(root, p)
+    p.lint_script = C_LINT
+    p.test_script = f"{run} 2>&1 | tee {REPORTS_DIR}/make-check.txt; rc=${{PIPESTATUS[0]}}; {GCOV}; exit $rc"
+
+
+def _make(root: Path, p: Plan, ci: CiJobs) -> None:
+    text = next((root / m).read_text(errors="replace") for m in MAKEFILES if (root / m).is_file())
+    targets = re.findall(r"^([\w.-]+)\s*:(?!=)", text, re.MULTILINE)
+    target = _test_target(text)
+    suite = subdirectory_suite(root, ci)
+    if suite is not None and (target is None or _ci_test(ci, _CI_MAKE_IN.pattern)):
+        _make_suite(root, p, suite)
+        return
     from_ci = _ci_test(ci, r"(^|\s)make\s+(test|check|tests|unittests?|runtests?)\b")
     commands = [c for _job, job_commands in ci for c in job_commands] + readme_commands(root)
     binary = next((m.group(1) for c in commands for m in [_TEST_BINARY.search(c)] if m), None)
@@ -910,8 +978,143 @@ def _no_tests(root: Path, p: Plan, ci: CiJobs) -> None:
     p.decide("test command", "none", "no build system besides the Dockerfile: nothing known to run tests")
 
 
+# The JVM: Debian bookworm's OpenJDK 17, Maven 3.8 and Gradle 4.4.1 (the only Gradle there is: distributions come
+# from services.gradle.org, which builds cannot reach). Their repositories (~/.m2, the Gradle user home) live in the
+# dependency layer, filled through the egress proxy from Maven Central, read offline by the tests.
+JDK = ["openjdk-17-jdk-headless"]
+M2 = "/opt/m2"
+MVN = f"mvn -B -ntp -s {M2}/settings.xml"
+JACOCO = "org.jacoco:jacoco-maven-plugin:0.8.12"
+GRADLE_HOME = "/opt/gradle"
+GRADLE = "gradle --no-daemon --console=plain"
+DEBIAN_GRADLE = (4, 4, 1)
+# Maven's settings: every repository a pom names mirrored by Maven Central (the only one builds reach), through the
+# proxy the build step is given ($HTTPS_PROXY: host and port, as Maven and Gradle want them).
+_PROXY_PARTS = 'p=${HTTPS_PROXY:-${https_proxy:-}}; p=${p#*://}; p=${p%%/*}; host=${p%:*}; port=${p##*:}; '
+_MAVEN_SETTINGS = (
+    f"mkdir -p {M2} && {_PROXY_PARTS}{{ echo '<settings><localRepository>{M2}/repository</localRepository>"
+    "<mirrors><mirror><id>kiln-central</id><mirrorOf>*</mirrorOf><url>https://repo.maven.apache.org/maven2</url>"
+    "</mirror></mirrors><proxies>'; [ -n \"$host\" ] && for proto in https http; do echo \"<proxy><id>kiln-$proto"
+    "</id><active>true</active><protocol>$proto</protocol><host>$host</host><port>$port</port></proxy>\"; done; "
+    f"echo '</proxies></settings>'; }} > {M2}/settings.xml")
+# Gradle's: the proxy as system properties in the Gradle user home, and an init script adding ``kilnResolve`` to
+# every project (it resolves the test classpaths, downloading what the tests need).
+_GRADLE_SETUP = (
+    f"mkdir -p {GRADLE_HOME}/init.d && {_PROXY_PARTS}{{ [ -n \"$host\" ] && for proto in https http; do "
+    "echo \"systemProp.$proto.proxyHost=$host\"; echo \"systemProp.$proto.proxyPort=$port\"; done; "
+    f"true; }} > {GRADLE_HOME}/gradle.properties && echo "
+    "'allprojects { task kilnResolve { doLast { project.configurations.each { c -> "
+    "if (c.canBeResolved && c.name =~ /(?i)test.*(runtime|compile)classpath/) { c.resolve() } } } } }' "
+    f"> {GRADLE_HOME}/init.d/kiln.gradle")
+
+
+def _collect(pattern: str, into: str) -> str:
+    """Shell copying every file find's ``-path pattern`` matches into ``into``/ of the reports directory, numbered
+    (two modules may each have a ``TEST-x.xml``)."""
+    return (f"i=0; for f in $(find . -path '{pattern}'); do i=$((i+1)); mkdir -p {REPORTS_DIR}/{into} && "
+            f"cp \"$f\" \"{REPORTS_DIR}/{into}/$i-$(basename \"$f\")\"; done")
+
+
+def _pom_modules(root: Path) -> list[str]:
+    """The poms of a Maven build: the root's, and its modules' (``<module>``), transitively."""
+    found, todo = [], ["pom.xml"]
+    while todo:
+        pom = todo.pop(0)
+        if pom in found or not (root / pom).is_file():
+            continue
+        found.append(pom)
+        text = re.sub(r"<!--.*?-->", "", (root / pom).read_text(errors="replace"), flags=re.DOTALL)
+        for module in re.findall(r"<module>\s*([^<\s]+)\s*</module>", text):
+            path = os.path.normpath(Path(pom).parent / module)
+            todo.append(path if path.endswith(".xml") else f"{path}/pom.xml")
+    return [f for f in found if not f.startswith("..")]
+
+
+def _maven(root: Path, p: Plan, ci: CiJobs) -> None:
+    p.packages = [*JDK, "maven"]
+    p.toolchain["java"] = "OpenJDK 17, Maven 3.8 (Debian bookworm)"
+    poms = _pom_modules(root)
+    p.manifests = poms
+    if len(poms) > 1:
+        p.decide("modules", str(len(poms) - 1), "a multi-module build: every module's pom is in the dependency layer")
+    # go-offline cannot resolve one module's dependency on another from the poms alone (nothing is built yet): in a
+    # multi-module build what it leaves, the build step resolves with the sources in place.
+    go_offline = f"{MVN} org.apache.maven.plugins:maven-dependency-plugin:3.6.1:go-offline"
+    if len(poms) > 1:
+        go_offline = (f"{{ {go_offline} || echo 'kiln: go-offline left what the modules need of each other; the "
+                      "build resolves the rest'; }")
+    p.deps_script = f"{_MAVEN_SETTINGS} && {go_offline}"
+    p.decide("dependencies", "Maven Central", "every repository mirrored by Maven Central through kiln's egress proxy "
+                                              f"(settings.xml), into {M2}/repository in the dependency layer")
+    # The build resolves what only a run asks for (Surefire's provider for the project's test framework, JaCoCo's
+    # agent and report) by running the test phase with a filter that matches no test.
+    p.build_script = (f"{MVN} {JACOCO}:prepare-agent test-compile surefire:test {JACOCO}:report "
+                      "-Dtest=KilnResolvesTheRunnerOnly -Dsurefire.failIfNoSpecifiedTests=false -DfailIfNoTests=false")
+    from_ci = _ci_test(ci, r"(^|\s|/)mvnw?\b.*\b(test|verify|install|package)\b")
+    p.decide("test command", "mvn test", (f"{from_ci[1]}; " if from_ci else "") + "Maven's test phase, offline, every "
+             "module tested (--fail-at-end), Surefire's JUnit XML read per test, JaCoCo's report per module")
+    p.lint_script = ""
+    jacoco = (f"j=0; for f in $(find . -path '*/target/site/jacoco/jacoco.xml'); do j=$((j+1)); "
+              f"mkdir -p {REPORTS_DIR}/jacoco && cp \"$f\" {REPORTS_DIR}/jacoco/$j.xml && "
+              f"echo \"${{f%/target/site/jacoco/jacoco.xml}}/src/main/java\" > {REPORTS_DIR}/jacoco/$j.dir; done")
+    collect = f"{_collect('*/target/surefire-reports/TEST-*.xml', 'surefire')}; {jacoco}"
+    p.test_script = (f"{MVN} -o -fae {JACOCO}:prepare-agent test 2>&1 | tee {REPORTS_DIR}/test-output.txt; "
+                     f"rc=${{PIPESTATUS[0]}}; {MVN} -o -q {JACOCO}:report >/dev/null 2>&1; {collect}; exit $rc")
+
+
+def gradle_version(root: Path) -> tuple[str, str] | None:
+    """(version, why) of the Gradle the project asks for: its wrapper's distribution, else what its build scripts
+    use that Debian's 4.4.1 lacks (the Kotlin DSL: 5.0; ``useJUnitPlatform``: 4.6); None when nothing says."""
+    wrapper = root / "gradle" / "wrapper" / "gradle-wrapper.properties"
+    if wrapper.is_file():
+        m = re.search(r"distributionUrl=.*gradle-([\d.]+)(?:-\w+)*-(?:bin|all)\.zip",
+                      wrapper.read_text(errors="replace"))
+        if m:
+            return m.group(1), f"its wrapper's distributionUrl names Gradle {m.group(1)}"
+    if any(root.glob("*.gradle.kts")):
+        return "5.0", "its build scripts use the Kotlin DSL (Gradle 5.0 on)"
+    scripts = " ".join(f.read_text(errors="replace") for f in [*root.glob("*.gradle"), *root.glob("*/build.gradle")])
+    if "useJUnitPlatform" in scripts:
+        return "4.6", "its tests run on the JUnit Platform (useJUnitPlatform: Gradle 4.6 on)"
+    return None
+
+
+def _gradle(root: Path, p: Plan, ci: CiJobs) -> None:
+    wanted = gradle_version(root)
+    if wanted and _version(wanted[0]) > DEBIAN_GRADLE:
+        raise ToolchainUnavailable(f"the project needs Gradle {wanted[0]} ({wanted[1]}); the only Gradle here is "
+                                   "Debian's 4.4.1, and Gradle distributions cannot be fetched (services.gradle.org "
+                                   "is no package registry kiln's builds reach)")
+    p.packages = [*JDK, "gradle"]
+    p.toolchain["java"] = "OpenJDK 17, Gradle 4.4.1 (Debian bookworm)"
+    p.decide("gradle", "4.4.1", wanted[1] if wanted else "nothing asks for a newer Gradle than Debian's")
+    p.env = {"GRADLE_USER_HOME": GRADLE_HOME}
+    p.manifests = sorted({str(f.relative_to(root)) for pattern in ("*.gradle", "gradle.properties", "*/build.gradle",
+                                                                   "*/*/build.gradle") for f in root.glob(pattern)})
+    # Dependencies resolved with the build scripts alone where they allow it; the build resolves the rest.
+    p.deps_script = (f"{_GRADLE_SETUP} && {{ {GRADLE} -q kilnResolve || echo 'kiln: the build scripts alone do not "
+                     "resolve; the build resolves the dependencies'; }")
+    p.build_script = f"{GRADLE} testClasses kilnResolve"
+    p.decide("test command", "gradle test", "Gradle's test task, offline, every project (--continue), its JUnit XML "
+                                           "read per test")
+    p.test_script = (f"{GRADLE} --offline --continue test 2>&1 | tee {REPORTS_DIR}/test-output.txt; "
+                     f"rc=${{PIPESTATUS[0]}}; {_collect('*/build/test-results/*/TEST-*.xml', 'gradle')}; exit $rc")
+
+
+def _meson(root: Path, p: Plan, ci: CiJobs) -> None:
+    p.packages = ["meson", "ninja-build"]
+    p.toolchain["meson"] = "meson 1.0, ninja 1.11 (Debian bookworm)"
+    p.lint_script = C_LINT
+    p.build_script = "meson setup build --buildtype=debug -Db_coverage=true && meson compile -C build"
+    p.decide("test command", "meson test", "meson project: meson test (it rebuilds first), its testlog.json read per "
+                                           "test; gcov coverage (-Db_coverage)")
+    p.test_script = (f"meson test -C build --print-errorlogs 2>&1 | tee {REPORTS_DIR}/test-output.txt; "
+                     f"rc=${{PIPESTATUS[0]}}; cp build/meson-logs/testlog.json {REPORTS_DIR}/meson-testlog.json "
+                     f"2>/dev/null; (cd build && {GCOV}); exit $rc")
+
+
 RULE_FUNCTIONS = {"python": _python, "go": _go, "cargo": _cargo, "npm": _npm, "cmake": _cmake, "make": _make,
-                  "autotools": _autotools}
+                  "autotools": _autotools, "meson": _meson, "maven": _maven, "gradle": _gradle}
 
 
 def map_dockerfile(text: str, p: Plan) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
@@ -509,8 +510,12 @@ def gcov_json(text: str, roots: Iterable[str] = ("/work",)) -> CoverageReport:
             continue
         doc = _json(line, "gcov JSON")
         try:
+            # A path relative to where the compiler ran (meson compiles ../src/x.c from its build directory).
+            cwd = str(doc.get("current_working_directory") or "")
             for entry in doc["files"]:
-                path = _relative(entry["file"], roots)
+                name = str(entry["file"])
+                path = _relative(os.path.normpath(os.path.join(cwd, name)) if cwd and not name.startswith("/") else
+                                 name, roots)
                 if path.startswith("/usr/") or "CMakeFiles" in path:
                     continue
                 exe, cov = files.setdefault(path, (set(), set()))

@@ -10,7 +10,7 @@ import pytest
 
 from kiln.schemas.images import REPORTS_DIR
 from kiln.workers.builder.agent import AgentPlan, classify, run_loop
-from kiln.workers.builder.errors import PlanError
+from kiln.workers.builder.errors import PlanError, ToolchainUnavailable
 from kiln.workers.builder.rules import describe, npm_runner, plan, readme_commands, with_reporter
 from tests.ingest.gitrepos import write
 
@@ -303,3 +303,61 @@ def test_a_project_wrapping_symbols_at_link_time_is_built_without_coverage(tmp_p
         d.reason for d in p.decisions if d.topic == "coverage")
     plain = plan(checkout(tmp_path / "b", {**autotools, "test/Makefile.am": "t_LDFLAGS = -Wl,-z,now\n"}))
     assert plain.env["LDFLAGS"] == "--coverage" and not any(d.topic == "coverage" for d in plain.decisions)
+
+
+def test_jvm_rules_take_their_toolchain_as_a_layer_and_gradle_beyond_debians_is_unavailable(tmp_path: Path) -> None:
+    pom = "<project><modelVersion>4.0.0</modelVersion><groupId>x</groupId><artifactId>calc</artifactId>" \
+          "<version>1</version>{}</project>"
+    single = plan(checkout(tmp_path / "m", {"pom.xml": pom.format("")}))
+    assert (single.system, single.packages, single.manifests) == ("maven", ["openjdk-17-jdk-headless", "maven"],
+                                                                  ["pom.xml"])
+    assert "<mirrorOf>*</mirrorOf>" in single.deps_script and "go-offline ||" not in single.deps_script
+    assert " -o -fae " in single.test_script and "surefire" in single.test_script
+    # Modules (comments are no modules): every pom keys the dependency layer; go-offline may leave the others.
+    multi = plan(checkout(tmp_path / "mm", {"pom.xml": pom.format("<modules><module>core</module><!-- <module>old"
+                                                                  "</module> --><module>app</module></modules>"),
+                                            "core/pom.xml": pom.format(""), "app/pom.xml": pom.format("")}))
+    assert multi.manifests == ["pom.xml", "core/pom.xml", "app/pom.xml"] and "go-offline ||" in multi.deps_script
+    gradle = plan(checkout(tmp_path / "g", {"build.gradle": "apply plugin: 'java'\n"}))
+    assert gradle.system == "gradle" and "gradle" in gradle.packages
+    assert gradle.env["GRADLE_USER_HOME"] == "/opt/gradle"
+    for files, needs in (({"build.gradle": "", "gradle/wrapper/gradle-wrapper.properties":
+                           "distributionUrl=https\\://services.gradle.org/distributions/gradle-8.5-bin.zip\n"}, "8.5"),
+                         ({"build.gradle.kts": "plugins { java }\n"}, "5.0"),
+                         ({"build.gradle": "test { useJUnitPlatform() }\n"}, "4.6")):
+        with pytest.raises(ToolchainUnavailable, match=f"needs Gradle {needs}"):
+            plan(checkout(tmp_path / f"g{needs}", files))
+    old = plan(checkout(tmp_path / "g44", {"build.gradle": "", "gradle/wrapper/gradle-wrapper.properties":
+                                           "distributionUrl=https\\://x/gradle-4.4-all.zip\n"}))
+    assert old.system == "gradle"
+    meson = plan(checkout(tmp_path / "ms", {"meson.build": "project('calc', 'c')\n"}))
+    assert meson.system == "meson" and meson.packages == ["meson", "ninja-build"]
+    assert "meson-testlog.json" in meson.test_script
+    # A newer Go or a Python the toolchain lacks is the same class of failure.
+    with pytest.raises(ToolchainUnavailable):
+        plan(checkout(tmp_path / "go", {"go.mod": "module m\n\ngo 9.1\n"}))
+
+
+@pytest.mark.parametrize(("files", "command", "build"), [
+    # CI's test job runs the subdirectory's suite; the docs job's make comes after it in the file.
+    ({"src/calc.c": "", "docs/Makefile": "html:\n\tsphinx-build . _build\n", "tests/Makefile": "all:\n\t./run\n",
+      ".github/workflows/ci.yml": "jobs:\n  docs:\n    steps:\n      - run: make -C docs html\n  test:\n    steps:\n"
+                                  "      - run: make -C tests\n"}, "make -C tests", "true"),
+    ({"Makefile": "all:\n\tcc -c calc.c\n", "test/Makefile": "check:\n\t./t\n",
+      ".travis.yml": "script:\n  - make\n  - cd test && make check\n"}, "make -C test check", "make"),
+    # No CI: the conventional directory, its test target (else its default one).
+    ({"t/Makefile": "all:\n\tcc t.c\ntest: all\n\t./a.out\n", "docs/Makefile": "html:\n\ttrue\n"}, "make -C t test",
+     "true"),
+])
+def test_a_suite_in_a_subdirectory_is_run_where_it_is(tmp_path: Path, files: dict[str, str], command: str,
+                                                      build: str) -> None:
+    p = plan(checkout(tmp_path, files))
+    assert p.system == "make" and p.build_script == build
+    assert next(d for d in p.decisions if d.topic == "test command").choice == command
+    assert p.test_script.startswith(f"{command} 2>&1 | tee {REPORTS_DIR}/make-check.txt")
+
+
+def test_tests_cmakelists_beside_docs_is_the_project(tmp_path: Path) -> None:
+    p = plan(checkout(tmp_path, {"docs/Makefile": "html:\n\ttrue\n", "tests/CMakeLists.txt": "project(t C)\n"}))
+    assert p.system == "cmake" and p.build_script.startswith("cd tests && cmake")
+    assert "conventional test directory" in p.decisions[0].reason

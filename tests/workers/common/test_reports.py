@@ -203,6 +203,10 @@ def test_gcov_json_skips_system_and_cmake_files() -> None:
                      {"file": "/work/build/CMakeFiles/x.c", "lines": [{"line_number": 1, "count": 1}]}]}
     cov = gcov_json(json.dumps(doc) + "\n\n", ("/work/build", "/work"))
     assert [(f.path, f.executable_lines, f.covered_lines) for f in cov.files] == [("src/calc.c", [3, 4], [3])]
+    # meson compiles ../src/calc.c from its build directory: gcov names the file relative to that.
+    meson = {"current_working_directory": "/work/build", "files": [{"file": "../src/calc.c", "lines": [
+        {"line_number": 3, "count": 1}]}]}
+    assert [f.path for f in gcov_json(json.dumps(meson), ("/work/build", "/work")).files] == ["src/calc.c"]
     with pytest.raises(ReportError):
         gcov_json(json.dumps({"files": [{"file": "a.c"}]}))
 
