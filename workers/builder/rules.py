@@ -146,9 +146,9 @@ def ci_commands(root: Path) -> list[str]:
     return [c for _job, commands in ci_jobs(root) for c in commands]
 
 
-_NOT_THE_SUITE = re.compile(r"bench|codspeed|perf|doc|lint|format|release|deploy|publish|typing|mypy|fuzz|miri",
+NOT_THE_SUITE = re.compile(r"bench|codspeed|perf|doc|lint|format|release|deploy|publish|typing|mypy|fuzz|miri",
                             re.IGNORECASE)
-_THE_SUITE = re.compile(r"\b(tests?|ci|unit|check|build|main)\b", re.IGNORECASE)
+THE_SUITE = re.compile(r"\b(tests?|ci|unit|check|build|main)\b", re.IGNORECASE)
 
 
 def _ci_test(jobs: list[tuple[str, list[str]]], pattern: str) -> tuple[str, str] | None:
@@ -159,8 +159,8 @@ def _ci_test(jobs: list[tuple[str, list[str]]], pattern: str) -> tuple[str, str]
 
     def score(item: tuple[str, str]) -> int:
         job, command = item
-        return (-4 * bool(_NOT_THE_SUITE.search(command)) - 2 * bool(_NOT_THE_SUITE.search(job.split(":", 1)[1]))
-                + bool(_THE_SUITE.search(job.split(":", 1)[1])))
+        return (-4 * bool(NOT_THE_SUITE.search(command)) - 2 * bool(NOT_THE_SUITE.search(job.split(":", 1)[1]))
+                + bool(THE_SUITE.search(job.split(":", 1)[1])))
 
     best = max(found, key=score)  # max keeps the first of equals: file order
     passed_over = sorted({job for job, c in found if score((job, c)) < score(best)})
@@ -619,7 +619,7 @@ def _cargo(root: Path, p: Plan, ci: CiJobs) -> None:
                      "exit $rc")
 
 
-def _npm_test_tools(root: Path, pkg: dict[str, Any]) -> set[str] | None:
+def npm_test_tools(root: Path, pkg: dict[str, Any]) -> set[str] | None:
     """Dev dependencies the test script (following ``npm run`` chains) or the test files name; None without a
     test script."""
     scripts, dev = pkg.get("scripts", {}), set(pkg.get("devDependencies", {}))
@@ -665,7 +665,7 @@ def _npm(root: Path, p: Plan, ci: CiJobs) -> None:
     scripts = pkg.get("scripts", {})
     # Lifecycle scripts (prepare: often a TypeScript build) need the sources: not in the manifests-only layer.
     install = f"{install} --ignore-scripts"
-    needed = _npm_test_tools(root, pkg)
+    needed = npm_test_tools(root, pkg)
     if manager == "npm" and needed is not None:
         # Dev dependencies the tests never use (linters, release tools) can be uninstallable here (a git URL, a
         # dist-tag the registry lacks): when the full install fails, install the dependencies plus the ones the

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kiln.schemas.images import REPORTS_DIR
-from kiln.workers.builder.agent import AgentPlan, classify, run_loop
+from kiln.workers.builder.agent import AgentPlan, classify, repair, run_loop
 from kiln.workers.builder.errors import PlanError, ToolchainUnavailable
 from kiln.workers.builder.rules import describe, npm_runner, plan, readme_commands, with_reporter
 from tests.ingest.gitrepos import write
@@ -126,7 +126,8 @@ def test_without_a_model_the_agent_stops_after_a_few_failing_tests(tmp_path: Pat
     built, test, _decisions, output = run_loop(AgentPlan(test=[f"t{i}" for i in range(8)]), run, tmp_path, 20)
     assert not built and test is None and tried == ["t0", "t1", "t2"]
     # What the agent tried is in its answer (the event's detail), never an empty string.
-    assert output.startswith("agent: no test command passed; tried:\n$ t0  (exit 1)\n$ t1  (exit 1)")
+    assert output.startswith("agent: no test command gave per-test results kiln can read; tried:\n$ t0  (exit 1)\n"
+                             "$ t1  (exit 1)")
     nothing = run_loop(AgentPlan(), run, tmp_path, 20)
     assert nothing[3] == "the agent found no command to try: no shell block in the README, no CI step"
 
@@ -361,3 +362,67 @@ def test_tests_cmakelists_beside_docs_is_the_project(tmp_path: Path) -> None:
     p = plan(checkout(tmp_path, {"docs/Makefile": "html:\n\ttrue\n", "tests/CMakeLists.txt": "project(t C)\n"}))
     assert p.system == "cmake" and p.build_script.startswith("cd tests && cmake")
     assert "conventional test directory" in p.decisions[0].reason
+
+
+CI_DOCS_FIRST = """jobs:
+  docs:
+    steps:
+      - run: pip install sphinx
+      - run: make -C docs html
+  release:
+    steps:
+      - run: make dist
+  test:
+    steps:
+      - run: ./configure
+      - run: make -C tests check
+"""
+
+
+def test_the_agent_tries_ci_test_jobs_first_and_each_candidate_until_one_itemises(tmp_path: Path) -> None:
+    """CI's docs job comes first in the file and fails; the test job is tried first anyway, and a test command
+    that exits 0 printing nothing kiln can itemise gives way to the next candidate."""
+    root = checkout(tmp_path, {".github/workflows/ci.yml": CI_DOCS_FIRST,
+                               "README.md": "# x\n\n```sh\nmake\n./run-tests\n```\n"})
+    plan_ = classify(root)
+    assert [c.source for c in plan_.candidates] == ["CI job ci.yml:test", "README", "CI job ci.yml:docs",
+                                                    "CI job ci.yml:release"]
+    tried: list[str] = []
+
+    def run(command: str) -> tuple[int, str]:
+        tried.append(command)
+        if command == "./configure":
+            return 1, "configure: error: no C compiler\n"
+        if command == "./run-tests":
+            return 0, "PASS: adds\nPASS: subtracts\nTests passed: 2\n"
+        return 0, "all good\n"
+
+    built, test, decisions, _output = run_loop(plan_, run, root, 16)
+    assert (built, test) == (True, "./run-tests") and tried == ["./configure", "make", "./run-tests"]
+    assert "from README: its output gives per-test results" in decisions[-1].reason
+    # Exit 0 without per-test results is no test command: every candidate tried, then the agent gives up.
+    silent = run_loop(plan_, lambda c: (0, "done\n"), root, 16)
+    assert silent[0] is False and "no test command gave per-test results" in silent[3]
+
+
+def test_an_install_failing_on_one_missing_dev_dependency_retries_without_it(tmp_path: Path) -> None:
+    pkg = ('{"name": "x", "scripts": {"test": "mocha"}, "devDependencies": {"mocha": "10", '
+           '"kiln-gone-linter": "1.0.0"}}')
+    root = checkout(tmp_path / "n", {"package.json": pkg, "test/a.js": "require('assert')\n"})
+    gone = ("npm error code E404\nnpm error 404 Not Found - GET https://registry.npmjs.org/kiln-gone-linter - Not "
+            "found\nnpm error 404  'kiln-gone-linter@1.0.0' is not in this registry.\n")
+    fixed = repair("npm ci", gone, root)
+    assert fixed is not None and 'delete p.devDependencies["kiln-gone-linter"]' in fixed
+    assert fixed.endswith("npm install --no-audit --no-fund")
+    # The test runner itself missing is not dropped: the tests need it.
+    assert repair("npm ci", gone.replace("kiln-gone-linter", "mocha"), root) is None
+    notarget = "npm error notarget No matching version found for kiln-gone-linter@1.0.0.\n"
+    assert repair("npm install", notarget, root) is not None
+    reqs = checkout(tmp_path / "p", {"requirements-dev.txt": "pytest\nkiln-gone-tool==0.1\n",
+                                     "tests/test_a.py": "import pytest\n"})
+    missing = "ERROR: No matching distribution found for kiln-gone-tool==0.1\n"
+    pip = repair("pip install -r requirements-dev.txt", missing, reqs)
+    assert pip == ("grep -viE '^kiln\\-gone\\-tool([^A-Za-z0-9_.-]|$)' requirements-dev.txt > "
+                   "/tmp/kiln-requirements-dev.txt; pip install -r /tmp/kiln-requirements-dev.txt")
+    write(reqs, "tests/test_b.py", "from kiln_gone_tool import x\n")
+    assert repair("pip install -r requirements-dev.txt", missing, reqs) is None
