@@ -1044,11 +1044,18 @@ def _maven(root: Path, p: Plan, ci: CiJobs) -> None:
         go_offline = (f"{{ {go_offline} || echo 'kiln: go-offline left what the modules need of each other; the "
                       "build resolves the rest'; }")
     p.deps_script = f"{_MAVEN_SETTINGS} && {go_offline}"
+    poms_text = " ".join((root / pom).read_text(errors="replace") for pom in poms)
+    # Without a source level Maven's default compiler plugin asks for Java 5, which JDK 17 no longer compiles.
+    level = "" if re.search(r"maven\.compiler\.(source|release)|<(source|release)>", poms_text) else \
+        " -Dmaven.compiler.source=1.8 -Dmaven.compiler.target=1.8"
+    if level:
+        p.decide("java level", "1.8", "no pom names a source level: Maven's default (Java 5) is older than JDK 17 "
+                                      "compiles")
     p.decide("dependencies", "Maven Central", "every repository mirrored by Maven Central through kiln's egress proxy "
                                               f"(settings.xml), into {M2}/repository in the dependency layer")
     # The build resolves what only a run asks for (Surefire's provider for the project's test framework, JaCoCo's
     # agent and report) by running the test phase with a filter that matches no test.
-    p.build_script = (f"{MVN} {JACOCO}:prepare-agent test-compile surefire:test {JACOCO}:report "
+    p.build_script = (f"{MVN}{level} {JACOCO}:prepare-agent test-compile surefire:test {JACOCO}:report "
                       "-Dtest=KilnResolvesTheRunnerOnly -Dsurefire.failIfNoSpecifiedTests=false -DfailIfNoTests=false")
     from_ci = _ci_test(ci, r"(^|\s|/)mvnw?\b.*\b(test|verify|install|package)\b")
     p.decide("test command", "mvn test", (f"{from_ci[1]}; " if from_ci else "") + "Maven's test phase, offline, every "
@@ -1058,7 +1065,7 @@ def _maven(root: Path, p: Plan, ci: CiJobs) -> None:
               f"mkdir -p {REPORTS_DIR}/jacoco && cp \"$f\" {REPORTS_DIR}/jacoco/$j.xml && "
               f"echo \"${{f%/target/site/jacoco/jacoco.xml}}/src/main/java\" > {REPORTS_DIR}/jacoco/$j.dir; done")
     collect = f"{_collect('*/target/surefire-reports/TEST-*.xml', 'surefire')}; {jacoco}"
-    p.test_script = (f"{MVN} -o -fae {JACOCO}:prepare-agent test 2>&1 | tee {REPORTS_DIR}/test-output.txt; "
+    p.test_script = (f"{MVN}{level} -o -fae {JACOCO}:prepare-agent test 2>&1 | tee {REPORTS_DIR}/test-output.txt; "
                      f"rc=${{PIPESTATUS[0]}}; {MVN} -o -q {JACOCO}:report >/dev/null 2>&1; {collect}; exit $rc")
 
 
