@@ -5,6 +5,7 @@ subdirectory beside a docs build, uvu and ava, a cargo suite with a trybuild-sty
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -151,44 +152,47 @@ int main(void) {
 def subdirectory_suite_project(path: Path) -> Builder:
     """Nothing to build at the root; CI runs ``make -C tests`` in its test job, after a docs job whose Sphinx
     build cannot run here (real: the repository the agent gave up on after the docs build)."""
+    files = {"src/calc.c": CALC_C, "tests/suite.c": SUITE_C,
+             "tests/Makefile": "all: suite\n\t./suite\n\nsuite: suite.c ../src/calc.c\n\t$(CC) $(CFLAGS) -o $@ $^ "
+                               "$(LDFLAGS)\n\n.PHONY: all\n",
+             "docs/Makefile": "html:\n\tsphinx-build -b html . _build\n",
+             ".github/workflows/ci.yml": "jobs:\n  docs:\n    steps:\n      - run: pip install sphinx\n"
+                                         "      - run: make -C docs html\n  test:\n    steps:\n"
+                                         "      - run: make -C tests\n"}
     b = Builder(path)
-    write(path, "src/calc.c", CALC_C)
-    write(path, "tests/suite.c", SUITE_C)
-    write(path, "tests/Makefile", "all: suite\n\t./suite\n\nsuite: suite.c ../src/calc.c\n\t$(CC) $(CFLAGS) -o $@ "
-                                  "$^ $(LDFLAGS)\n\n.PHONY: all\n")
-    write(path, "docs/Makefile", "html:\n\tsphinx-build -b html . _build\n")
-    write(path, ".github/workflows/ci.yml", "jobs:\n  docs:\n    steps:\n      - run: pip install sphinx\n"
-                                            "      - run: make -C docs html\n  test:\n    steps:\n"
-                                            "      - run: make -C tests\n")
+    for name, text in files.items():
+        write(path, name, text)
     b.commit("a test suite in tests/")
     return b
 
 
-def uvu_project(path: Path) -> Builder:
-    """uvu prints a dot per test and names only failures: kiln's reporter names each."""
-    b = Builder(path)
-    write(path, "package.json", '{"name": "calc", "version": "1.0.0", "scripts": {"test": "uvu tests"}, '
-                                '"devDependencies": {"uvu": "0.5.6"}}\n')
-    write(path, "calc.js", "module.exports = { add: (a, b) => a + b, mul: (a, b) => a * b };\n")
-    write(path, "tests/calc.js", "const { test } = require('uvu');\nconst assert = require('uvu/assert');\n"
-                                 "const { add, mul } = require('../calc.js');\n"
-                                 "test('adds', () => { assert.is(add(2, 3), 5); });\n"
-                                 "test('multiplies', () => { assert.is(mul(2, 3), 6); });\ntest.run();\n")
-    b.commit("an uvu suite")
-    return b
+# The JavaScript runners: (scripts.test, the runner's package and version, the test file, its source). uvu prints a
+# dot per test and names only failures (kiln's reporter names each); ava is run with --tap, its TAP sent to a report
+# file and the code under test's output kept out of it.
+JS_RUNNERS = {
+    "uvu": ("uvu tests", "uvu", "0.5.6", "tests/calc.js",
+            "const { test } = require('uvu');\nconst assert = require('uvu/assert');\n"
+            "const { add, mul } = require('../calc.js');\ntest('adds', () => { assert.is(add(2, 3), 5); });\n"
+            "test('multiplies', () => { assert.is(mul(2, 3), 6); });\ntest.run();\n"),
+    "ava": ("ava --verbose", "ava", "6.1.3", "test/calc.test.js",
+            "const test = require('ava');\nconst { add, mul } = require('../calc.js');\n"
+            "test('adds', t => { t.is(add(2, 3), 5); });\ntest('multiplies', t => { t.is(mul(2, 3), 6); });\n"),
+}
 
 
-def ava_project(path: Path) -> Builder:
-    """ava, run with --tap: its TAP to a report file, the code under test's output kept out of it."""
-    b = Builder(path)
-    write(path, "package.json", '{"name": "calc", "version": "1.0.0", "scripts": {"test": "ava --verbose"}, '
-                                '"devDependencies": {"ava": "6.1.3"}}\n')
-    write(path, "calc.js", "module.exports = { add: (a, b) => a + b, mul: (a, b) => a * b };\n")
-    write(path, "test/calc.test.js", "const test = require('ava');\nconst { add, mul } = require('../calc.js');\n"
-                                     "test('adds', t => { t.is(add(2, 3), 5); });\n"
-                                     "test('multiplies', t => { t.is(mul(2, 3), 6); });\n")
-    b.commit("an ava suite")
-    return b
+def js_runner_project(runner: str) -> Callable[[Path], Builder]:
+    script, package, version, test_file, source = JS_RUNNERS[runner]
+
+    def make(path: Path) -> Builder:
+        b = Builder(path)
+        write(path, "package.json", json.dumps({"name": "calc", "version": "1.0.0", "scripts": {"test": script},
+                                                "devDependencies": {package: version}}) + "\n")
+        write(path, "calc.js", "module.exports = { add: (a, b) => a + b, mul: (a, b) => a * b };\n")
+        write(path, test_file, source)
+        b.commit(f"a {runner} suite")
+        return b
+
+    return make
 
 
 # A UI-test harness run inside one libtest test, printing its cases as trybuild does: straight to stderr (libtest
@@ -227,7 +231,7 @@ def nested_harness_project(path: Path) -> Builder:
 
 MORE_PROJECTS: dict[str, Callable[[Path], Builder]] = {
     "maven": maven_project, "gradle": gradle_project, "gradle-8": gradle_wrapper_project, "meson": meson_project,
-    "subdirectory-suite": subdirectory_suite_project, "uvu": uvu_project, "ava": ava_project,
+    "subdirectory-suite": subdirectory_suite_project, "uvu": js_runner_project("uvu"), "ava": js_runner_project("ava"),
     "nested-harness": nested_harness_project,
 }
 # name -> (usable, failure class, tests passed, runner)
