@@ -1054,9 +1054,11 @@ def _maven(root: Path, p: Plan, ci: CiJobs) -> None:
     p.decide("dependencies", "Maven Central", "every repository mirrored by Maven Central through kiln's egress proxy "
                                               f"(settings.xml), into {M2}/repository in the dependency layer")
     # The build resolves what only a run asks for (Surefire's provider for the project's test framework, JaCoCo's
-    # agent and report) by running the test phase with a filter that matches no test.
+    # agent and report) by running the tests with a filter that matches every test class and no test method: a
+    # filter matching no class would stop Surefire before it resolves its provider.
     p.build_script = (f"{MVN}{level} {JACOCO}:prepare-agent test-compile surefire:test {JACOCO}:report "
-                      "-Dtest=KilnResolvesTheRunnerOnly -Dsurefire.failIfNoSpecifiedTests=false -DfailIfNoTests=false")
+                      "'-Dtest=*#kilnResolvesTheRunnerOnly' -Dsurefire.failIfNoSpecifiedTests=false "
+                      "-DfailIfNoTests=false")
     from_ci = _ci_test(ci, r"(^|\s|/)mvnw?\b.*\b(test|verify|install|package)\b")
     p.decide("test command", "mvn test", (f"{from_ci[1]}; " if from_ci else "") + "Maven's test phase, offline, every "
              "module tested (--fail-at-end), Surefire's JUnit XML read per test, JaCoCo's report per module")
