@@ -28,6 +28,7 @@ from kiln.schemas.images import REPORTS_DIR
 from kiln.workers.builder import reporters
 from kiln.workers.builder.dockerfile import confine
 from kiln.workers.builder.errors import PlanError, ToolchainUnavailable
+from kiln.workers.common import reports
 
 RULES_VERSION = 13
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
@@ -697,6 +698,9 @@ def _npm(root: Path, p: Plan, ci: CiJobs) -> None:
         setup = "".join(f"{step} && " for step in found.setup)
         stdout = f" >{REPORTS_DIR}/{STDOUT_REPORTS[found.runner]}" if found.runner in STDOUT_REPORTS else ""
         if found.runner in ("uvu", "jasmine"):
+            # The file exists before the runner starts: without a line in it the run has no results (its printed
+            # lines, which the code under test shares, are not read instead).
+            setup = f": > {REPORTS_DIR}/{found.runner}.tap; {setup}"
             p.deps_script += f" && {reporters.install_script()}"
             p.decide("reporter", f"kiln's {found.runner} reporter", f"{found.runner} has no reporter writing per-test "
                      "results to a file: kiln's writes one line per test, checked against the runner's own summary")
@@ -1008,6 +1012,12 @@ _GRADLE_SETUP = (
     f"> {GRADLE_HOME}/init.d/kiln.gradle")
 
 
+def _expect(into: str) -> str:
+    """Shell making ``into``/ of the reports directory with its marker before the runner starts (a run that leaves
+    no report there has no results: ``reports.EXPECTED_REPORTS``)."""
+    return f"mkdir -p {REPORTS_DIR}/{into} && : > {REPORTS_DIR}/{into}/{reports.EXPECTED_REPORTS}; "
+
+
 def _collect(pattern: str, into: str) -> str:
     """Shell copying every file find's ``-path pattern`` matches into ``into``/ of the reports directory, numbered
     (two modules may each have a ``TEST-x.xml``)."""
@@ -1067,7 +1077,8 @@ def _maven(root: Path, p: Plan, ci: CiJobs) -> None:
               f"mkdir -p {REPORTS_DIR}/jacoco && cp \"$f\" {REPORTS_DIR}/jacoco/$j.xml && "
               f"echo \"${{f%/target/site/jacoco/jacoco.xml}}/src/main/java\" > {REPORTS_DIR}/jacoco/$j.dir; done")
     collect = f"{_collect('*/target/surefire-reports/TEST-*.xml', 'surefire')}; {jacoco}"
-    p.test_script = (f"{MVN}{level} -o -fae {JACOCO}:prepare-agent test 2>&1 | tee {REPORTS_DIR}/test-output.txt; "
+    p.test_script = (f"{_expect('surefire')}{MVN}{level} -o -fae {JACOCO}:prepare-agent test 2>&1 | "
+                     f"tee {REPORTS_DIR}/test-output.txt; "
                      f"rc=${{PIPESTATUS[0]}}; {MVN} -o -q {JACOCO}:report >/dev/null 2>&1; {collect}; exit $rc")
 
 
@@ -1106,7 +1117,7 @@ def _gradle(root: Path, p: Plan, ci: CiJobs) -> None:
     p.build_script = f"{GRADLE} testClasses kilnResolve"
     p.decide("test command", "gradle test", "Gradle's test task, offline, every project (--continue), its JUnit XML "
                                            "read per test")
-    p.test_script = (f"{GRADLE} --offline --continue test 2>&1 | tee {REPORTS_DIR}/test-output.txt; "
+    p.test_script = (f"{_expect('gradle')}{GRADLE} --offline --continue test 2>&1 | tee {REPORTS_DIR}/test-output.txt; "
                      f"rc=${{PIPESTATUS[0]}}; {_collect('*/build/test-results/*/TEST-*.xml', 'gradle')}; exit $rc")
 
 
@@ -1117,7 +1128,8 @@ def _meson(root: Path, p: Plan, ci: CiJobs) -> None:
     p.build_script = "meson setup build --buildtype=debug -Db_coverage=true && meson compile -C build"
     p.decide("test command", "meson test", "meson project: meson test (it rebuilds first), its testlog.json read per "
                                            "test; gcov coverage (-Db_coverage)")
-    p.test_script = (f"meson test -C build --print-errorlogs 2>&1 | tee {REPORTS_DIR}/test-output.txt; "
+    p.test_script = (f": > {REPORTS_DIR}/meson-testlog.json; meson test -C build --print-errorlogs 2>&1 | "
+                     f"tee {REPORTS_DIR}/test-output.txt; "
                      f"rc=${{PIPESTATUS[0]}}; cp build/meson-logs/testlog.json {REPORTS_DIR}/meson-testlog.json "
                      f"2>/dev/null; (cd build && {GCOV}); exit $rc")
 

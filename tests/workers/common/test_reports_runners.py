@@ -235,6 +235,10 @@ def test_surefire_reports_against_mavens_totals() -> None:
         "tests_not_itemised"
     # Without Maven's totals (the run stopped first) the files are not trusted.
     assert (_parse({"surefire/1-a.xml": SUREFIRE}, exit_code=0)[1] or ("", ""))[0] == "tests_not_itemised"
+    # No report at all (the code under test ended the run): the lines it printed are not read instead.
+    printed_only = {"surefire/kiln-expected": "", "test-output.txt": "PASS: adds\nTests passed: 1\n" + MAVEN_PRINTED}
+    assert _parse(printed_only, exit_code=0) == ([], ("tests_not_itemised", "the runner's per-test results could "
+                                                      "not be read; the runner's summary says 1 passed, 1 failed"))
 
 
 def test_gradle_reports_carry_their_own_counts() -> None:
