@@ -1,7 +1,7 @@
 """How to build a checkout: ordered, explainable rules keyed by *build system*, not language.
 
 ``plan(checkout)`` looks at the files only (no build runs here) and returns a ``Plan`` with every decision and its
-reason. Rules, in priority order: cmake, meson, autotools, cargo, go, maven, gradle, python, npm, make (and a test
+reason. Rules, in priority order: cmake, autotools, meson, cargo, go, maven, gradle, python, npm, make (and a test
 suite in a subdirectory: ``make -C tests``, ``tests/CMakeLists.txt``); a repository's own Dockerfile, when present,
 is the image recipe and the detected system supplies the test command. Ambiguity: the project's CI configuration
 decides (the system whose tool it runs), else a CMakeLists.txt beats a Makefile (usually generated or stale), else
@@ -33,7 +33,7 @@ from kiln.workers.common import reports
 RULES_VERSION = 13
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
 LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time
-PRIORITY = ["cmake", "meson", "autotools", "cargo", "go", "maven", "gradle", "python", "npm", "make"]
+PRIORITY = ["cmake", "autotools", "meson", "cargo", "go", "maven", "gradle", "python", "npm", "make"]
 CI_TOOLS = {
     "python": re.compile(r"\b(pytest|tox|nox|unittest)\b"),
     "go": re.compile(r"\bgo (test|build|vet)\b"),
