@@ -608,12 +608,16 @@ def _cargo(root: Path, p: Plan, ci: CiJobs) -> None:
         p.decide("lockfile", "generated", "no Cargo.lock: cargo fetch resolves one in the dependency layer")
     p.build_script = "cargo test --no-run --offline -q"
     p.lint_script = "cargo check --offline --message-format=short 2>&1; true"
-    p.decide("test command", "cargo test", "Cargo project")
+    p.decide("test command", "cargo test --no-fail-fast", "Cargo project; every test binary runs, though an earlier "
+                                                           "one failed")
     p.decide("coverage", "llvm source-based", "-C instrument-coverage, llvm-profdata/llvm-cov 22 (rustc's LLVM)")
     objects = ("$(cargo test --no-run --offline --message-format=json 2>/dev/null | python3 -c \"import json,sys; "
                "print(' '.join('-object ' + m['executable'] for m in map(json.loads, sys.stdin) "
                "if m.get('executable') and m.get('profile', {}).get('test')))\")")
-    p.test_script = (f"cargo test --offline 2>&1 | tee {REPORTS_DIR}/cargo-test.txt; rc=${{PIPESTATUS[0]}}; "
+    # --no-fail-fast: every test binary runs, though an earlier one failed (a patch that breaks one unit test must
+    # not hide every integration test's result).
+    p.test_script = (f"cargo test --offline --no-fail-fast 2>&1 | tee {REPORTS_DIR}/cargo-test.txt; "
+                     "rc=${PIPESTATUS[0]}; "
                      f"llvm-profdata merge -sparse {REPORTS_DIR}/prof/*.profraw -o /tmp/kiln-cov.profdata && "
                      f"llvm-cov export -format=lcov -instr-profile=/tmp/kiln-cov.profdata "
                      f"-ignore-filename-regex='/(\\.cargo|rustc|cargo-home)/' {objects} > {REPORTS_DIR}/lcov.info; "

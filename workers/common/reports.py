@@ -112,47 +112,70 @@ def go_test_json(text: str) -> TestReport:
     return tally("go test", list(cases.values()))
 
 
-_CARGO = re.compile(r"^test (.+?) \.\.\. (ok|FAILED|ignored)(?:, .*)?$", re.MULTILINE)
+_CARGO_TEST = re.compile(r"^test (.+?) \.\.\. ?(.*)$")
+_CARGO_VERDICT = re.compile(r"(ok|FAILED|ignored)(?:, .*)?")
 _CARGO_SUMMARY = re.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed; (\d+) ignored", re.MULTILINE)
-_CARGO_RUNNING = re.compile(r"^running (\d+) tests?$", re.MULTILINE)
+_CARGO_RUNNING = re.compile(r"running (\d+) tests?")
 # The names libtest gives its own tests: a path of Rust identifiers (``tests::adds``, ``r#type``), or a doc test's
 # ``<file> - <item> (line N)`` with rustdoc's suffixes (`` - compile fail``, `` - should panic``, `` - compile``).
 _LIBTEST_NAME = re.compile(r"(?:r#)?\w+(?:::(?:r#)?\w+)*|\S.* - .*\(line \d+\)(?: - [a-z ]+)?")
+_CARGO_OUTCOME: dict[str, Outcome] = {"ok": "passed", "FAILED": "failed", "ignored": "skipped"}
+UNANNOUNCED = "(a verdict of no test libtest announced)"
 
 
 def cargo_test(text: str) -> TestReport:
-    """One case per ``test NAME ... ok`` line (doc tests' names have spaces); the ``test result:`` lines of every
-    test binary, summed, are the summary they are checked against (``-q`` prints no names: not itemised).
+    """One case per test libtest reports (doc tests' names have spaces); the ``test result:`` lines of every test
+    binary, summed, are the summary they are checked against (``-q`` prints no names: not itemised).
+
+    libtest prints ``test NAME ... ok`` once a test is done when it runs tests in parallel; running one at a time (one
+    CPU, or ``--test-threads=1``) it prints ``test NAME ... `` first and the verdict when the test ends, after
+    whatever the test wrote to the terminal itself: on the same line, or on a line of its own. A verdict line with
+    no test waiting for one is a case of its own (``UNANNOUNCED``), so a verdict printed by the code under test
+    before libtest's own still leaves a case too many.
 
     A nested harness inside one libtest test (trybuild runs its UI cases inside one ``#[test]``, and prints ``test
     tests/ui/x.rs [should pass] ... ok`` per case, straight to the terminal) adds lines libtest did not print. Per
-    test binary (``running N tests`` to its ``test result:``), when the lines outnumber the N tests libtest said it
+    test binary (``running N tests`` to its ``test result:``), when the cases outnumber the N tests libtest said it
     runs and exactly N of them carry a name libtest gives (``_LIBTEST_NAME``), the others are the nested harness's
     and no case. Anything else stays a case: a printed line with a libtest name, or lines that do not come down to
     exactly N that way, still disagree with the summary (and dropping lines never adds a pass)."""
-    outcome = {"ok": "passed", "FAILED": "failed", "ignored": "skipped"}
     summaries = [tuple(int(x) for x in m.groups()) for m in _CARGO_SUMMARY.finditer(text)]
     summary = (sum(s[0] for s in summaries), sum(s[1] for s in summaries)) if summaries else None
-    kept: list[re.Match[str]] = []
-    block: list[re.Match[str]] = []
+    kept: list[TestCaseResult] = []
+    block: list[TestCaseResult] = []
+    waiting: list[str] = []  # tests announced and not yet given a verdict, the latest last
     declared: int | None = None
-    events = sorted([*(("case", m) for m in _CARGO.finditer(text)), *(("running", m) for m in
-                    _CARGO_RUNNING.finditer(text)), *(("result", m) for m in _CARGO_SUMMARY.finditer(text))],
-                    key=lambda e: e[1].start())
+
+    def case(name: str, verdict: str) -> None:
+        block.append(TestCaseResult(name=name, outcome=_CARGO_OUTCOME[verdict]))
 
     def close() -> None:
-        own = [m for m in block if _LIBTEST_NAME.fullmatch(m.group(1))]
+        # A test announced and never given a verdict (its process ended) failed.
+        block.extend(TestCaseResult(name=name, outcome="error", message="no verdict") for name in waiting)
+        waiting.clear()
+        own = [c for c in block if c.name == UNANNOUNCED or _LIBTEST_NAME.fullmatch(c.name)]  # libtest's verdicts
         kept.extend(own if declared is not None and len(block) > declared == len(own) else block)
         block.clear()
 
-    for kind, m in events:
-        if kind == "case":
-            block.append(m)
-        else:
+    for line in text.splitlines():
+        running = _CARGO_RUNNING.fullmatch(line)
+        if running or _CARGO_SUMMARY.match(line):
             close()
-            declared = int(m.group(1)) if kind == "running" else None
+            declared = int(running.group(1)) if running else None
+            continue
+        verdict = _CARGO_VERDICT.fullmatch(line.strip())
+        if verdict and (waiting or declared is not None):
+            case(waiting.pop() if waiting else UNANNOUNCED, verdict.group(1))
+            continue
+        while (m := _CARGO_TEST.match(line)) is not None:
+            verdict = _CARGO_VERDICT.fullmatch(m.group(2))
+            if verdict:
+                case(m.group(1), verdict.group(1))
+                break
+            waiting.append(m.group(1))  # announced; what follows on the line is the test's own output
+            line = m.group(2)
     close()
-    return tally("cargo test", [TestCaseResult(name=m.group(1), outcome=outcome[m.group(2)]) for m in kept], summary)
+    return tally("cargo test", kept, summary)
 
 
 _AUTOMAKE = re.compile(r"^(PASS|FAIL|XFAIL|XPASS|SKIP|ERROR): (.+?)\s*$", re.MULTILINE)

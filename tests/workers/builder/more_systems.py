@@ -215,15 +215,35 @@ fn ui() {
 """
 
 
+NESTED_LIB_RS = """pub fn add(a: i32, b: i32) -> i32 {
+    a + b
+}
+
+pub fn mul(a: i32, b: i32) -> i32 {
+    a * b
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn adds() {
+        assert_eq!(super::add(2, 3), 5);
+    }
+
+    #[test]
+    fn multiplies() {
+        assert_eq!(super::mul(2, 3), 6);
+    }
+}
+"""
+
+
 def nested_harness_project(path: Path) -> Builder:
     """Two unit tests and one libtest test (``ui``) running three cases of its own: 3 tests, 3 passed by libtest's
     summaries, and the harness's three lines no case (before, the check rejected the honest suite)."""
     b = Builder(path)
     write(path, "Cargo.toml", '[package]\nname = "calc"\nversion = "0.1.0"\nedition = "2021"\n')
-    write(path, "src/lib.rs", "pub fn add(a: i32, b: i32) -> i32 {\n    a + b\n}\n\npub fn mul(a: i32, b: i32) -> i32 "
-                              "{\n    a * b\n}\n\n#[cfg(test)]\nmod tests {\n    #[test]\n    fn adds() {\n"
-                              "        assert_eq!(super::add(2, 3), 5);\n    }\n\n    #[test]\n    fn multiplies() {\n"
-                              "        assert_eq!(super::mul(2, 3), 6);\n    }\n}\n")
+    write(path, "src/lib.rs", NESTED_LIB_RS)
     write(path, "tests/ui.rs", NESTED_HARNESS_RS)
     b.commit("a cargo suite with a nested harness")
     return b

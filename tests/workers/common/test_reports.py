@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from kiln.workers.common.errors import ReportError
 from kiln.workers.common.reports import (
+    UNANNOUNCED,
     automake,
     cargo_test,
     coverage_py,
@@ -493,6 +494,38 @@ def test_a_nested_harness_inside_one_libtest_test_is_no_case_of_its_own() -> Non
     assert unusable_reason(report) is None
     # Doc tests and workspaces keep every line: the lines equal what libtest said it runs.
     assert len(cargo_test(CARGO_OUTPUT).cases) == 7
+
+
+# The same run with one test thread (one CPU: kiln's exec runners): libtest announces "test ui ... " before the test
+# runs, and its verdict comes on a line of its own after the harness's lines (real: the exec stage's run of
+# tests/workers/builder/more_systems.py's nested-harness project).
+TRYBUILD_SEQUENTIAL = TRYBUILD.replace("\n\ntest tests/ui/pass.rs", "test ui ... \ntest tests/ui/pass.rs").replace(
+    "\n\n\ntest ui ... ok\n", "\n\nok\n")
+
+
+def test_libtest_announcing_a_test_before_its_verdict() -> None:
+    report = cargo_test(TRYBUILD_SEQUENTIAL)
+    assert "test ui ... \n" in TRYBUILD_SEQUENTIAL and "test ui ... ok" not in TRYBUILD_SEQUENTIAL
+    assert [(c.name, c.outcome) for c in report.cases] == [("tests::adds", "passed"), ("tests::subtracts", "passed"),
+                                                           ("ui", "passed")]
+    assert unusable_reason(report) is None
+    # Output the test writes itself lands right after the announcement, the verdict on the next line (real: a
+    # failing add() writing "test tests::adds ... ok" to stderr).
+    failing = ("running 2 tests\ntest tests::adds ... test tests::adds ... ok\nFAILED\ntest tests::multiplies ... ok\n"
+               "\ntest result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n")
+    forged = cargo_test(failing)
+    assert [(c.name, c.outcome) for c in forged.cases] == [("tests::adds", "passed"), ("tests::adds", "failed"),
+                                                           ("tests::multiplies", "passed")]
+    assert (unusable_reason(forged) or ("", ""))[0] == "tests_not_itemised"
+    # A verdict printed by the code under test before libtest's own: libtest's then has no test waiting for it,
+    # and still counts.
+    early = failing.replace("test tests::adds ... test tests::adds ... ok\nFAILED",
+                            "test tests::adds ... \nok\nFAILED")
+    assert [c.name for c in cargo_test(early).cases] == ["tests::adds", UNANNOUNCED, "tests::multiplies"]
+    assert (unusable_reason(cargo_test(early)) or ("", ""))[0] == "tests_not_itemised"
+    # A test announced and never given a verdict (its process ended) failed.
+    cut = cargo_test("running 1 test\ntest tests::adds ... ")
+    assert [(c.name, c.outcome) for c in cut.cases] == [("tests::adds", "error")]
 
 
 @pytest.mark.parametrize(("forged", "why"), [
