@@ -382,44 +382,86 @@ def _python_test_dependencies(root: Path, doc: dict[str, Any], p: Plan) -> list[
 
 
 _PYTEST_LINE = re.compile(r"(?:^|\s)(?:python\d?(?:\.\d+)? -m |coverage run (?:\S+ )*?-m )?(?:pytest|py\.test)\b(.*)$")
-_NOX_PYTEST = re.compile(r"session\.run\(\s*(?:[\"']python[\"']\s*,\s*[\"']-m[\"']\s*,\s*)?[\"']pytest[\"']((?:\s*,\s*"
-                         r"[\"'][^\"']*[\"'])*)")
+
+def _tox_args(line: str) -> str:
+    """The arguments of a tox command's pytest (``_PYTEST_LINE`` matched), substitutions as tox would leave them
+    for kiln's run: ``{posargs:tests}`` runs tests when none are given; other substitutions are tox's business, and
+    so is the option that takes one: "--basetemp={envtmpdir}" kept as "--basetemp=" would make pytest use (and
+    first empty) the working directory."""
+    m = _PYTEST_LINE.search(line)
+    assert m is not None
+    args = re.sub(r"\{posargs\}", "", re.sub(r"\{posargs:([^}]*)\}", r"\1", m.group(1)))
+    args = re.sub(r"(?:(?<=\s)-[\w-]+[= ])?\{[^}]*\}", "", f" {args}")
+    return re.sub(r"\s+", " ", args).strip()
+
+
+def _tox_ini_commands(text: str) -> list[tuple[str, str]]:
+    """(environment, command) of an ini-style tox configuration, as tox reads it: a line ending in a backslash
+    continues on the next; ``[testenv]`` first, then the ``[testenv:NAME]`` sections (docs, lint and the like last)."""
+    cfg = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        cfg.read_string(text)
+    except configparser.Error:
+        return []
+    sections = [s for s in cfg.sections() if s == "testenv" or s.startswith("testenv:")]
+    sections.sort(key=lambda s: (s != "testenv", bool(NOT_THE_SUITE.search(s))))  # stable: file order
+    return [(section, line.strip()) for section in sections
+            for line in re.sub(r"\\[ \t]*\n[ \t]*", " ", cfg.get(section, "commands", fallback="")).splitlines()
+            if line.strip()]
+
+
+def _tox_toml_commands(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """(environment, command) of tox 4's TOML configuration (tox.toml, or pyproject's ``[tool.tox]``):
+    ``env_run_base.commands`` and ``env.NAME.commands``, each command a list of arguments."""
+    envs = [("env_run_base", doc.get("env_run_base", {}))] + [
+        (f"env.{name}", body) for name, body in sorted(doc.get("env", {}).items(), key=lambda e: bool(
+            NOT_THE_SUITE.search(e[0])))]
+    return [(env, " ".join(shlex.quote(str(a)) if not str(a).startswith("{") else str(a) for a in command))
+            for env, body in envs if isinstance(body, dict)
+            for command in body.get("commands", []) if isinstance(command, list)]
+
+
+def _nox_commands(text: str) -> list[str]:
+    """The commands of noxfile.py's ``session.run(…)`` calls, their string arguments joined (``*session.posargs``
+    and other expressions left out)."""
+    commands = []
+    for m in re.finditer(r"session\.run\(", text):
+        depth, end = 1, m.end()
+        while end < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            end += 1
+        arguments = re.split(r"\b\w+\s*=", text[m.end():end - 1])[0]  # keyword arguments (env=, …) are no words
+        commands.append(" ".join(shlex.quote(a) for a in re.findall(r"[\"']([^\"']*)[\"']", arguments)))
+    return commands
 
 
 def task_runner_pytest(root: Path) -> tuple[str, str] | None:
-    """(pytest arguments, where they come from) for a project tested through tox or nox: the pytest line of tox's
-    ``[testenv] commands`` (tox.ini, setup.cfg's ``[testenv]``, pyproject's ``legacy_tox_ini``), else the
-    ``session.run("pytest", …)`` of noxfile.py; substitutions (``{posargs}``) dropped."""
-    sources: list[tuple[str, str]] = []
+    """(pytest arguments, where they come from) for a project tested through tox or nox: the pytest command of tox's
+    test environments (tox.ini, setup.cfg's ``[testenv]``, pyproject's ``legacy_tox_ini``, tox 4's tox.toml and
+    ``[tool.tox]``), else of noxfile.py's ``session.run(…)`` calls (``pytest``, ``python -m pytest``, ``coverage
+    run -m pytest``); substitutions (``{posargs}``) dropped."""
+    sources: list[tuple[str, list[tuple[str, str]]]] = []
     for name in ("tox.ini", "setup.cfg"):
         if (root / name).is_file():
-            sources.append((name, (root / name).read_text(errors="replace")))
-    if (root / "pyproject.toml").is_file():
-        with contextlib.suppress(tomllib.TOMLDecodeError):
-            legacy = tomllib.loads((root / "pyproject.toml").read_text()).get("tool", {}).get("tox", {})
-            if isinstance(legacy.get("legacy_tox_ini"), str):
-                sources.append(("pyproject.toml [tool.tox]", legacy["legacy_tox_ini"]))
-    for name, text in sources:
-        cfg = configparser.ConfigParser(interpolation=None, strict=False)
-        with contextlib.suppress(configparser.Error):
-            cfg.read_string(text)
-            # tox joins a line that ends with a backslash to the next one (one command over several lines).
-            commands = re.sub(r"\\[ \t]*\n[ \t]*", " ", cfg.get("testenv", "commands", fallback=""))
-            for line in commands.splitlines():
-                m = _PYTEST_LINE.search(line.strip())
-                if m:
-                    # {posargs:tests} runs tests when none are given; other substitutions are tox's business, and
-                    # so is the option that takes one: "--basetemp={envtmpdir}" kept as "--basetemp=" would make
-                    # pytest use (and first empty) the working directory.
-                    args = re.sub(r"\{posargs\}", "", re.sub(r"\{posargs:([^}]*)\}", r"\1", m.group(1)))
-                    args = re.sub(r"(?:(?<=\s)-[\w-]+[= ])?\{[^}]*\}", "", f" {args}")
-                    args = re.sub(r"\s+", " ", args).strip()
-                    return args, f"{name}'s testenv runs {line.strip()!r}"
+            sources.append((name, _tox_ini_commands((root / name).read_text(errors="replace"))))
+    for name in ("tox.toml", "pyproject.toml"):
+        if (root / name).is_file():
+            with contextlib.suppress(tomllib.TOMLDecodeError):
+                doc = tomllib.loads((root / name).read_text())
+                tox = doc.get("tool", {}).get("tox", {}) if name == "pyproject.toml" else doc
+                if isinstance(tox.get("legacy_tox_ini"), str):
+                    sources.append((f"{name} [tool.tox]", _tox_ini_commands(tox["legacy_tox_ini"])))
+                elif isinstance(tox, dict):
+                    sources.append((name, _tox_toml_commands(tox)))
+    for name, commands in sources:
+        for env, command in commands:
+            if _PYTEST_LINE.search(command):
+                return _tox_args(command), f"{name}'s {env} runs {command!r}"
     if (root / "noxfile.py").is_file():
-        m = _NOX_PYTEST.search((root / "noxfile.py").read_text(errors="replace"))
-        if m:
-            args = " ".join(shlex.quote(a) for a in re.findall(r"[\"']([^\"']*)[\"']", m.group(1)))
-            return args, f"noxfile.py runs pytest {args}".strip()
+        for command in _nox_commands((root / "noxfile.py").read_text(errors="replace")):
+            if _PYTEST_LINE.search(command):
+                args = _tox_args(command)
+                return args, f"noxfile.py runs pytest {args}".strip()
     return None
 
 

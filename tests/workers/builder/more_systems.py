@@ -76,6 +76,14 @@ POM = """<?xml version="1.0" encoding="UTF-8"?>
 """
 
 
+def _commit(path: Path, files: dict[str, str], message: str) -> Builder:
+    b = Builder(path)
+    for name, text in files.items():
+        write(path, name, text)
+    b.commit(message)
+    return b
+
+
 def _java_sources(path: Path) -> None:
     write(path, "src/main/java/com/example/Calc.java", CALC_JAVA)
     write(path, "src/test/java/com/example/CalcTest.java", CALC_TEST_JAVA)
@@ -159,11 +167,7 @@ def subdirectory_suite_project(path: Path) -> Builder:
              ".github/workflows/ci.yml": "jobs:\n  docs:\n    steps:\n      - run: pip install sphinx\n"
                                          "      - run: make -C docs html\n  test:\n    steps:\n"
                                          "      - run: make -C tests\n"}
-    b = Builder(path)
-    for name, text in files.items():
-        write(path, name, text)
-    b.commit("a test suite in tests/")
-    return b
+    return _commit(path, files, "a test suite in tests/")
 
 
 # The JavaScript runners: (scripts.test, the runner's package and version, the test file, its source). uvu prints a
@@ -241,12 +245,9 @@ mod tests {
 def nested_harness_project(path: Path) -> Builder:
     """Two unit tests and one libtest test (``ui``) running three cases of its own: 3 tests, 3 passed by libtest's
     summaries, and the harness's three lines no case (before, the check rejected the honest suite)."""
-    b = Builder(path)
-    write(path, "Cargo.toml", '[package]\nname = "calc"\nversion = "0.1.0"\nedition = "2021"\n')
-    write(path, "src/lib.rs", NESTED_LIB_RS)
-    write(path, "tests/ui.rs", NESTED_HARNESS_RS)
-    b.commit("a cargo suite with a nested harness")
-    return b
+    return _commit(path, {"Cargo.toml": '[package]\nname = "calc"\nversion = "0.1.0"\nedition = "2021"\n',
+                          "src/lib.rs": NESTED_LIB_RS, "tests/ui.rs": NESTED_HARNESS_RS},
+                   "a cargo suite with a nested harness")
 
 
 MORE_PROJECTS: dict[str, Callable[[Path], Builder]] = {

@@ -259,6 +259,19 @@ def test_npm_plan_runs_the_runner_with_its_reporter(tmp_path: Path) -> None:
                                     'commands = pytest -x {posargs}\n"""\n'}, "pytest -x"),
     ({"noxfile.py": "import nox\n@nox.session\ndef tests(session):\n    session.install('.')\n"
                     "    session.run('pytest', 'tests', '-q', *session.posargs)\n"}, "pytest tests -q"),
+    # The test environment in a section of its own, after a docs one; several commands, the pytest one taken.
+    ({"tox.ini": "[tox]\nenvlist = docs,tests\n[testenv:docs]\ncommands = sphinx-build docs out\n"
+                 "[testenv:tests]\ncommands =\n    python -m pip check\n    pytest -x {posargs:tests}\n"},
+     "pytest -x tests"),
+    # tox 4's TOML (tox.toml, and pyproject's native [tool.tox]): each command a list of arguments.
+    ({"tox.toml": 'env_list = ["3.11"]\n[env_run_base]\ncommands = [["pytest", "-q", "{posargs}"]]\n'},
+     "pytest -q"),
+    ({"pyproject.toml": PYPROJECT + '[tool.tox.env.lint]\ncommands = [["ruff", "check"]]\n'
+                                    '[tool.tox.env.test]\ncommands = [["python", "-m", "pytest", "tests/unit"]]\n'},
+     "pytest tests/unit"),
+    # nox: coverage's pytest, keyword arguments no words of the command.
+    ({"noxfile.py": "import nox\n@nox.session\ndef tests(session):\n    session.run('coverage', 'run', '-m', "
+                    "'pytest', '-q', 'tests', env={'X': '1'})\n"}, "pytest -q tests"),
 ])
 def test_ci_calling_tox_or_nox_runs_the_pytest_line_of_their_config(tmp_path: Path, files: dict[str, str],
                                                                     command: str) -> None:

@@ -15,12 +15,10 @@ from typing import Any
 import pytest
 
 from kiln.schemas.rl import RolloutTask
-from kiln.streams.client import KilnClient
 from kiln.streams.settings import KilnSettings
-from kiln.workers.verifiers import VerifierContext, Verifiers
 from tests.stages import _built_image
 from tests.workers.builder.more_systems import NESTED_LIB_RS, nested_harness_project
-from tests.workers.exec.conftest import exec_worker
+from tests.workers.rollout.verdicts import judged_patches
 
 pytestmark = pytest.mark.docker
 
@@ -54,13 +52,8 @@ async def test_nested_harness_forgeries_gain_nothing(stage_topics: Callable[...,
                    "harness-shaped passes": _rewrite(_printing("test tests/ui/forged.rs [should pass] ... ok", 20))}
     task = RolloutTask(task_id="add", prompt="Fix add.", verifier="tests",
                        check={"image": nested_image, "timeout_s": 300})
-    with exec_worker(settings, tmp_path / "locks") as worker:
-        worker.wait_assigned()
-        async with KilnClient(settings, f"verifier-{unique}") as kiln:
-            verifiers = Verifiers(VerifierContext(kiln))
-            verdicts = await verifiers.get("tests").verify(task, [f"<patch>\n{p}</patch>" for p in
-                                                                  completions.values()], "nested")
-            await verifiers.close()
+    verdicts = await judged_patches(settings, tmp_path / "locks", f"verifier-{unique}", task,
+                                    list(completions.values()), "nested")
     rewards = {name: v.reward for name, v in zip(completions, verdicts, strict=True)}
     details = dict(zip(completions, verdicts, strict=True))
     # 3 tests: adds and ui fail with the broken add(), multiplies passes.
