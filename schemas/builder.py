@@ -10,7 +10,7 @@ from kiln.schemas.ingest import REPO_NAME
 from kiln.schemas.reports import TestReport
 
 FailureClass = Literal["no_rule_matched", "dependency_install_failed", "compile_failed", "tests_did_not_run",
-                       "tests_not_itemised", "timeout", "infrastructure"]
+                       "tests_not_itemised", "timeout", "infrastructure", "toolchain_unavailable"]
 
 
 class BuildRequest(BaseModel):

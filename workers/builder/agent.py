@@ -4,11 +4,15 @@ configuration for commands, tries them in a container of the toolchain image, an
 Without a model it is deterministic: commands come from the README's fenced shell blocks (``sh``, ``bash``,
 ``shell``; in ``console`` blocks and anywhere else only ``$ `` lines — prose and unlabelled blocks are never run) and
 CI ``run:`` steps, minus CI-only plumbing (``$GITHUB_*`` writes, ``cargo miri``, toolchain installers, sudo),
-classified as setup/build/test; on failure it applies small fixes (a script without its executable bit runs through
-``sh``; a missing ``./`` is added), and it gives up after ``MAX_FAILED_TESTS`` failing test commands. With
-``KILN_BUILD_AGENT_URL`` set, an OpenAI-compatible chat endpoint proposes each next command from the README, CI
-file and the last error. Every command and where it came from is recorded; the image is the container committed
-after the last build step.
+classified as setup/build/test. They are tried as candidates, each one CI job or the README: CI's test jobs first,
+then the README, then CI's other jobs, docs, lint and release jobs last; a candidate whose setup or build fails
+gives way to the next, and the first test command whose output kiln can itemise (per-test results that agree with
+the runner's summary, ``reports.unusable_reason``) is the image's test command. On failure it applies small fixes
+(a script without its executable bit runs through ``sh``; a missing ``./`` is added; an npm/yarn or pip install
+that fails on one dependency the registry lacks is run again without it when the tests do not use it), and a
+candidate gives up after ``MAX_FAILED_TESTS`` failing test commands. With ``KILN_BUILD_AGENT_URL`` set, an
+OpenAI-compatible chat endpoint proposes each next command from the README, CI file and the last error. Every
+command and where it came from is recorded; the image is the container committed after the last build step.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ import httpx
 
 from kiln.schemas.builder import Decision
 from kiln.schemas.images import REPORTS_DIR, ImageContract
-from kiln.workers.builder.rules import ci_commands, readme_commands
+from kiln.workers.builder.rules import NOT_THE_SUITE, THE_SUITE, ci_commands, ci_jobs, npm_test_tools, readme_commands
 from kiln.workers.builder.sandbox import BuildSandbox
+from kiln.workers.common import reports
 from kiln.workers.common import sandbox as policy
 from kiln.workers.common.containers import exec_capped, kill_on_cancel
 
@@ -39,25 +44,96 @@ MAX_FAILED_TESTS = 3
 
 
 @dataclass
+class Candidate:
+    """Commands to try together: one CI job's, or the README's."""
+
+    source: str
+    setup: list[str] = field(default_factory=list)
+    build: list[str] = field(default_factory=list)
+    test: list[str] = field(default_factory=list)
+
+
+@dataclass
 class AgentPlan:
     setup: list[str] = field(default_factory=list)
     build: list[str] = field(default_factory=list)
     test: list[str] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
+    candidates: list[Candidate] = field(default_factory=list)  # in the order they are tried; none: the lists above
+
+    def in_order(self) -> list[Candidate]:
+        return self.candidates or [Candidate("commands", self.setup, self.build, self.test)]
+
+
+def _job_rank(job: str) -> int:
+    """0 for a CI job named like the test suite, 2 for docs, lint, release, benchmark jobs, 1 otherwise; the README
+    ranks 1, after the test jobs."""
+    name = job.split(":", 1)[-1]
+    return 2 if NOT_THE_SUITE.search(name) else 0 if THE_SUITE.search(name) else 1
 
 
 def classify(root: Path) -> AgentPlan:
     plan = AgentPlan()
     seen: set[str] = set()
-    for source, commands in (("README", readme_commands(root)), ("CI", ci_commands(root))):
+    sources = [(1, "README", readme_commands(root))] + [(_job_rank(job), f"CI job {job}", commands)
+                                                         for job, commands in ci_jobs(root)]
+    for _rank, source, commands in sorted(sources, key=lambda s: s[0]):  # stable: file order among equals
+        candidate = Candidate(source)
         for command in commands:
-            if command in seen or _SKIP.search(command):
+            if _SKIP.search(command):
                 continue
-            seen.add(command)
             phase = "test" if _TEST.search(command) else "setup" if _SETUP.search(command) else "build"
-            getattr(plan, phase).append(command)
-            plan.decisions.append(Decision(topic=f"agent {phase}", choice=command, reason=f"from {source}"))
+            getattr(candidate, phase).append(command)
+            if command not in seen:
+                getattr(plan, phase).append(command)
+                plan.decisions.append(Decision(topic=f"agent {phase}", choice=command, reason=f"from {source}"))
+            seen.add(command)
+        if candidate.setup or candidate.build or candidate.test:
+            plan.candidates.append(candidate)
     return plan
+
+
+# What npm/yarn and pip print when the registry lacks a package (or the version asked for).
+_NPM_MISSING = re.compile(r"(?:No matching version found for |\b404\s+'|Couldn't find package \")"
+                          r"(@?[\w.-]+(?:/[\w.-]+)?)@|GET https?://\S+?/(@?[\w.%-]+) - Not found")
+_PIP_MISSING = re.compile(r"(?:No matching distribution found for|Could not find a version that satisfies the "
+                          r"requirement) ([A-Za-z0-9][\w.-]*)")
+
+
+def _without_missing_dependency(command: str, output: str, root: Path) -> tuple[str, str] | None:
+    """(the install again without the one dependency the registry lacks, that dependency) when the tests do not use
+    it: an npm/yarn dev dependency neither the test script nor the test files name, a pip requirement of a
+    ``-r`` file no test module imports."""
+    npm = re.search(r"\b(npm (?:ci|install|i)|yarn(?: install)?)\b", command)
+    missing = _NPM_MISSING.search(output)
+    if npm and missing and (root / "package.json").is_file():
+        name = (missing.group(1) or missing.group(2)).replace("%2f", "/").replace("%2F", "/")
+        try:
+            pkg = json.loads((root / "package.json").read_text())
+        except ValueError:
+            return None
+        used = npm_test_tools(root, pkg) or set()
+        if name not in pkg.get("devDependencies", {}) or name in used:
+            return None
+        drop = ("node -e 'const fs=require(\"fs\"),p=JSON.parse(fs.readFileSync(\"package.json\"));delete "
+                f"p.devDependencies[{json.dumps(name)}];fs.writeFileSync(\"package.json\",JSON.stringify(p))'")
+        again = "yarn install" if npm.group(1).startswith("yarn") else \
+            "rm -f package-lock.json && npm install --no-audit --no-fund"
+        return f"{drop} && {again}", name
+    requirement = re.search(r"\bpip3? install\b.*?(?:-r|--requirement)[= ]?(\S+)", command)
+    missing = _PIP_MISSING.search(output)
+    if requirement and missing and (root / requirement.group(1)).is_file():
+        name = missing.group(1)
+        module = re.escape(name.lower().replace("-", "_"))
+        tests = [f for d in ("tests", "test") if (root / d).is_dir() for f in (root / d).rglob("*.py")]
+        if any(re.search(rf"^\s*(?:import|from)\s+{module}\b", f.read_text(errors="replace"), re.MULTILINE | re.I)
+               for f in tests[:500]):
+            return None
+        kept = f"/tmp/kiln-{Path(requirement.group(1)).name}"
+        filtered = (f"grep -viE '^{re.escape(name)}([^A-Za-z0-9_.-]|$)' {requirement.group(1)} > {kept}; "
+                    f"{command.replace(requirement.group(1), kept, 1)}")
+        return filtered, name
+    return None
 
 
 def repair(command: str, output: str, root: Path) -> str | None:
@@ -67,12 +143,13 @@ def repair(command: str, output: str, root: Path) -> str | None:
         return f"sh {command.removeprefix('./')}" if not command.startswith("sh ") else None
     if ("command not found" in output or "not found" in output) and (root / first).is_file() and "/" not in first:
         return f"./{command}"
-    return None
+    without = _without_missing_dependency(command, output, root)
+    return without[0] if without else None
 
 
 @dataclass(frozen=True)
 class AgentConfig:
-    budget: int = 8
+    budget: int = 16
     model: ModelClient | None = None
 
 
@@ -101,13 +178,20 @@ class ModelClient:
 Runner = Callable[[str], tuple[int, str]]
 
 
+def itemises(code: int, output: str) -> bool:
+    """Whether a test command's output gives per-test results kiln trusts (as the image's test runs will be read)."""
+    report = reports.parse_results("agent", code, {"test-output.txt": output.encode()})
+    return report is not None and reports.unusable_reason(report) is None
+
+
 def run_loop(plan: AgentPlan, run: Runner, root: Path, budget: int,
              model: ModelClient | None = None) -> tuple[bool, str | None, list[Decision], str]:
-    """Setup and build commands, then the first test command that passes. Returns (built, test command,
-    decisions, last output). Each executed command costs one step of ``budget``."""
+    """Each candidate's setup and build commands, then its test commands, until one test command's output itemises
+    (``itemises``). Returns (built, test command, decisions, last output). Each executed command costs one step of
+    ``budget``; a command that already succeeded for an earlier candidate is not run again."""
     decisions = list(plan.decisions)
     steps, output = 0, ""
-    if model is None and not (plan.setup or plan.build or plan.test):
+    if model is None and not any(c.setup or c.build or c.test for c in plan.in_order()):
         return False, None, decisions, "the agent found no command to try: no shell block in the README, no CI step"
     tried: list[str] = []
 
@@ -132,39 +216,56 @@ def run_loop(plan: AgentPlan, run: Runner, root: Path, budget: int,
             steps += 1
             decisions.append(Decision(topic=f"agent {phase}", choice=command, reason=f"model, exit {code}"))
             history.append(f"$ {command}  (exit {code})")
-            if phase == "test" and code == 0:
+            if phase == "test" and itemises(code, output):
                 return True, command, decisions, output
-        return gave_up("the model's commands did not reach a passing test command", output)
-    for command in plan.setup + plan.build:
-        while steps < budget:
+        return gave_up("the model's commands did not reach a test command whose results kiln can read", output)
+    succeeded: set[str] = set()
+    why = "no README or CI command looks like a test command"
+    for candidate in plan.in_order():
+        if steps >= budget:
+            break
+        ready = True
+        for command in candidate.setup + candidate.build:
+            if command in succeeded:
+                continue
+            while steps < budget:
+                code, output = step(command)
+                steps += 1
+                if code == 0:
+                    succeeded.add(command)
+                    break
+                fixed = repair(command, output, root)
+                if fixed is None:
+                    why, ready = f"{command!r} ({candidate.source}) failed and no repair applies", False
+                    break
+                last = output.strip().splitlines()[-1][:200] if output.strip() else "no output"
+                decisions.append(Decision(topic="agent repair", choice=fixed, reason=f"{command!r} failed: {last}"))
+                command = fixed
+            else:
+                return gave_up(f"the budget of {budget} commands ran out in setup and build", output)
+            if not ready:
+                break
+        if not ready:
+            continue
+        for failures, command in enumerate(candidate.test):
+            if steps >= budget or failures >= MAX_FAILED_TESTS:
+                break
             code, output = step(command)
             steps += 1
-            if code == 0:
-                break
+            if itemises(code, output):
+                decisions.append(Decision(topic="agent test", choice=command, reason=f"from {candidate.source}: "
+                                          "its output gives per-test results kiln can read"))
+                return True, command, decisions, output
             fixed = repair(command, output, root)
-            if fixed is None:
-                return gave_up(f"{command!r} failed and no repair applies", output)
-            decisions.append(Decision(topic="agent repair", choice=fixed, reason=f"{command!r} failed: "
-                                      f"{output.strip().splitlines()[-1][:200] if output.strip() else 'no output'}"))
-            command = fixed
-        else:
-            return gave_up(f"the budget of {budget} commands ran out in setup and build", output)
-    for failures, command in enumerate(plan.test):
-        if steps >= budget or failures >= MAX_FAILED_TESTS:
-            break
-        code, output = step(command)
-        steps += 1
-        if code == 0:
-            return True, command, decisions, output
-        fixed = repair(command, output, root)
-        if fixed is not None and steps < budget:
-            code, output = step(fixed)
-            steps += 1
-            if code == 0:
-                decisions.append(Decision(topic="agent repair", choice=fixed, reason=f"{command!r} failed"))
-                return True, fixed, decisions, output
-    return gave_up("no test command passed" if plan.test else "no README or CI command looks like a test command",
-                   output)
+            if fixed is not None and steps < budget:
+                code, output = step(fixed)
+                steps += 1
+                if itemises(code, output):
+                    decisions.append(Decision(topic="agent repair", choice=fixed, reason=f"{command!r} failed"))
+                    return True, fixed, decisions, output
+        if candidate.test:
+            why = "no test command gave per-test results kiln can read"
+    return gave_up(why, output)
 
 
 def test_command(test: str) -> str:

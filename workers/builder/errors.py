@@ -2,8 +2,10 @@
 dead letter; the others are the task commands' (``kiln tasks``).
 
 BuildError
-├── PlanError    the rules cannot build this checkout (no rule fits, a manifest does not parse, a toolchain or base
-│                image that cannot be had): ``no_rule_matched``
+├── PlanError    the rules cannot build this checkout (no rule fits, a manifest does not parse, a base image that
+│   │            cannot be had): ``no_rule_matched``
+│   └── ToolchainUnavailable  the project needs a toolchain version kiln's image lacks and cannot fetch (a newer
+│                Go, a Python its requires-python allows, a Gradle distribution): ``toolchain_unavailable``
 └── StepFailed   a build step (docker build, dependency install, compile, a revision layer's rebuild) failed;
                  carries the step's log and whether it ran out of time
 TaskPatchFailed  a repository task's test or gold patch does not apply to its revision (``kiln tasks validate``)
@@ -12,6 +14,7 @@ TaskFileError    a task file line or task id that does not read (``kiln tasks he
 
 from __future__ import annotations
 
+from kiln.schemas.builder import FailureClass
 from kiln.streams.errors import KilnError
 
 
@@ -21,6 +24,14 @@ class BuildError(KilnError):
 
 class PlanError(BuildError):
     """The rules cannot build this checkout; the message says why."""
+
+    failure: FailureClass = "no_rule_matched"
+
+
+class ToolchainUnavailable(PlanError):
+    """The project needs a toolchain kiln's image does not have and cannot fetch; never a stand-in for it."""
+
+    failure: FailureClass = "toolchain_unavailable"
 
 
 class StepFailed(BuildError):

@@ -32,7 +32,7 @@ from kiln.workers.common.containers import OutputTail
 # Where the dependency step leaves tools and caches: created for the unprivileged user by kiln's own root step
 # (no repository code in it), so the dependency install, the project's build, later rebuilds and tests all run as
 # that user (/opt/cargo-home is world-writable in the toolchain image already).
-TOOL_DIRS = "/work /opt/venv /opt/c8 /opt/gopath"
+TOOL_DIRS = "/work /opt/venv /opt/c8 /opt/gopath /opt/kiln-js /opt/m2 /opt/gradle"
 MAKE_TOOL_DIRS = f"mkdir -p {TOOL_DIRS} && chown {UNPRIVILEGED} {TOOL_DIRS}"
 # Go's module cache outside any home directory, so root (dependencies) and uid 1000 (build, tests) share it.
 TOOL_ENV = "ENV GOPATH=/opt/gopath GOFLAGS=-modcacherw\n"
@@ -128,12 +128,36 @@ def check_image(client: Any, image: Any, labels: dict[str, str]) -> None:
         raise InfraError(f"built image {image.id[:19]} declares {', '.join(p for p in problems if p)}: refused")
 
 
+# Debian packages a plan needs beyond the toolchain (Plan.packages), installed by kiln's own recipe (root, no
+# repository code) from deb.debian.org through the egress proxy.
+_PACKAGES = ("RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+             "{packages} && rm -rf /var/lib/apt/lists/*\n")
+
+
+def toolchain_image(client: Any, toolchain: str, packages: list[str], timeout_s: float) -> str:
+    """The toolchain image with ``packages`` added: a layer built the first time a plan asks for that set (a JDK
+    and Maven; meson and ninja), keyed by the toolchain image and the set, so only projects that need it pay for
+    it (build time, disk); ``toolchain`` itself without any."""
+    if not packages:
+        return toolchain
+    toolchain_id = client.images.get(toolchain).id
+    dockerfile = f"FROM {toolchain}\n" + _PACKAGES.format(packages=" ".join(sorted(set(packages))))
+    key = hashlib.sha256(json.dumps([toolchain_id, dockerfile]).encode()).hexdigest()[:20]
+    tag = f"kiln/toolchain-extra:{key}"
+    if image_exists(client, tag):
+        return tag
+    with tempfile.TemporaryDirectory(prefix="kiln-toolchain-") as tmp:
+        build(client, Path(tmp), dockerfile, tag, timeout_s, {"kiln.role": "toolchain"})
+    return tag
+
+
 def dependency_image(client: Any, plan: Plan, checkout: Path, bases: BaseImages, timeout_s: float,
                      fresh: bool = False) -> tuple[str, bool]:
     """The dependency image for ``plan`` (built unless one with the same key exists, or ``fresh``); returns
     (tag, cached)."""
-    toolchain_id = client.images.get(bases.toolchain).id  # the tag moves when the toolchain image is rebuilt
-    dockerfile = (f"FROM {bases.toolchain}\n{TOOL_ENV}{_env_lines(plan.env)}{_run(MAKE_TOOL_DIRS)}WORKDIR /work\n"
+    toolchain = toolchain_image(client, bases.toolchain, plan.packages, timeout_s)
+    toolchain_id = client.images.get(toolchain).id  # the tag moves when the toolchain image is rebuilt
+    dockerfile = (f"FROM {toolchain}\n{TOOL_ENV}{_env_lines(plan.env)}{_run(MAKE_TOOL_DIRS)}WORKDIR /work\n"
                   f"COPY --chown={UNPRIVILEGED} manifests/ /work/\nUSER {UNPRIVILEGED}\n{_run(plan.deps_script)}")
     # The recipe itself is part of the key: a change to how dependency images are made never reuses old ones.
     key = hashlib.sha256(json.dumps([RULES_VERSION, plan.system, toolchain_id, dockerfile,

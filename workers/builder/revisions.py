@@ -92,7 +92,7 @@ async def build_layered(request: BuildRequest, store: SaucerStore, client: Any, 
     except (SaucerError, InfraError) as e:
         return event.model_copy(update={"failure": "infrastructure", "detail": str(e)[-4000:]})
     except PlanError as e:
-        return event.model_copy(update={"failure": "no_rule_matched", "detail": str(e)})
+        return event.model_copy(update={"failure": e.failure, "detail": str(e)})
     except StepFailed as e:
         return event.model_copy(update={"failure": "timeout" if e.timed_out else "compile_failed",
                                         "detail": e.log[-4000:]})

@@ -1,10 +1,11 @@
 """How to build a checkout: ordered, explainable rules keyed by *build system*, not language.
 
 ``plan(checkout)`` looks at the files only (no build runs here) and returns a ``Plan`` with every decision and its
-reason. Rules, in priority order: cmake, cargo, go, python, npm, make; a repository's own Dockerfile, when present,
+reason. Rules, in priority order: cmake, autotools, meson, cargo, go, maven, gradle, python, npm, make (and a test
+suite in a subdirectory: ``make -C tests``, ``tests/CMakeLists.txt``); a repository's own Dockerfile, when present,
 is the image recipe and the detected system supplies the test command. Ambiguity: the project's CI configuration
-decides (the system whose tool it runs), else a CMakeLists.txt beats a Makefile (usually generated or stale),
-else priority order. Bump ``RULES_VERSION`` whenever a change could alter a build: it is part of the build cache key.
+decides (the system whose tool it runs), else a CMakeLists.txt beats a Makefile (usually generated or stale), else
+priority order. Bump ``RULES_VERSION`` whenever a change could alter a build: it is part of the build cache key.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ import yaml
 
 from kiln.schemas.builder import Decision
 from kiln.schemas.images import REPORTS_DIR
+from kiln.workers.builder import reporters
 from kiln.workers.builder.dockerfile import confine
-from kiln.workers.builder.errors import PlanError
+from kiln.workers.builder.errors import PlanError, ToolchainUnavailable
+from kiln.workers.common import reports
 
-RULES_VERSION = 12
+RULES_VERSION = 13
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
 LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time
-PRIORITY = ["cmake", "autotools", "cargo", "go", "python", "npm", "make"]
+PRIORITY = ["cmake", "autotools", "meson", "cargo", "go", "maven", "gradle", "python", "npm", "make"]
 CI_TOOLS = {
     "python": re.compile(r"\b(pytest|tox|nox|unittest)\b"),
     "go": re.compile(r"\bgo (test|build|vet)\b"),
@@ -39,6 +42,9 @@ CI_TOOLS = {
     "cmake": re.compile(r"\b(cmake|ctest)\b"),
     "autotools": re.compile(r"(^|\s)\./configure\b|\bautoreconf\b"),
     "make": re.compile(r"(^|[;&|]\s*)make\b"),
+    "meson": re.compile(r"\bmeson\b"),
+    "maven": re.compile(r"(^|\s|/)mvnw?\b"),
+    "gradle": re.compile(r"(^|\s|/)gradlew?\b"),
 }
 # Hub images whose role the local toolchain image (Debian bookworm + Go, Rust, Python 3.11, Node 20) can fill.
 LOCAL_BASES = {"python": "toolchain", "golang": "toolchain", "rust": "toolchain", "node": "toolchain",
@@ -62,6 +68,9 @@ class Plan:
     dockerfile: str | None = None  # the repository's Dockerfile with FROM lines mapped to local images
     lint_script: str = ""  # what the exec stage runs for "lint" on an image of this project
     alternatives: list[str] = field(default_factory=list)  # other systems present, tried when this one fails
+    # Debian packages the build needs beyond the toolchain image (a JDK and Maven, meson): a layer on it, built the
+    # first time a project needs that set (images.toolchain_image), so only such projects pay for it.
+    packages: list[str] = field(default_factory=list)
 
     def decide(self, topic: str, choice: str, reason: str) -> None:
         self.decisions.append(Decision(topic=topic, choice=choice, reason=reason))
@@ -72,7 +81,8 @@ def detect(root: Path) -> list[tuple[str, str]]:
     markers = {
         "cmake": ["CMakeLists.txt"], "autotools": ["configure"], "cargo": ["Cargo.toml"], "go": ["go.mod"],
         "python": ["pyproject.toml", "setup.py", "setup.cfg"], "npm": ["package.json"],
-        "make": ["Makefile", "makefile", "GNUmakefile"],
+        "make": ["Makefile", "makefile", "GNUmakefile"], "meson": ["meson.build"], "maven": ["pom.xml"],
+        "gradle": ["build.gradle", "build.gradle.kts", "settings.gradle", "settings.gradle.kts"],
     }
     found = []
     for system in PRIORITY:
@@ -137,9 +147,9 @@ def ci_commands(root: Path) -> list[str]:
     return [c for _job, commands in ci_jobs(root) for c in commands]
 
 
-_NOT_THE_SUITE = re.compile(r"bench|codspeed|perf|doc|lint|format|release|deploy|publish|typing|mypy|fuzz|miri",
+NOT_THE_SUITE = re.compile(r"bench|codspeed|perf|doc|lint|format|release|deploy|publish|typing|mypy|fuzz|miri",
                             re.IGNORECASE)
-_THE_SUITE = re.compile(r"\b(tests?|ci|unit|check|build|main)\b", re.IGNORECASE)
+THE_SUITE = re.compile(r"\b(tests?|ci|unit|check|build|main)\b", re.IGNORECASE)
 
 
 def _ci_test(jobs: list[tuple[str, list[str]]], pattern: str) -> tuple[str, str] | None:
@@ -150,8 +160,8 @@ def _ci_test(jobs: list[tuple[str, list[str]]], pattern: str) -> tuple[str, str]
 
     def score(item: tuple[str, str]) -> int:
         job, command = item
-        return (-4 * bool(_NOT_THE_SUITE.search(command)) - 2 * bool(_NOT_THE_SUITE.search(job.split(":", 1)[1]))
-                + bool(_THE_SUITE.search(job.split(":", 1)[1])))
+        return (-4 * bool(NOT_THE_SUITE.search(command)) - 2 * bool(NOT_THE_SUITE.search(job.split(":", 1)[1]))
+                + bool(THE_SUITE.search(job.split(":", 1)[1])))
 
     best = max(found, key=score)  # max keeps the first of equals: file order
     passed_over = sorted({job for job, c in found if score((job, c)) < score(best)})
@@ -234,9 +244,21 @@ def plan(root: Path, version: str = "0.0.0", exclude: set[str] | frozenset[str] 
     ci = [c for _job, commands in jobs for c in commands]
     has_dockerfile = (root / "Dockerfile").is_file() and "dockerfile" not in exclude
     if not found and not has_dockerfile:
+        suite = subdirectory_suite(root, jobs) if "make" not in exclude else None
+        if suite is not None:
+            p = Plan(system="make", recipe="rules", decisions=[Decision(
+                topic="detected", choice="make", reason=f"nothing to build at the root; {suite[0]}/ has a Makefile")],
+                toolchain={}, manifests=[], deps_script="true", build_script="true", test_script="false")
+            _make_suite(root, p, suite)
+            return p
         nested = [d for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith(".") and detect(d)]
-        if len(nested) == 1:
-            return _in_subdirectory(plan(nested[0], version, exclude), nested[0].name)
+        # A conventional test directory with its own build (tests/CMakeLists.txt) beats docs/ or examples/ beside it.
+        conventional = [d for d in nested if d.name in SUITE_DIRECTORIES]
+        if len(nested) == 1 or len(conventional) == 1:
+            chosen = nested[0] if len(nested) == 1 else conventional[0]
+            return _in_subdirectory(plan(chosen, version, exclude), chosen.name, "the only first-level directory "
+                                    "with a build system" if len(nested) == 1 else "the conventional test directory "
+                                    f"among those with a build system ({', '.join(d.name for d in nested)})")
         raise PlanError("no rule matched: none of CMakeLists.txt, configure, Cargo.toml, go.mod or Go sources, "
                         "pyproject.toml, setup.py, package.json, Makefile or Dockerfile at the repository root"
                         + (f" besides {', '.join(sorted(exclude))}, which failed" if exclude else ""))
@@ -272,11 +294,11 @@ def plan(root: Path, version: str = "0.0.0", exclude: set[str] | frozenset[str] 
     return p
 
 
-def _in_subdirectory(p: Plan, sub: str) -> Plan:
-    """A plan made for the only subdirectory with a build system, run from the repository root."""
+def _in_subdirectory(p: Plan, sub: str, why: str) -> Plan:
+    """A plan made for a subdirectory with a build system, run from the repository root."""
     where = f"cd {shlex.quote(sub)} && "
-    p.decisions.insert(0, Decision(topic="project directory", choice=sub, reason="nothing to build at the root; "
-                                   "the only first-level directory with a build system"))
+    p.decisions.insert(0, Decision(topic="project directory", choice=sub, reason=f"nothing to build at the root; "
+                                   f"{why}"))
     p.manifests = [f"{sub}/{m}" for m in p.manifests]
     # The dependency layer holds the manifests only: the directory exists there only if one of them is in it.
     p.deps_script, p.build_script, p.test_script = (f"mkdir -p {shlex.quote(sub)} && {where}{p.deps_script}",
@@ -360,44 +382,86 @@ def _python_test_dependencies(root: Path, doc: dict[str, Any], p: Plan) -> list[
 
 
 _PYTEST_LINE = re.compile(r"(?:^|\s)(?:python\d?(?:\.\d+)? -m |coverage run (?:\S+ )*?-m )?(?:pytest|py\.test)\b(.*)$")
-_NOX_PYTEST = re.compile(r"session\.run\(\s*(?:[\"']python[\"']\s*,\s*[\"']-m[\"']\s*,\s*)?[\"']pytest[\"']((?:\s*,\s*"
-                         r"[\"'][^\"']*[\"'])*)")
+
+def _tox_args(line: str) -> str:
+    """The arguments of a tox command's pytest (``_PYTEST_LINE`` matched), substitutions as tox would leave them
+    for kiln's run: ``{posargs:tests}`` runs tests when none are given; other substitutions are tox's business, and
+    so is the option that takes one: "--basetemp={envtmpdir}" kept as "--basetemp=" would make pytest use (and
+    first empty) the working directory."""
+    m = _PYTEST_LINE.search(line)
+    assert m is not None
+    args = re.sub(r"\{posargs\}", "", re.sub(r"\{posargs:([^}]*)\}", r"\1", m.group(1)))
+    args = re.sub(r"(?:(?<=\s)-[\w-]+[= ])?\{[^}]*\}", "", f" {args}")
+    return re.sub(r"\s+", " ", args).strip()
+
+
+def _tox_ini_commands(text: str) -> list[tuple[str, str]]:
+    """(environment, command) of an ini-style tox configuration, as tox reads it: a line ending in a backslash
+    continues on the next; ``[testenv]`` first, then the ``[testenv:NAME]`` sections (docs, lint and the like last)."""
+    cfg = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        cfg.read_string(text)
+    except configparser.Error:
+        return []
+    sections = [s for s in cfg.sections() if s == "testenv" or s.startswith("testenv:")]
+    sections.sort(key=lambda s: (s != "testenv", bool(NOT_THE_SUITE.search(s))))  # stable: file order
+    return [(section, line.strip()) for section in sections
+            for line in re.sub(r"\\[ \t]*\n[ \t]*", " ", cfg.get(section, "commands", fallback="")).splitlines()
+            if line.strip()]
+
+
+def _tox_toml_commands(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """(environment, command) of tox 4's TOML configuration (tox.toml, or pyproject's ``[tool.tox]``):
+    ``env_run_base.commands`` and ``env.NAME.commands``, each command a list of arguments."""
+    envs = [("env_run_base", doc.get("env_run_base", {}))] + [
+        (f"env.{name}", body) for name, body in sorted(doc.get("env", {}).items(), key=lambda e: bool(
+            NOT_THE_SUITE.search(e[0])))]
+    return [(env, " ".join(shlex.quote(str(a)) if not str(a).startswith("{") else str(a) for a in command))
+            for env, body in envs if isinstance(body, dict)
+            for command in body.get("commands", []) if isinstance(command, list)]
+
+
+def _nox_commands(text: str) -> list[str]:
+    """The commands of noxfile.py's ``session.run(…)`` calls, their string arguments joined (``*session.posargs``
+    and other expressions left out)."""
+    commands = []
+    for m in re.finditer(r"session\.run\(", text):
+        depth, end = 1, m.end()
+        while end < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            end += 1
+        arguments = re.split(r"\b\w+\s*=", text[m.end():end - 1])[0]  # keyword arguments (env=, …) are no words
+        commands.append(" ".join(shlex.quote(a) for a in re.findall(r"[\"']([^\"']*)[\"']", arguments)))
+    return commands
 
 
 def task_runner_pytest(root: Path) -> tuple[str, str] | None:
-    """(pytest arguments, where they come from) for a project tested through tox or nox: the pytest line of tox's
-    ``[testenv] commands`` (tox.ini, setup.cfg's ``[testenv]``, pyproject's ``legacy_tox_ini``), else the
-    ``session.run("pytest", …)`` of noxfile.py; substitutions (``{posargs}``) dropped."""
-    sources: list[tuple[str, str]] = []
+    """(pytest arguments, where they come from) for a project tested through tox or nox: the pytest command of tox's
+    test environments (tox.ini, setup.cfg's ``[testenv]``, pyproject's ``legacy_tox_ini``, tox 4's tox.toml and
+    ``[tool.tox]``), else of noxfile.py's ``session.run(…)`` calls (``pytest``, ``python -m pytest``, ``coverage
+    run -m pytest``); substitutions (``{posargs}``) dropped."""
+    sources: list[tuple[str, list[tuple[str, str]]]] = []
     for name in ("tox.ini", "setup.cfg"):
         if (root / name).is_file():
-            sources.append((name, (root / name).read_text(errors="replace")))
-    if (root / "pyproject.toml").is_file():
-        with contextlib.suppress(tomllib.TOMLDecodeError):
-            legacy = tomllib.loads((root / "pyproject.toml").read_text()).get("tool", {}).get("tox", {})
-            if isinstance(legacy.get("legacy_tox_ini"), str):
-                sources.append(("pyproject.toml [tool.tox]", legacy["legacy_tox_ini"]))
-    for name, text in sources:
-        cfg = configparser.ConfigParser(interpolation=None, strict=False)
-        with contextlib.suppress(configparser.Error):
-            cfg.read_string(text)
-            # tox joins a line that ends with a backslash to the next one (one command over several lines).
-            commands = re.sub(r"\\[ \t]*\n[ \t]*", " ", cfg.get("testenv", "commands", fallback=""))
-            for line in commands.splitlines():
-                m = _PYTEST_LINE.search(line.strip())
-                if m:
-                    # {posargs:tests} runs tests when none are given; other substitutions are tox's business, and
-                    # so is the option that takes one: "--basetemp={envtmpdir}" kept as "--basetemp=" would make
-                    # pytest use (and first empty) the working directory.
-                    args = re.sub(r"\{posargs\}", "", re.sub(r"\{posargs:([^}]*)\}", r"\1", m.group(1)))
-                    args = re.sub(r"(?:(?<=\s)-[\w-]+[= ])?\{[^}]*\}", "", f" {args}")
-                    args = re.sub(r"\s+", " ", args).strip()
-                    return args, f"{name}'s testenv runs {line.strip()!r}"
+            sources.append((name, _tox_ini_commands((root / name).read_text(errors="replace"))))
+    for name in ("tox.toml", "pyproject.toml"):
+        if (root / name).is_file():
+            with contextlib.suppress(tomllib.TOMLDecodeError):
+                doc = tomllib.loads((root / name).read_text())
+                tox = doc.get("tool", {}).get("tox", {}) if name == "pyproject.toml" else doc
+                if isinstance(tox.get("legacy_tox_ini"), str):
+                    sources.append((f"{name} [tool.tox]", _tox_ini_commands(tox["legacy_tox_ini"])))
+                elif isinstance(tox, dict):
+                    sources.append((name, _tox_toml_commands(tox)))
+    for name, commands in sources:
+        for env, command in commands:
+            if _PYTEST_LINE.search(command):
+                return _tox_args(command), f"{name}'s {env} runs {command!r}"
     if (root / "noxfile.py").is_file():
-        m = _NOX_PYTEST.search((root / "noxfile.py").read_text(errors="replace"))
-        if m:
-            args = " ".join(shlex.quote(a) for a in re.findall(r"[\"']([^\"']*)[\"']", m.group(1)))
-            return args, f"noxfile.py runs pytest {args}".strip()
+        for command in _nox_commands((root / "noxfile.py").read_text(errors="replace")):
+            if _PYTEST_LINE.search(command):
+                args = _tox_args(command)
+                return args, f"noxfile.py runs pytest {args}".strip()
     return None
 
 
@@ -428,8 +492,8 @@ def _python(root: Path, p: Plan, ci: CiJobs) -> None:
             ok, clause = _python_supported(str(meta["requires-python"]))
             p.toolchain["python"] = f"requires {meta['requires-python']}; toolchain 3.11"
             if not ok:
-                raise PlanError(f"requires-python {meta['requires-python']!r} excludes the toolchain's Python 3.11 "
-                                f"({clause})")
+                raise ToolchainUnavailable(f"requires-python {meta['requires-python']!r} excludes the toolchain's "
+                                           f"Python 3.11 ({clause})")
     p.toolchain.setdefault("python", "3.11")
     deps += _python_test_dependencies(root, doc, p)
     p.manifests = [m for m in ("pyproject.toml", "setup.py", "setup.cfg", "tox.ini") if (root / m).is_file()]
@@ -508,7 +572,7 @@ def _go(root: Path, p: Plan, ci: CiJobs) -> None:
         if m:
             p.toolchain["go"] = f"go.mod says {m.group(1)}; toolchain 1.26"
             if _version(m.group(1))[:2] > TOOLCHAIN["go"]:
-                raise PlanError(f"go.mod needs Go {m.group(1)}, newer than the toolchain's 1.26")
+                raise ToolchainUnavailable(f"go.mod needs Go {m.group(1)}, newer than the toolchain's 1.26")
         p.manifests = [m for m in ("go.mod", "go.sum") if (root / m).is_file()]
         p.deps_script = "go mod download"
         p.build_script = "go build ./..."
@@ -586,19 +650,23 @@ def _cargo(root: Path, p: Plan, ci: CiJobs) -> None:
         p.decide("lockfile", "generated", "no Cargo.lock: cargo fetch resolves one in the dependency layer")
     p.build_script = "cargo test --no-run --offline -q"
     p.lint_script = "cargo check --offline --message-format=short 2>&1; true"
-    p.decide("test command", "cargo test", "Cargo project")
+    p.decide("test command", "cargo test --no-fail-fast", "Cargo project; every test binary runs, though an earlier "
+                                                           "one failed")
     p.decide("coverage", "llvm source-based", "-C instrument-coverage, llvm-profdata/llvm-cov 22 (rustc's LLVM)")
     objects = ("$(cargo test --no-run --offline --message-format=json 2>/dev/null | python3 -c \"import json,sys; "
                "print(' '.join('-object ' + m['executable'] for m in map(json.loads, sys.stdin) "
                "if m.get('executable') and m.get('profile', {}).get('test')))\")")
-    p.test_script = (f"cargo test --offline 2>&1 | tee {REPORTS_DIR}/cargo-test.txt; rc=${{PIPESTATUS[0]}}; "
+    # --no-fail-fast: every test binary runs, though an earlier one failed (a patch that breaks one unit test must
+    # not hide every integration test's result).
+    p.test_script = (f"cargo test --offline --no-fail-fast 2>&1 | tee {REPORTS_DIR}/cargo-test.txt; "
+                     "rc=${PIPESTATUS[0]}; "
                      f"llvm-profdata merge -sparse {REPORTS_DIR}/prof/*.profraw -o /tmp/kiln-cov.profdata && "
                      f"llvm-cov export -format=lcov -instr-profile=/tmp/kiln-cov.profdata "
                      f"-ignore-filename-regex='/(\\.cargo|rustc|cargo-home)/' {objects} > {REPORTS_DIR}/lcov.info; "
                      "exit $rc")
 
 
-def _npm_test_tools(root: Path, pkg: dict[str, Any]) -> set[str] | None:
+def npm_test_tools(root: Path, pkg: dict[str, Any]) -> set[str] | None:
     """Dev dependencies the test script (following ``npm run`` chains) or the test files name; None without a
     test script."""
     scripts, dev = pkg.get("scripts", {}), set(pkg.get("devDependencies", {}))
@@ -644,7 +712,7 @@ def _npm(root: Path, p: Plan, ci: CiJobs) -> None:
     scripts = pkg.get("scripts", {})
     # Lifecycle scripts (prepare: often a TypeScript build) need the sources: not in the manifests-only layer.
     install = f"{install} --ignore-scripts"
-    needed = _npm_test_tools(root, pkg)
+    needed = npm_test_tools(root, pkg)
     if manager == "npm" and needed is not None:
         # Dev dependencies the tests never use (linters, release tools) can be uninstallable here (a git URL, a
         # dist-tag the registry lacks): when the full install fails, install the dependencies plus the ones the
@@ -668,22 +736,37 @@ def _npm(root: Path, p: Plan, ci: CiJobs) -> None:
     # pretest/posttest hooks lint and audit (audits need the network): the suite is scripts.test itself.
     command = f"{manager} test" + (" --ignore-scripts" if manager == "npm" else "")
     found = npm_runner(scripts)
-    setup = ""
+    setup, stdout = "", ""
     if found is not None:
-        command = with_reporter(found.runner, found.command)
+        declared = {**pkg.get("dependencies", {}), **pkg.get("devDependencies", {})}.get(found.runner)
+        major = _version(str(declared))[:1] if declared else ()
+        command = with_reporter(found.runner, found.command, major[0] if major else None)
         setup = "".join(f"{step} && " for step in found.setup)
+        stdout = f" >{REPORTS_DIR}/{STDOUT_REPORTS[found.runner]}" if found.runner in STDOUT_REPORTS else ""
+        if found.runner in ("uvu", "jasmine"):
+            # The file exists before the runner starts: without a line in it the run has no results (its printed
+            # lines, which the code under test shares, are not read instead).
+            setup = f": > {REPORTS_DIR}/{found.runner}.tap; {setup}"
+            p.deps_script += f" && {reporters.install_script()}"
+            p.decide("reporter", f"kiln's {found.runner} reporter", f"{found.runner} has no reporter writing per-test "
+                     "results to a file: kiln's writes one line per test, checked against the runner's own summary")
         p.decide("test command", " && ".join([*found.setup, found.command]),
                  f"the {found.runner} command of scripts.test (and the steps before it), run with a reporter writing "
                  "per-test results to a file kiln reads (lint steps and a stop at the first failure left out)")
     else:
         p.decide("test command", command, "package.json scripts.test, without its pre/post hooks (lint, audit); "
                                           "no runner kiln can give a reporter: per-test lines read from its output")
-    p.test_script = (f"export PATH=$PWD/node_modules/.bin:$PATH; {setup}/opt/c8/bin/c8 --reporter=json "
-                     f"--report-dir={REPORTS_DIR} --exclude='test/**' --exclude='**/*.test.*' {command} 2>&1 | "
-                     f"tee {REPORTS_DIR}/test-output.txt; exit ${{PIPESTATUS[0]}}")
+    # Variables the command sets go before c8, which would take the first of them for the program to run.
+    env = re.match(r"(?:[A-Za-z_]\w*=\S*\s+)*", command)
+    assigned = env.group(0) if env else ""
+    # "2>&1 >file": stderr to the pipe, stdout (a runner's TAP) to its report file.
+    p.test_script = (f"export PATH=$PWD/node_modules/.bin:$PATH; {setup}{assigned}/opt/c8/bin/c8 --reporter=json "
+                     f"--report-dir={REPORTS_DIR} --exclude='test/**' --exclude='**/*.test.*' "
+                     f"{command[len(assigned):]} 2>&1{stdout} | tee {REPORTS_DIR}/test-output.txt; "
+                     "exit ${PIPESTATUS[0]}")
 
 
-NPM_RUNNERS = ("mocha", "jest", "vitest", "node")
+NPM_RUNNERS = ("mocha", "jest", "vitest", "node", "uvu", "ava", "tap", "jasmine", "qunit")
 _LINT_STEP = re.compile(r"^(?:npx\s+)?(?:eslint|standard|semistandard|prettier|xo|tslint|jshint|jscs|markdownlint|"
                         r"attw|depcheck|licensee|aud|npm audit|tsc\b.*--noEmit)\b")
 _LINT_SCRIPT = re.compile(r"lint|format|prettier|audit|typecheck|types|check-types|tsd", re.IGNORECASE)
@@ -737,17 +820,28 @@ _REPORTER_OPTIONS = re.compile(r"\s(?:(?:--reporter|-R|--reporter-options?|-O|--
                                r"--test-reporter|--test-reporter-destination)(?:[= ](?!-)\S+)?|--json)(?=\s|$)")
 
 
-# Stop at the first failure (mocha's and jest's --bail/-b, vitest's --bail=N): the tests after it never report, so
-# a patch that breaks one test would score as one that breaks them all (real: merge-descriptors 1.0.1, whose first
-# test fails on Node 20 and whose --bail left 1 result of 8).
-_BAIL = re.compile(r"\s(?:--bail(?:[= ]\d+)?|-b)(?=\s|$)")
+# Stop at the first failure (mocha's and jest's --bail/-b, vitest's --bail=N, ava's and jasmine's --fail-fast): the
+# tests after it never report, so a patch that breaks one test would score as one that breaks them all (real:
+# merge-descriptors 1.0.1, whose first test fails on Node 20 and whose --bail left 1 result of 8).
+_BAIL = re.compile(r"\s(?:--bail(?:[= ]\d+)?|-b|--fail-fast)(?=\s|$)")
+# Options that change how a runner reports or runs that kiln's reporter cannot live with: jasmine's parallel mode
+# refuses reporters added by a helper; node-tap's coverage (nyc, or c8 built in) would be checked at 100 % in tap
+# >= 15 and wraps the run kiln's c8 already wraps.
+_RUNNER_OPTIONS = re.compile(r"\s(?:--parallel(?:=\S+)?|--100|--check-coverage|--no-check-coverage|--cov|"
+                             r"--coverage|--no-coverage|--disable-coverage|--coverage-report(?:[= ]\S+)?|"
+                             r"--nyc-arg(?:[= ]\S+)?)(?=\s|$)")
+# Runners whose report kiln takes from their stdout (TAP with their own count at the end): the file it goes to.
+STDOUT_REPORTS = {"ava": "ava.tap", "qunit": "qunit.tap", "tap": "tap.tap"}
 
 
-def with_reporter(runner: str, command: str) -> str:
+def with_reporter(runner: str, command: str, major: int | None = None) -> str:
     """``command`` with its own reporter options and any stop at the first failure removed, and kiln's reporter
-    added: a report file in the reports directory (mocha's xunit, jest's and vitest's JSON, node's TAP) next to the
-    human output."""
+    added: a report file in the reports directory (mocha's xunit, jest's and vitest's JSON, node's TAP, kiln's own
+    uvu and jasmine reporters) next to the human output, or TAP on stdout (ava, QUnit, node-tap: ``STDOUT_REPORTS``
+    says where the test command sends it). ``major``: the runner's major version, where its options differ (tap)."""
     bare = _BAIL.sub("", _REPORTER_OPTIONS.sub("", f" {command}")).strip()
+    if runner in ("ava", "qunit", "tap", "jasmine"):
+        bare = _RUNNER_OPTIONS.sub("", f" {bare}").strip()
     if runner == "mocha":
         # _mocha is the runner itself: mocha 1.x's bin/mocha wrapper runs it through a spawn option Node 20 no
         # longer has, and prints nothing (real: etag, methods). "--reporter-options" (plural) is what mocha < 6
@@ -759,6 +853,17 @@ def with_reporter(runner: str, command: str) -> str:
     if runner == "vitest":
         run = "" if re.search(r"\bvitest (run|--run)\b", bare) else " --run"
         return f"{bare}{run} --reporter=default --reporter=json --outputFile.json={REPORTS_DIR}/vitest.json"
+    if runner == "uvu":
+        return f"{reporters.UVU_REPORT_ENV}={REPORTS_DIR}/uvu.tap {bare}"
+    if runner == "jasmine":
+        return f"{reporters.JASMINE_REPORT_ENV}={REPORTS_DIR}/jasmine.tap {bare} --helper={reporters.JASMINE_HELPER}"
+    if runner == "ava":
+        return f"{bare} --tap"
+    if runner == "qunit":
+        return f"{bare} --reporter tap"
+    if runner == "tap":
+        # node-tap 18 renamed the options: --reporter=tap and --disable-coverage (before: -R tap, --no-coverage).
+        return f"{bare} --reporter=tap --disable-coverage" if (major or 0) >= 18 else f"{bare} -R tap --no-coverage"
     return bare.replace("node ", f"node --test-reporter=tap --test-reporter-destination={REPORTS_DIR}/node-tap.txt "
                                  "--test-reporter=spec --test-reporter-destination=stdout ", 1)
 
@@ -808,12 +913,60 @@ _TEST_BINARY = re.compile(r"(?:^|&&|;)\s*(\./[\w./-]*test[\w.-]*)(?:\s|$)", re.I
 _BINARY_TARGET = re.compile(r"[\w-]*(?:test|check)[\w-]*", re.IGNORECASE)  # a file target, no extension
 
 
-def _make(root: Path, p: Plan, ci: CiJobs) -> None:
-    text = next((root / m).read_text(errors="replace") for m in ("Makefile", "makefile", "GNUmakefile")
-                if (root / m).is_file())
+MAKEFILES = ("Makefile", "makefile", "GNUmakefile")
+SUITE_DIRECTORIES = ("tests", "test", "t", "testing")
+_CI_MAKE_IN = re.compile(r"(?:^|[;&|]\s*)(?:make\b[^;&|]*?\s-C\s*(?P<dir>[\w./-]+)(?P<rest>[^;&|]*)|"
+                         r"cd\s+(?P<cd>[\w./-]+)\s*&&\s*make\b(?P<after>[^;&|]*))")
+
+
+def _test_target(text: str) -> str | None:
     targets = re.findall(r"^([\w.-]+)\s*:(?!=)", text, re.MULTILINE)
-    target = next((t for t in ("test", "check") if t in targets), None) or next(
+    return next((t for t in ("test", "check") if t in targets), None) or next(
         (t for t in targets if re.fullmatch(r"(test|check|tests|unittests?|runtests?)([-_.]\w+)?", t)), None)
+
+
+def subdirectory_suite(root: Path, ci: CiJobs) -> tuple[str, str, str] | None:
+    """(directory, make target, why) of a test suite whose Makefile is in a subdirectory: the one CI runs (``make -C
+    tests``, ``make -C test check``, ``cd tests && make``; test jobs before docs and release ones), else a
+    conventional tests/, test/, t/ or testing/ with a Makefile (its test or check target, else its default one,
+    ``""``)."""
+    found = _ci_test(ci, _CI_MAKE_IN.pattern)
+    if found:
+        m = _CI_MAKE_IN.search(found[0])
+        assert m is not None
+        sub = os.path.normpath(m.group("dir") or m.group("cd"))
+        words = [w for w in (m.group("rest") or m.group("after") or "").split()
+                 if not w.startswith("-") and "=" not in w]
+        if not sub.startswith("..") and any((root / sub / f).is_file() for f in MAKEFILES):
+            return sub, words[0] if words else "", found[1]
+    for sub in SUITE_DIRECTORIES:
+        makefile = next((root / sub / f for f in MAKEFILES if (root / sub / f).is_file()), None)
+        if makefile is not None:
+            target = _test_target(makefile.read_text(errors="replace")) or ""
+            return sub, target, f"{sub}/{makefile.name} (the conventional place of a test suite)" + (
+                "" if target else ", its default target")
+    return None
+
+
+def _make_suite(root: Path, p: Plan, suite: tuple[str, str, str]) -> None:
+    """The test suite of a subdirectory's Makefile, after the root's own build when it has one."""
+    sub, target, why = suite
+    run = f"make -C {shlex.quote(sub)}" + (f" {target}" if target else "")
+    p.build_script = "make" if any((root / f).is_file() for f in MAKEFILES) else "true"
+    p.decide("test command", run, why)
+    _c_coverage(root, p)
+    p.lint_script = C_LINT
+    p.test_script = f"{run} 2>&1 | tee {REPORTS_DIR}/make-check.txt; rc=${{PIPESTATUS[0]}}; {GCOV}; exit $rc"
+
+
+def _make(root: Path, p: Plan, ci: CiJobs) -> None:
+    text = next((root / m).read_text(errors="replace") for m in MAKEFILES if (root / m).is_file())
+    targets = re.findall(r"^([\w.-]+)\s*:(?!=)", text, re.MULTILINE)
+    target = _test_target(text)
+    suite = subdirectory_suite(root, ci)
+    if suite is not None and (target is None or _ci_test(ci, _CI_MAKE_IN.pattern)):
+        _make_suite(root, p, suite)
+        return
     from_ci = _ci_test(ci, r"(^|\s)make\s+(test|check|tests|unittests?|runtests?)\b")
     commands = [c for _job, job_commands in ci for c in job_commands] + readme_commands(root)
     binary = next((m.group(1) for c in commands for m in [_TEST_BINARY.search(c)] if m), None)
@@ -875,8 +1028,160 @@ def _no_tests(root: Path, p: Plan, ci: CiJobs) -> None:
     p.decide("test command", "none", "no build system besides the Dockerfile: nothing known to run tests")
 
 
+# The JVM: Debian bookworm's OpenJDK 17, Maven 3.8 and Gradle 4.4.1 (the only Gradle there is: distributions come
+# from services.gradle.org, which builds cannot reach). Their repositories (~/.m2, the Gradle user home) live in the
+# dependency layer, filled through the egress proxy from Maven Central, read offline by the tests.
+JDK = ["openjdk-17-jdk-headless"]
+M2 = "/opt/m2"
+MVN = f"mvn -B -ntp -s {M2}/settings.xml"
+JACOCO = "org.jacoco:jacoco-maven-plugin:0.8.12"
+GRADLE_HOME = "/opt/gradle"
+GRADLE = "gradle --no-daemon --console=plain"
+DEBIAN_GRADLE = (4, 4, 1)
+# Maven's settings: every repository a pom names mirrored by Maven Central (the only one builds reach), through the
+# proxy the build step is given ($HTTPS_PROXY: host and port, as Maven and Gradle want them).
+_PROXY_PARTS = 'p=${HTTPS_PROXY:-${https_proxy:-}}; p=${p#*://}; p=${p%%/*}; host=${p%:*}; port=${p##*:}; '
+_MAVEN_SETTINGS = (
+    f"mkdir -p {M2} && {_PROXY_PARTS}{{ echo '<settings><localRepository>{M2}/repository</localRepository>"
+    "<mirrors><mirror><id>kiln-central</id><mirrorOf>*</mirrorOf><url>https://repo.maven.apache.org/maven2</url>"
+    "</mirror></mirrors><proxies>'; [ -n \"$host\" ] && for proto in https http; do echo \"<proxy><id>kiln-$proto"
+    "</id><active>true</active><protocol>$proto</protocol><host>$host</host><port>$port</port></proxy>\"; done; "
+    f"echo '</proxies></settings>'; }} > {M2}/settings.xml")
+# Gradle's: the proxy as system properties in the Gradle user home, and an init script adding ``kilnResolve`` to
+# every project (it resolves the test classpaths, downloading what the tests need).
+_GRADLE_SETUP = (
+    f"mkdir -p {GRADLE_HOME}/init.d && {_PROXY_PARTS}{{ [ -n \"$host\" ] && for proto in https http; do "
+    "echo \"systemProp.$proto.proxyHost=$host\"; echo \"systemProp.$proto.proxyPort=$port\"; done; "
+    f"true; }} > {GRADLE_HOME}/gradle.properties && echo "
+    "'allprojects { task kilnResolve { doLast { project.configurations.each { c -> "
+    "if (c.canBeResolved && c.name =~ /(?i)test.*(runtime|compile)classpath/) { c.resolve() } } } } }' "
+    f"> {GRADLE_HOME}/init.d/kiln.gradle")
+
+
+def _expect(into: str) -> str:
+    """Shell making ``into``/ of the reports directory with its marker before the runner starts (a run that leaves
+    no report there has no results: ``reports.EXPECTED_REPORTS``)."""
+    return f"mkdir -p {REPORTS_DIR}/{into} && : > {REPORTS_DIR}/{into}/{reports.EXPECTED_REPORTS}; "
+
+
+def _collect(pattern: str, into: str) -> str:
+    """Shell copying every file find's ``-path pattern`` matches into ``into``/ of the reports directory, numbered
+    (two modules may each have a ``TEST-x.xml``)."""
+    return (f"i=0; for f in $(find . -path '{pattern}'); do i=$((i+1)); mkdir -p {REPORTS_DIR}/{into} && "
+            f"cp \"$f\" \"{REPORTS_DIR}/{into}/$i-$(basename \"$f\")\"; done")
+
+
+def _pom_modules(root: Path) -> list[str]:
+    """The poms of a Maven build: the root's, and its modules' (``<module>``), transitively."""
+    found, todo = [], ["pom.xml"]
+    while todo:
+        pom = todo.pop(0)
+        if pom in found or not (root / pom).is_file():
+            continue
+        found.append(pom)
+        text = re.sub(r"<!--.*?-->", "", (root / pom).read_text(errors="replace"), flags=re.DOTALL)
+        for module in re.findall(r"<module>\s*([^<\s]+)\s*</module>", text):
+            path = os.path.normpath(Path(pom).parent / module)
+            todo.append(path if path.endswith(".xml") else f"{path}/pom.xml")
+    return [f for f in found if not f.startswith("..")]
+
+
+def _maven(root: Path, p: Plan, ci: CiJobs) -> None:
+    p.packages = [*JDK, "maven"]
+    p.toolchain["java"] = "OpenJDK 17, Maven 3.8 (Debian bookworm)"
+    poms = _pom_modules(root)
+    p.manifests = poms
+    if len(poms) > 1:
+        p.decide("modules", str(len(poms) - 1), "a multi-module build: every module's pom is in the dependency layer")
+    # go-offline cannot resolve one module's dependency on another from the poms alone (nothing is built yet): in a
+    # multi-module build what it leaves, the build step resolves with the sources in place.
+    go_offline = f"{MVN} org.apache.maven.plugins:maven-dependency-plugin:3.6.1:go-offline"
+    if len(poms) > 1:
+        go_offline = (f"{{ {go_offline} || echo 'kiln: go-offline left what the modules need of each other; the "
+                      "build resolves the rest'; }")
+    p.deps_script = f"{_MAVEN_SETTINGS} && {go_offline}"
+    poms_text = " ".join((root / pom).read_text(errors="replace") for pom in poms)
+    # Without a source level Maven's default compiler plugin asks for Java 5, which JDK 17 no longer compiles.
+    level = "" if re.search(r"maven\.compiler\.(source|release)|<(source|release)>", poms_text) else \
+        " -Dmaven.compiler.source=1.8 -Dmaven.compiler.target=1.8"
+    if level:
+        p.decide("java level", "1.8", "no pom names a source level: Maven's default (Java 5) is older than JDK 17 "
+                                      "compiles")
+    p.decide("dependencies", "Maven Central", "every repository mirrored by Maven Central through kiln's egress proxy "
+                                              f"(settings.xml), into {M2}/repository in the dependency layer")
+    # The build resolves what only a run asks for (Surefire's provider for the project's test framework, JaCoCo's
+    # agent and report) by running the tests with a filter that matches every test class and no test method: a
+    # filter matching no class would stop Surefire before it resolves its provider.
+    p.build_script = (f"{MVN}{level} {JACOCO}:prepare-agent test-compile surefire:test {JACOCO}:report "
+                      "'-Dtest=*#kilnResolvesTheRunnerOnly' -Dsurefire.failIfNoSpecifiedTests=false "
+                      "-DfailIfNoTests=false")
+    from_ci = _ci_test(ci, r"(^|\s|/)mvnw?\b.*\b(test|verify|install|package)\b")
+    p.decide("test command", "mvn test", (f"{from_ci[1]}; " if from_ci else "") + "Maven's test phase, offline, every "
+             "module tested (--fail-at-end), Surefire's JUnit XML read per test, JaCoCo's report per module")
+    p.lint_script = ""
+    jacoco = (f"j=0; for f in $(find . -path '*/target/site/jacoco/jacoco.xml'); do j=$((j+1)); "
+              f"mkdir -p {REPORTS_DIR}/jacoco && cp \"$f\" {REPORTS_DIR}/jacoco/$j.xml && "
+              f"echo \"${{f%/target/site/jacoco/jacoco.xml}}/src/main/java\" > {REPORTS_DIR}/jacoco/$j.dir; done")
+    collect = f"{_collect('*/target/surefire-reports/TEST-*.xml', 'surefire')}; {jacoco}"
+    p.test_script = (f"{_expect('surefire')}{MVN}{level} -o -fae {JACOCO}:prepare-agent test 2>&1 | "
+                     f"tee {REPORTS_DIR}/test-output.txt; "
+                     f"rc=${{PIPESTATUS[0]}}; {MVN} -o -q {JACOCO}:report >/dev/null 2>&1; {collect}; exit $rc")
+
+
+def gradle_version(root: Path) -> tuple[str, str] | None:
+    """(version, why) of the Gradle the project asks for: its wrapper's distribution, else what its build scripts
+    use that Debian's 4.4.1 lacks (the Kotlin DSL: 5.0; ``useJUnitPlatform``: 4.6); None when nothing says."""
+    wrapper = root / "gradle" / "wrapper" / "gradle-wrapper.properties"
+    if wrapper.is_file():
+        m = re.search(r"distributionUrl=.*gradle-([\d.]+)(?:-\w+)*-(?:bin|all)\.zip",
+                      wrapper.read_text(errors="replace"))
+        if m:
+            return m.group(1), f"its wrapper's distributionUrl names Gradle {m.group(1)}"
+    if any(root.glob("*.gradle.kts")):
+        return "5.0", "its build scripts use the Kotlin DSL (Gradle 5.0 on)"
+    scripts = " ".join(f.read_text(errors="replace") for f in [*root.glob("*.gradle"), *root.glob("*/build.gradle")])
+    if "useJUnitPlatform" in scripts:
+        return "4.6", "its tests run on the JUnit Platform (useJUnitPlatform: Gradle 4.6 on)"
+    return None
+
+
+def _gradle(root: Path, p: Plan, ci: CiJobs) -> None:
+    wanted = gradle_version(root)
+    if wanted and _version(wanted[0]) > DEBIAN_GRADLE:
+        raise ToolchainUnavailable(f"the project needs Gradle {wanted[0]} ({wanted[1]}); the only Gradle here is "
+                                   "Debian's 4.4.1, and Gradle distributions cannot be fetched (services.gradle.org "
+                                   "is no package registry kiln's builds reach)")
+    p.packages = [*JDK, "gradle"]
+    p.toolchain["java"] = "OpenJDK 17, Gradle 4.4.1 (Debian bookworm)"
+    p.decide("gradle", "4.4.1", wanted[1] if wanted else "nothing asks for a newer Gradle than Debian's")
+    p.env = {"GRADLE_USER_HOME": GRADLE_HOME}
+    p.manifests = sorted({str(f.relative_to(root)) for pattern in ("*.gradle", "gradle.properties", "*/build.gradle",
+                                                                   "*/*/build.gradle") for f in root.glob(pattern)})
+    # Dependencies resolved with the build scripts alone where they allow it; the build resolves the rest.
+    p.deps_script = (f"{_GRADLE_SETUP} && {{ {GRADLE} -q kilnResolve || echo 'kiln: the build scripts alone do not "
+                     "resolve; the build resolves the dependencies'; }")
+    p.build_script = f"{GRADLE} testClasses kilnResolve"
+    p.decide("test command", "gradle test", "Gradle's test task, offline, every project (--continue), its JUnit XML "
+                                           "read per test")
+    p.test_script = (f"{_expect('gradle')}{GRADLE} --offline --continue test 2>&1 | tee {REPORTS_DIR}/test-output.txt; "
+                     f"rc=${{PIPESTATUS[0]}}; {_collect('*/build/test-results/*/TEST-*.xml', 'gradle')}; exit $rc")
+
+
+def _meson(root: Path, p: Plan, ci: CiJobs) -> None:
+    p.packages = ["meson", "ninja-build"]
+    p.toolchain["meson"] = "meson 1.0, ninja 1.11 (Debian bookworm)"
+    p.lint_script = C_LINT
+    p.build_script = "meson setup build --buildtype=debug -Db_coverage=true && meson compile -C build"
+    p.decide("test command", "meson test", "meson project: meson test (it rebuilds first), its testlog.json read per "
+                                           "test; gcov coverage (-Db_coverage)")
+    p.test_script = (f": > {REPORTS_DIR}/meson-testlog.json; meson test -C build --print-errorlogs 2>&1 | "
+                     f"tee {REPORTS_DIR}/test-output.txt; "
+                     f"rc=${{PIPESTATUS[0]}}; cp build/meson-logs/testlog.json {REPORTS_DIR}/meson-testlog.json "
+                     f"2>/dev/null; (cd build && {GCOV}); exit $rc")
+
+
 RULE_FUNCTIONS = {"python": _python, "go": _go, "cargo": _cargo, "npm": _npm, "cmake": _cmake, "make": _make,
-                  "autotools": _autotools}
+                  "autotools": _autotools, "meson": _meson, "maven": _maven, "gradle": _gradle}
 
 
 def map_dockerfile(text: str, p: Plan) -> str:

@@ -84,7 +84,7 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
             try:
                 the_plan = plan(checkout, version, excluded)
             except PlanError as e:
-                rules_failed = last_failure or failed("no_rule_matched", str(e))
+                rules_failed = last_failure or failed(e.failure, str(e))
                 if agent is None:
                     return _remember(store, rules_failed)
                 on_step("agent")

@@ -51,7 +51,7 @@ class BuilderSettings(RenamedPrefix):
     registry_user: str = Field("", description="Registry user (infra/registry/registry.sh env).")
     registry_password: str = Field("", repr=False, description="Registry password.")
     agent: bool = Field(True, description="Fall back to the README/CI agent when the rules fail.")
-    agent_budget: int = Field(8, ge=1, le=100, description="Commands the agent may run per build.")
+    agent_budget: int = Field(16, ge=1, le=100, description="Commands the agent may run per build.")
     agent_url: str | None = Field(None, description="OpenAI-compatible endpoint (…/v1/chat/completions) for the agent.")
     agent_model: str = "gpt-4o-mini"
     agent_api_key: str = ""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
@@ -111,18 +112,70 @@ def go_test_json(text: str) -> TestReport:
     return tally("go test", list(cases.values()))
 
 
-_CARGO = re.compile(r"^test (.+?) \.\.\. (ok|FAILED|ignored)(?:, .*)?$", re.MULTILINE)
+_CARGO_TEST = re.compile(r"^test (.+?) \.\.\. ?(.*)$")
+_CARGO_VERDICT = re.compile(r"(ok|FAILED|ignored)(?:, .*)?")
 _CARGO_SUMMARY = re.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed; (\d+) ignored", re.MULTILINE)
+_CARGO_RUNNING = re.compile(r"running (\d+) tests?")
+# The names libtest gives its own tests: a path of Rust identifiers (``tests::adds``, ``r#type``), or a doc test's
+# ``<file> - <item> (line N)`` with rustdoc's suffixes (`` - compile fail``, `` - should panic``, `` - compile``).
+_LIBTEST_NAME = re.compile(r"(?:r#)?\w+(?:::(?:r#)?\w+)*|\S.* - .*\(line \d+\)(?: - [a-z ]+)?")
+_CARGO_OUTCOME: dict[str, Outcome] = {"ok": "passed", "FAILED": "failed", "ignored": "skipped"}
+UNANNOUNCED = "(a verdict of no test libtest announced)"
 
 
 def cargo_test(text: str) -> TestReport:
-    """One case per ``test NAME ... ok`` line (doc tests' names have spaces); the ``test result:`` lines of every
-    test binary, summed, are the summary they are checked against (``-q`` prints no names: not itemised)."""
-    outcome = {"ok": "passed", "FAILED": "failed", "ignored": "skipped"}
+    """One case per test libtest reports (doc tests' names have spaces); the ``test result:`` lines of every test
+    binary, summed, are the summary they are checked against (``-q`` prints no names: not itemised).
+
+    libtest prints ``test NAME ... ok`` once a test is done when it runs tests in parallel; running one at a time (one
+    CPU, or ``--test-threads=1``) it prints ``test NAME ... `` first and the verdict when the test ends, after
+    whatever the test wrote to the terminal itself: on the same line, or on a line of its own. A verdict line with
+    no test waiting for one is a case of its own (``UNANNOUNCED``), so a verdict printed by the code under test
+    before libtest's own still leaves a case too many.
+
+    A nested harness inside one libtest test (trybuild runs its UI cases inside one ``#[test]``, and prints ``test
+    tests/ui/x.rs [should pass] ... ok`` per case, straight to the terminal) adds lines libtest did not print. Per
+    test binary (``running N tests`` to its ``test result:``), when the cases outnumber the N tests libtest said it
+    runs and exactly N of them carry a name libtest gives (``_LIBTEST_NAME``), the others are the nested harness's
+    and no case. Anything else stays a case: a printed line with a libtest name, or lines that do not come down to
+    exactly N that way, still disagree with the summary (and dropping lines never adds a pass)."""
     summaries = [tuple(int(x) for x in m.groups()) for m in _CARGO_SUMMARY.finditer(text)]
     summary = (sum(s[0] for s in summaries), sum(s[1] for s in summaries)) if summaries else None
-    return tally("cargo test", [TestCaseResult(name=m.group(1), outcome=outcome[m.group(2)])
-                                for m in _CARGO.finditer(text)], summary)
+    kept: list[TestCaseResult] = []
+    block: list[TestCaseResult] = []
+    waiting: list[str] = []  # tests announced and not yet given a verdict, the latest last
+    declared: int | None = None
+
+    def case(name: str, verdict: str) -> None:
+        block.append(TestCaseResult(name=name, outcome=_CARGO_OUTCOME[verdict]))
+
+    def close() -> None:
+        # A test announced and never given a verdict (its process ended) failed.
+        block.extend(TestCaseResult(name=name, outcome="error", message="no verdict") for name in waiting)
+        waiting.clear()
+        own = [c for c in block if c.name == UNANNOUNCED or _LIBTEST_NAME.fullmatch(c.name)]  # libtest's verdicts
+        kept.extend(own if declared is not None and len(block) > declared == len(own) else block)
+        block.clear()
+
+    for line in text.splitlines():
+        running = _CARGO_RUNNING.fullmatch(line)
+        if running or _CARGO_SUMMARY.match(line):
+            close()
+            declared = int(running.group(1)) if running else None
+            continue
+        verdict = _CARGO_VERDICT.fullmatch(line.strip())
+        if verdict and (waiting or declared is not None):
+            case(waiting.pop() if waiting else UNANNOUNCED, verdict.group(1))
+            continue
+        while (m := _CARGO_TEST.match(line)) is not None:
+            verdict = _CARGO_VERDICT.fullmatch(m.group(2))
+            if verdict:
+                case(m.group(1), verdict.group(1))
+                break
+            waiting.append(m.group(1))  # announced; what follows on the line is the test's own output
+            line = m.group(2)
+    close()
+    return tally("cargo test", kept, summary)
 
 
 _AUTOMAKE = re.compile(r"^(PASS|FAIL|XFAIL|XPASS|SKIP|ERROR): (.+?)\s*$", re.MULTILINE)
@@ -146,6 +199,70 @@ def tap(text: str, runner: str) -> TestReport:
     for m in _TAP.finditer(text):
         outcome = "skipped" if m.group(3) else ("passed" if m.group(1) == "ok" else "failed")
         cases.append(TestCaseResult(name=(m.group(2) or "").strip() or "unnamed", outcome=outcome))
+    return tally(runner, cases)
+
+
+_TAP_POINT = re.compile(r"^( *)(not ok|ok)\b[ \t]*\d*(?:[ \t]+-)?(?:[ \t]+(.*?))?(?:[ \t]*#[ \t]*(SKIP|TODO)\b.*)?"
+                        r"[ \t]*$", re.IGNORECASE)
+_TAP_PLAN = re.compile(r"^( *)1\.\.(\d+)\b")
+_TAP_SUBTEST = re.compile(r"^( *)# Subtest: (.*?)\s*$")
+
+
+def tap_with_summary(text: str, runner: str) -> TestReport:
+    """A TAP stream a runner writes with its own count at the end (ava's ``--tap``, QUnit's ``--reporter tap``:
+    ``# pass N`` / ``# fail N``): every point is a case, checked against that count."""
+    report = tap(text, runner)
+    summary = _tap_counts(text)
+    return report.model_copy(update={"summary_passed": summary[0] if summary else None,
+                                     "summary_failed": summary[1] if summary else None})
+
+
+def _tap_counts(text: str) -> tuple[int, int] | None:
+    passed, failed = _count(r"^# pass\s+(\d+)\s*$", text), _count(r"^# fail\s+(\d+)\s*$", text)
+    return None if passed is None and failed is None else (passed or 0, failed or 0)
+
+
+def tap_subtests(text: str, runner: str) -> TestReport:
+    """node-tap's TAP (``tap -R tap``): a test is a subtest (its point follows a ``# Subtest: name`` block at the
+    same indent) with no subtests of its own, or a skipped one; the assertions inside it are no tests. node-tap
+    prints no total of its tests, so the stream is checked against itself: at every level the points must be as
+    many as its plan (``1..N``) says. A stream where they are not (points printed by the code under test into the
+    test's output), or a level without its plan (a run cut short), is not itemised."""
+    lines = text.splitlines()
+    cases: list[TestCaseResult] = []
+    # Per open block (by indent): [points seen, plan, whether a subtest point was seen inside].
+    blocks: dict[int, list[int]] = {}
+    header: dict[int, str] = {}
+    for line in lines:
+        sub = _TAP_SUBTEST.match(line)
+        if sub:
+            header[len(sub.group(1))] = sub.group(2)
+            continue
+        plan = _TAP_PLAN.match(line)
+        if plan:
+            block = blocks.setdefault(len(plan.group(1)), [0, -1, 0])
+            block[1] = int(plan.group(2))
+            continue
+        point = _TAP_POINT.match(line)
+        if not point:
+            continue
+        indent, name = len(point.group(1)), (point.group(3) or "").strip()
+        name = re.sub(r"\s*# time=[\d.]+m?s$", "", name)
+        block = blocks.setdefault(indent, [0, -1, 0])
+        block[0] += 1
+        # The block of this point's children (indent + 4) closes here: it must hold as many points as its plan.
+        children = blocks.pop(indent + 4, None)
+        if children is not None and children[0] != children[1]:
+            return TestReport(runner=runner, itemised=False)
+        is_subtest = header.pop(indent, None) is not None
+        has_subtests = bool(children and children[2])
+        if is_subtest or point.group(4):
+            block[2] = 1
+        if (is_subtest or point.group(4)) and not has_subtests:
+            outcome = "skipped" if point.group(4) else ("passed" if point.group(2).lower() == "ok" else "failed")
+            cases.append(TestCaseResult(name=name or "unnamed", outcome=outcome))
+    if any(b[0] != b[1] for b in blocks.values()):
+        return TestReport(runner=runner, itemised=False)
     return tally(runner, cases)
 
 
@@ -264,6 +381,108 @@ def runner_summary(text: str) -> tuple[int, int] | None:
     return None
 
 
+# Summaries of runners whose per-test results come from a file kiln's reporter writes (uvu, jasmine, meson,
+# Maven): what the runner itself prints at the end, read strictly (one family per runner, never another's).
+_UVU_TOTALS = re.compile(r"^\s*Total:\s+(\d+)\s*\n\s*Passed:\s+(\d+)\s*$", re.MULTILINE)
+_JASMINE = re.compile(r"^(\d+) specs?, (\d+) failures?(?:, (\d+) pending specs?)?\s*$", re.MULTILINE)
+_MESON = re.compile(r"^(Ok|Expected Fail|Fail|Unexpected Pass|Skipped|Timeout):\s+(\d+)\s*$", re.MULTILINE)
+# Maven's per-module totals after "Results:" (a per-class line goes on: ", Time elapsed: … in <class>").
+_MAVEN = re.compile(r"^(?:\[\w+\] )?Tests run: (\d+), Failures: (\d+), Errors: (\d+), Skipped: (\d+)"
+                    r"(?:, Flakes: \d+)?\s*$", re.MULTILINE)
+
+
+def printed_summary(runner: str, text: str) -> tuple[int, int] | None:
+    """(passed, failed) by what ``runner`` (uvu, jasmine, meson, maven) prints at the end, summed over modules
+    where it prints one per module; None when it printed none."""
+    text = _ANSI.sub("", text)
+    if runner == "uvu":
+        found = [(int(p), int(t) - int(p)) for t, p in _UVU_TOTALS.findall(text)]
+    elif runner == "jasmine":
+        found = [(int(s) - int(f) - int(p or 0), int(f)) for s, f, p in _JASMINE.findall(text)]
+    elif runner == "maven":
+        found = [(int(r) - int(f) - int(e) - int(s), int(f) + int(e)) for r, f, e, s in _MAVEN.findall(text)]
+    elif runner == "meson":
+        counts = {k: 0 for k in ("Ok", "Expected Fail", "Fail", "Unexpected Pass", "Timeout")}
+        matched = _MESON.findall(text)
+        for kind, n in matched:
+            counts[kind] = counts.get(kind, 0) + int(n)
+        found = [(counts["Ok"] + counts["Expected Fail"], counts["Fail"] + counts["Unexpected Pass"]
+                  + counts["Timeout"])] if matched else []
+    else:
+        raise ValueError(f"no printed summary known for {runner}")
+    return (sum(p for p, _f in found), sum(f for _p, f in found)) if found else None
+
+
+_MESON_OUTCOME: dict[str, Outcome] = {"OK": "passed", "EXPECTEDFAIL": "passed", "SKIP": "skipped", "FAIL": "failed",
+                                      "UNEXPECTEDPASS": "failed", "TIMEOUT": "failed", "ERROR": "error"}
+
+
+def meson_testlog(text: str, printed: str = "") -> TestReport:
+    """meson's ``meson-logs/testlog.json`` (one JSON object per test, written by ``meson test``), checked against
+    the counts ``meson test`` prints (``Ok: 2``, ``Fail: 0``, …)."""
+    cases = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        doc = _json(line, "meson testlog.json")
+        try:
+            name, result = str(doc["name"]), str(doc["result"])
+            duration = float(doc.get("duration") or 0)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ReportError(f"meson testlog.json lacks {e}") from None
+        if result not in _MESON_OUTCOME:
+            raise ReportError(f"meson testlog.json: unknown result {result[:40]!r}")
+        cases.append(TestCaseResult(name=name, outcome=_MESON_OUTCOME[result], duration_s=duration,
+                                    message=str(doc.get("stdo") or "")[-2000:] if result != "OK" else ""))
+    return tally("meson test", cases, printed_summary("meson", printed))
+
+
+def junit_files(texts: list[str], runner: str, summary: tuple[int, int] | None, from_files: bool = False) -> TestReport:
+    """JUnit XML written one file per test class (Maven Surefire's ``TEST-*.xml``, Gradle's), as one report.
+    ``summary``: the runner's own count; ``from_files``: for Gradle, which prints none when every test passes, the
+    counts Gradle wrote on each file's root suite instead."""
+    cases: list[TestCaseResult] = []
+    counted: list[tuple[int, int]] = []
+    for text in texts:
+        report = junit(text, runner)
+        cases += report.cases
+        try:
+            own = _suite_summary(ET.fromstring(text))
+        except ET.ParseError:
+            own = None
+        if own is not None:
+            counted.append(own)
+    if from_files and counted:
+        summary = (sum(p for p, _f in counted), sum(f for _p, f in counted))
+    return tally(runner, cases, summary)
+
+
+def jacoco_xml(reports: list[tuple[str, str]]) -> CoverageReport:
+    """JaCoCo's XML reports, each with the source directory of its module (``src/main/java`` under it): a line is
+    executable when it has instructions (``mi`` + ``ci`` > 0), covered when one of them ran (``ci`` > 0)."""
+    files: dict[str, tuple[set[int], set[int]]] = {}
+    for source_root, text in reports:
+        try:
+            root = ET.fromstring(text)
+        except ET.ParseError as e:
+            raise ReportError(f"JaCoCo XML does not parse: {e}") from None
+        for package in root.iter("package"):
+            for source in package.iter("sourcefile"):
+                path = "/".join(x for x in (source_root.strip("/"), package.get("name", ""), source.get("name", ""))
+                                if x)
+                exe, cov = files.setdefault(_relative(path, ("/work",)), (set(), set()))
+                for line in source.iter("line"):
+                    try:
+                        number, missed, covered = (int(line.get(a) or 0) for a in ("nr", "mi", "ci"))
+                    except ValueError:
+                        raise ReportError(f"JaCoCo XML: bad line {line.attrib}") from None
+                    if missed + covered:
+                        exe.add(number)
+                        if covered:
+                            cov.add(number)
+    return coverage_report("jacoco", files)
+
+
 def _json(text: str, what: str) -> Any:
     try:
         return json.loads(text)
@@ -314,8 +533,12 @@ def gcov_json(text: str, roots: Iterable[str] = ("/work",)) -> CoverageReport:
             continue
         doc = _json(line, "gcov JSON")
         try:
+            # A path relative to where the compiler ran (meson compiles ../src/x.c from its build directory).
+            cwd = str(doc.get("current_working_directory") or "")
             for entry in doc["files"]:
-                path = _relative(entry["file"], roots)
+                name = str(entry["file"])
+                path = _relative(os.path.normpath(os.path.join(cwd, name)) if cwd and not name.startswith("/") else
+                                 name, roots)
                 if path.startswith("/usr/") or "CMakeFiles" in path:
                     continue
                 exe, cov = files.setdefault(path, (set(), set()))
@@ -401,6 +624,45 @@ _STRUCTURED: tuple[tuple[str, Callable[[str, str], TestReport]], ...] = (
 _PRINTED = ("make-check.txt", "test-output.txt")
 
 
+def _with(report: TestReport, summary: tuple[int, int] | None) -> TestReport:
+    return report.model_copy(update={"summary_passed": summary[0] if summary else None,
+                                     "summary_failed": summary[1] if summary else None})
+
+
+EXPECTED_REPORTS = "kiln-expected"
+
+
+def _kiln_reporter(text: dict[str, str], printed: str) -> TestReport | None:
+    """The report of a runner whose results a reporter of kiln's choosing left (Maven Surefire's and Gradle's JUnit
+    files, meson's testlog, the TAP of ava, QUnit and node-tap, kiln's own uvu and jasmine reporters), checked
+    against the runner's own count; None when none is there. It is the run's only word: never read from the
+    printed lines instead, which the code under test shares."""
+    surefire = [t for n, t in sorted(text.items()) if n.startswith("surefire/") and n.endswith(".xml")]
+    gradle = [t for n, t in sorted(text.items()) if n.startswith("gradle/") and n.endswith(".xml")]
+    report: TestReport | None = None
+    # The test command makes the directory's marker (``EXPECTED_REPORTS``) before the runner starts: a run that
+    # left no report file there is a run without results, never one read from its printed lines.
+    if surefire or f"surefire/{EXPECTED_REPORTS}" in text:
+        report = junit_files(surefire, "maven", printed_summary("maven", printed))
+    elif gradle or f"gradle/{EXPECTED_REPORTS}" in text:
+        report = junit_files(gradle, "gradle", None, from_files=True)
+    elif "meson-testlog.json" in text:
+        report = meson_testlog(text["meson-testlog.json"], printed)
+    elif "tap.tap" in text:
+        return tap_subtests(text["tap.tap"], "tap")  # checked against its plans instead
+    for runner in ("uvu", "jasmine"):
+        if report is None and f"{runner}.tap" in text:
+            report = _with(tap(text[f"{runner}.tap"], runner), printed_summary(runner, printed))
+    for runner in ("ava", "qunit"):
+        if report is None and f"{runner}.tap" in text:
+            report = tap_with_summary(text[f"{runner}.tap"], runner)
+    if report is not None and report.summary_passed is None:
+        # Without the runner's count nothing says the results are all of them (a process that exits 0 halfway,
+        # its report cut short, would look like a clean pass).
+        return TestReport(runner=report.runner, itemised=False)
+    return report
+
+
 def parse_results(system: str, exit_code: int | None, files: dict[str, bytes], module: str = "") -> TestReport | None:
     """The test report (with coverage) from the files a test run left in the reports directory; None when the
     suite did not run (a missing command; or a failing exit with neither per-test results nor a summary). A run
@@ -413,15 +675,23 @@ def parse_results(system: str, exit_code: int | None, files: dict[str, bytes], m
             if report.cases:
                 break
     printed = next((text[n] for n in _PRINTED if n in text), "")
+    own = _kiln_reporter(text, printed) if report is None or not report.cases else None
+    if own is not None and not own.cases:
+        if exit_code in (None, 126, 127) or (own.summary_passed is None and exit_code != 0):
+            return None
+        own = TestReport(runner=own.runner, itemised=False, summary_passed=own.summary_passed,
+                         summary_failed=own.summary_failed)
+    if own is not None:
+        report = own
     xunit = re.search(r"<testsuite\b.*</testsuite>", printed, re.DOTALL)
-    if (report is None or not report.cases) and xunit:
+    if (report is None or not report.cases) and xunit and own is None:
         # mocha before 2.2 has no output option for its xunit reporter: the XML is among the printed lines (real:
         # etag's mocha 1.21).
         with contextlib.suppress(ReportError):
             report = junit(xunit.group(0), "mocha", summary=True)
-    if (report is None or not report.cases) and printed:
+    if (report is None or not report.cases) and printed and own is None:
         report = per_test_lines(printed, "make check" if system in ("make", "autotools") else f"{system} test")
-    if report is None or not report.cases:
+    if (report is None or not report.cases) and own is None:
         summary = runner_summary(printed) if printed else None
         if exit_code in (None, 126, 127) or (summary is None and exit_code != 0):
             return None
@@ -439,6 +709,10 @@ def parse_results(system: str, exit_code: int | None, files: dict[str, bytes], m
         coverage = istanbul(text["coverage-final.json"])
     elif "lcov.info" in text:
         coverage = lcov(text["lcov.info"], "llvm-cov")
+    elif any(n.startswith("jacoco/") for n in text):
+        coverage = jacoco_xml([(text.get(n[:-4] + ".dir", "").strip(), t) for n, t in sorted(text.items())
+                               if n.startswith("jacoco/") and n.endswith(".xml")])
+    assert report is not None
     return report.model_copy(update={"coverage": coverage})
 
 

@@ -292,7 +292,8 @@ def tox_project(path: Path) -> Builder:
     """CI's only ``pytest`` line is a benchmark job; the test job runs tox, whose testenv runs ``pytest tests``
     (real: a Python project whose tests were never run). The benchmarks fail here (no plugin). As in Pallets'
     sdists (real: Flask, click), the testenv installs one requirement file while another names a file left out of
-    the test dependencies (dev.in: ``-r docs.txt``), and passes ``--basetemp={envtmpdir}``."""
+    the test dependencies (dev.in: ``-r docs.txt``), and passes ``--basetemp={envtmpdir}``; its pytest command is
+    continued over three lines."""
     b = Builder(path)
     write(path, "pyproject.toml", PYPROJECT)
     write(path, "calc/__init__.py", CALC_PY)
@@ -301,8 +302,10 @@ def tox_project(path: Path) -> Builder:
     write(path, "requirements/tests.txt", "pytest\n")
     write(path, "requirements/dev.in", "-r docs.txt\n-r tests.txt\n")
     write(path, "requirements/docs.txt", "kiln-no-such-docs-tool==0.0.1\n")
+    # One command continued over lines, as tox joins it (real: "{envpython} -m pytest \" was cut at the backslash).
     write(path, "tox.ini", "[tox]\nenvlist = py311\n\n[testenv]\ndeps =\n    -r requirements/tests.txt\n"
-                           "commands = pytest tests --basetemp={envtmpdir} {posargs}\n")
+                           "commands =\n    {envpython} -m pip list\n    {envpython} -m pytest \\\n"
+                           "        tests --basetemp={envtmpdir} \\\n        {posargs}\n")
     write(path, ".github/workflows/ci.yml", "jobs:\n  benchmarks:\n    steps:\n      - run: pytest benchmarks "
                                             "--benchmark-only\n  tests:\n    steps:\n      - run: pip install tox"
                                             "\n      - run: tox -e py311\n")

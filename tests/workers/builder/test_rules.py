@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kiln.schemas.images import REPORTS_DIR
-from kiln.workers.builder.agent import AgentPlan, classify, run_loop
-from kiln.workers.builder.errors import PlanError
+from kiln.workers.builder.agent import AgentPlan, classify, repair, run_loop
+from kiln.workers.builder.errors import PlanError, ToolchainUnavailable
 from kiln.workers.builder.rules import describe, npm_runner, plan, readme_commands, with_reporter
 from tests.ingest.gitrepos import write
 
@@ -126,7 +126,8 @@ def test_without_a_model_the_agent_stops_after_a_few_failing_tests(tmp_path: Pat
     built, test, _decisions, output = run_loop(AgentPlan(test=[f"t{i}" for i in range(8)]), run, tmp_path, 20)
     assert not built and test is None and tried == ["t0", "t1", "t2"]
     # What the agent tried is in its answer (the event's detail), never an empty string.
-    assert output.startswith("agent: no test command passed; tried:\n$ t0  (exit 1)\n$ t1  (exit 1)")
+    assert output.startswith("agent: no test command gave per-test results kiln can read; tried:\n$ t0  (exit 1)\n"
+                             "$ t1  (exit 1)")
     nothing = run_loop(AgentPlan(), run, tmp_path, 20)
     assert nothing[3] == "the agent found no command to try: no shell block in the README, no CI step"
 
@@ -194,6 +195,12 @@ def test_a_makefile_whose_only_target_is_the_test_binary_runs_it(tmp_path: Path)
     ({"test": "mocha --reporter spec --bail --check-leaks test/"},
      f"_mocha --check-leaks test/ --reporter xunit --reporter-options output={REPORTS_DIR}/mocha.xml"),
     ({"test": "jest -b --bail=2 tests/"}, f"jest tests/ --ci --json --outputFile={REPORTS_DIR}/jest.json"),
+    ({"test": "uvu tests -b"}, f"KILN_UVU_REPORT={REPORTS_DIR}/uvu.tap uvu tests"),
+    ({"test": "ava --verbose --fail-fast"}, "ava --verbose --tap"),
+    ({"test": "qunit --reporter dot test/"}, "qunit test/ --reporter tap"),
+    ({"test": "jasmine --parallel=auto --reporter=./r.js"},
+     f"KILN_JASMINE_REPORT={REPORTS_DIR}/jasmine.tap jasmine --helper=/opt/kiln-js/jasmine-report.cjs"),
+    ({"test": "tap --100 test/*.js"}, "tap test/*.js -R tap --no-coverage"),
     ({"test": "tape test/*.js | tap-spec"}, None),
     ({"test": "npm test"}, None),
 ])
@@ -212,6 +219,21 @@ def test_the_steps_before_an_npm_runner_run_lint_left_out(scripts: dict[str, str
     """What scripts.test does before its runner (a build, fixtures the tests read) still runs; lint does not."""
     found = npm_runner(scripts)
     assert found is not None and found.setup == setup
+
+
+def test_npm_runners_reporting_on_stdout_or_through_kiln_reporters(tmp_path: Path) -> None:
+    """ava's TAP goes to its report file, the rest of the output to the printed log; uvu and jasmine get kiln's
+    reporter installed with the dependencies; a variable the script sets comes before c8; tap >= 18 renamed its
+    options."""
+    ava = plan(checkout(tmp_path / "a", {"package.json": '{"scripts": {"test": "NODE_ENV=test ava"}}'}))
+    assert f"NODE_ENV=test /opt/c8/bin/c8 --reporter=json --report-dir={REPORTS_DIR}" in ava.test_script
+    assert f" ava --tap 2>&1 >{REPORTS_DIR}/ava.tap | tee {REPORTS_DIR}/test-output.txt" in ava.test_script
+    uvu = plan(checkout(tmp_path / "u", {"package.json": '{"scripts": {"test": "uvu tests"}}'}))
+    assert "__kilnUvu" in uvu.deps_script and f"KILN_UVU_REPORT={REPORTS_DIR}/uvu.tap /opt/c8" in uvu.test_script
+    assert "__kilnUvu" not in ava.deps_script
+    tap = plan(checkout(tmp_path / "t", {"package.json": '{"scripts": {"test": "tap"}, "devDependencies": '
+                                                         '{"tap": "^18.6.1"}}'}))
+    assert f"tap --reporter=tap --disable-coverage 2>&1 >{REPORTS_DIR}/tap.tap" in tap.test_script
 
 
 def test_npm_plan_runs_the_runner_with_its_reporter(tmp_path: Path) -> None:
@@ -237,6 +259,19 @@ def test_npm_plan_runs_the_runner_with_its_reporter(tmp_path: Path) -> None:
                                     'commands = pytest -x {posargs}\n"""\n'}, "pytest -x"),
     ({"noxfile.py": "import nox\n@nox.session\ndef tests(session):\n    session.install('.')\n"
                     "    session.run('pytest', 'tests', '-q', *session.posargs)\n"}, "pytest tests -q"),
+    # The test environment in a section of its own, after a docs one; several commands, the pytest one taken.
+    ({"tox.ini": "[tox]\nenvlist = docs,tests\n[testenv:docs]\ncommands = sphinx-build docs out\n"
+                 "[testenv:tests]\ncommands =\n    python -m pip check\n    pytest -x {posargs:tests}\n"},
+     "pytest -x tests"),
+    # tox 4's TOML (tox.toml, and pyproject's native [tool.tox]): each command a list of arguments.
+    ({"tox.toml": 'env_list = ["3.11"]\n[env_run_base]\ncommands = [["pytest", "-q", "{posargs}"]]\n'},
+     "pytest -q"),
+    ({"pyproject.toml": PYPROJECT + '[tool.tox.env.lint]\ncommands = [["ruff", "check"]]\n'
+                                    '[tool.tox.env.test]\ncommands = [["python", "-m", "pytest", "tests/unit"]]\n'},
+     "pytest tests/unit"),
+    # nox: coverage's pytest, keyword arguments no words of the command.
+    ({"noxfile.py": "import nox\n@nox.session\ndef tests(session):\n    session.run('coverage', 'run', '-m', "
+                    "'pytest', '-q', 'tests', env={'X': '1'})\n"}, "pytest -q tests"),
 ])
 def test_ci_calling_tox_or_nox_runs_the_pytest_line_of_their_config(tmp_path: Path, files: dict[str, str],
                                                                     command: str) -> None:
@@ -282,3 +317,125 @@ def test_a_project_wrapping_symbols_at_link_time_is_built_without_coverage(tmp_p
         d.reason for d in p.decisions if d.topic == "coverage")
     plain = plan(checkout(tmp_path / "b", {**autotools, "test/Makefile.am": "t_LDFLAGS = -Wl,-z,now\n"}))
     assert plain.env["LDFLAGS"] == "--coverage" and not any(d.topic == "coverage" for d in plain.decisions)
+
+
+def test_jvm_rules_take_their_toolchain_as_a_layer_and_gradle_beyond_debians_is_unavailable(tmp_path: Path) -> None:
+    pom = "<project><modelVersion>4.0.0</modelVersion><groupId>x</groupId><artifactId>calc</artifactId>" \
+          "<version>1</version>{}</project>"
+    single = plan(checkout(tmp_path / "m", {"pom.xml": pom.format("")}))
+    assert (single.system, single.packages, single.manifests) == ("maven", ["openjdk-17-jdk-headless", "maven"],
+                                                                  ["pom.xml"])
+    assert "<mirrorOf>*</mirrorOf>" in single.deps_script and "go-offline ||" not in single.deps_script
+    assert " -o -fae " in single.test_script and "surefire" in single.test_script
+    # Modules (comments are no modules): every pom keys the dependency layer; go-offline may leave the others.
+    multi = plan(checkout(tmp_path / "mm", {"pom.xml": pom.format("<modules><module>core</module><!-- <module>old"
+                                                                  "</module> --><module>app</module></modules>"),
+                                            "core/pom.xml": pom.format(""), "app/pom.xml": pom.format("")}))
+    assert multi.manifests == ["pom.xml", "core/pom.xml", "app/pom.xml"] and "go-offline ||" in multi.deps_script
+    gradle = plan(checkout(tmp_path / "g", {"build.gradle": "apply plugin: 'java'\n"}))
+    assert gradle.system == "gradle" and "gradle" in gradle.packages
+    assert gradle.env["GRADLE_USER_HOME"] == "/opt/gradle"
+    for files, needs in (({"build.gradle": "", "gradle/wrapper/gradle-wrapper.properties":
+                           "distributionUrl=https\\://services.gradle.org/distributions/gradle-8.5-bin.zip\n"}, "8.5"),
+                         ({"build.gradle.kts": "plugins { java }\n"}, "5.0"),
+                         ({"build.gradle": "test { useJUnitPlatform() }\n"}, "4.6")):
+        with pytest.raises(ToolchainUnavailable, match=f"needs Gradle {needs}"):
+            plan(checkout(tmp_path / f"g{needs}", files))
+    old = plan(checkout(tmp_path / "g44", {"build.gradle": "", "gradle/wrapper/gradle-wrapper.properties":
+                                           "distributionUrl=https\\://x/gradle-4.4-all.zip\n"}))
+    assert old.system == "gradle"
+    meson = plan(checkout(tmp_path / "ms", {"meson.build": "project('calc', 'c')\n"}))
+    assert meson.system == "meson" and meson.packages == ["meson", "ninja-build"]
+    assert "meson-testlog.json" in meson.test_script
+    # A newer Go or a Python the toolchain lacks is the same class of failure.
+    with pytest.raises(ToolchainUnavailable):
+        plan(checkout(tmp_path / "go", {"go.mod": "module m\n\ngo 9.1\n"}))
+
+
+@pytest.mark.parametrize(("files", "command", "build"), [
+    # CI's test job runs the subdirectory's suite; the docs job's make comes after it in the file.
+    ({"src/calc.c": "", "docs/Makefile": "html:\n\tsphinx-build . _build\n", "tests/Makefile": "all:\n\t./run\n",
+      ".github/workflows/ci.yml": "jobs:\n  docs:\n    steps:\n      - run: make -C docs html\n  test:\n    steps:\n"
+                                  "      - run: make -C tests\n"}, "make -C tests", "true"),
+    ({"Makefile": "all:\n\tcc -c calc.c\n", "test/Makefile": "check:\n\t./t\n",
+      ".travis.yml": "script:\n  - make\n  - cd test && make check\n"}, "make -C test check", "make"),
+    # No CI: the conventional directory, its test target (else its default one).
+    ({"t/Makefile": "all:\n\tcc t.c\ntest: all\n\t./a.out\n", "docs/Makefile": "html:\n\ttrue\n"}, "make -C t test",
+     "true"),
+])
+def test_a_suite_in_a_subdirectory_is_run_where_it_is(tmp_path: Path, files: dict[str, str], command: str,
+                                                      build: str) -> None:
+    p = plan(checkout(tmp_path, files))
+    assert p.system == "make" and p.build_script == build
+    assert next(d for d in p.decisions if d.topic == "test command").choice == command
+    assert p.test_script.startswith(f"{command} 2>&1 | tee {REPORTS_DIR}/make-check.txt")
+
+
+def test_tests_cmakelists_beside_docs_is_the_project(tmp_path: Path) -> None:
+    p = plan(checkout(tmp_path, {"docs/Makefile": "html:\n\ttrue\n", "tests/CMakeLists.txt": "project(t C)\n"}))
+    assert p.system == "cmake" and p.build_script.startswith("cd tests && cmake")
+    assert "conventional test directory" in p.decisions[0].reason
+
+
+CI_DOCS_FIRST = """jobs:
+  docs:
+    steps:
+      - run: pip install sphinx
+      - run: make -C docs html
+  release:
+    steps:
+      - run: make dist
+  test:
+    steps:
+      - run: ./configure
+      - run: make -C tests check
+"""
+
+
+def test_the_agent_tries_ci_test_jobs_first_and_each_candidate_until_one_itemises(tmp_path: Path) -> None:
+    """CI's docs job comes first in the file and fails; the test job is tried first anyway, and a test command
+    that exits 0 printing nothing kiln can itemise gives way to the next candidate."""
+    root = checkout(tmp_path, {".github/workflows/ci.yml": CI_DOCS_FIRST,
+                               "README.md": "# x\n\n```sh\nmake\n./run-tests\n```\n"})
+    plan_ = classify(root)
+    assert [c.source for c in plan_.candidates] == ["CI job ci.yml:test", "README", "CI job ci.yml:docs",
+                                                    "CI job ci.yml:release"]
+    tried: list[str] = []
+
+    def run(command: str) -> tuple[int, str]:
+        tried.append(command)
+        if command == "./configure":
+            return 1, "configure: error: no C compiler\n"
+        if command == "./run-tests":
+            return 0, "PASS: adds\nPASS: subtracts\nTests passed: 2\n"
+        return 0, "all good\n"
+
+    built, test, decisions, _output = run_loop(plan_, run, root, 16)
+    assert (built, test) == (True, "./run-tests") and tried == ["./configure", "make", "./run-tests"]
+    assert "from README: its output gives per-test results" in decisions[-1].reason
+    # Exit 0 without per-test results is no test command: every candidate tried, then the agent gives up.
+    silent = run_loop(plan_, lambda c: (0, "done\n"), root, 16)
+    assert silent[0] is False and "no test command gave per-test results" in silent[3]
+
+
+def test_an_install_failing_on_one_missing_dev_dependency_retries_without_it(tmp_path: Path) -> None:
+    pkg = ('{"name": "x", "scripts": {"test": "mocha"}, "devDependencies": {"mocha": "10", '
+           '"kiln-gone-linter": "1.0.0"}}')
+    root = checkout(tmp_path / "n", {"package.json": pkg, "test/a.js": "require('assert')\n"})
+    gone = ("npm error code E404\nnpm error 404 Not Found - GET https://registry.npmjs.org/kiln-gone-linter - Not "
+            "found\nnpm error 404  'kiln-gone-linter@1.0.0' is not in this registry.\n")
+    fixed = repair("npm ci", gone, root)
+    assert fixed is not None and 'delete p.devDependencies["kiln-gone-linter"]' in fixed
+    assert fixed.endswith("npm install --no-audit --no-fund")
+    # The test runner itself missing is not dropped: the tests need it.
+    assert repair("npm ci", gone.replace("kiln-gone-linter", "mocha"), root) is None
+    notarget = "npm error notarget No matching version found for kiln-gone-linter@1.0.0.\n"
+    assert repair("npm install", notarget, root) is not None
+    reqs = checkout(tmp_path / "p", {"requirements-dev.txt": "pytest\nkiln-gone-tool==0.1\n",
+                                     "tests/test_a.py": "import pytest\n"})
+    missing = "ERROR: No matching distribution found for kiln-gone-tool==0.1\n"
+    pip = repair("pip install -r requirements-dev.txt", missing, reqs)
+    assert pip == ("grep -viE '^kiln\\-gone\\-tool([^A-Za-z0-9_.-]|$)' requirements-dev.txt > "
+                   "/tmp/kiln-requirements-dev.txt; pip install -r /tmp/kiln-requirements-dev.txt")
+    write(reqs, "tests/test_b.py", "from kiln_gone_tool import x\n")
+    assert repair("pip install -r requirements-dev.txt", missing, reqs) is None

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from kiln.workers.common.errors import ReportError
 from kiln.workers.common.reports import (
+    UNANNOUNCED,
     automake,
     cargo_test,
     coverage_py,
@@ -203,6 +204,10 @@ def test_gcov_json_skips_system_and_cmake_files() -> None:
                      {"file": "/work/build/CMakeFiles/x.c", "lines": [{"line_number": 1, "count": 1}]}]}
     cov = gcov_json(json.dumps(doc) + "\n\n", ("/work/build", "/work"))
     assert [(f.path, f.executable_lines, f.covered_lines) for f in cov.files] == [("src/calc.c", [3, 4], [3])]
+    # meson compiles ../src/calc.c from its build directory: gcov names the file relative to that.
+    meson = {"current_working_directory": "/work/build", "files": [{"file": "../src/calc.c", "lines": [
+        {"line_number": 3, "count": 1}]}]}
+    assert [f.path for f in gcov_json(json.dumps(meson), ("/work/build", "/work")).files] == ["src/calc.c"]
     with pytest.raises(ReportError):
         gcov_json(json.dumps({"files": [{"file": "a.c"}]}))
 
@@ -453,3 +458,97 @@ def test_mocha_1_xunit_counts_each_failure_once() -> None:
     assert (report.summary_passed, report.summary_failed) == (5, 3) and unusable_reason(report) is None
     mocha10 = junit(printed.replace('failures="3"', 'failures="0"'), "mocha", summary=True)
     assert (mocha10.summary_passed, mocha10.summary_failed) == (5, 3)
+
+
+# trybuild inside one libtest test (real: a proc-macro crate's tests/ui.rs): its own "test … ... ok" lines go
+# straight to the terminal, between libtest's "running 1 test" and that test's own line.
+TRYBUILD = """\
+running 2 tests
+test tests::adds ... ok
+test tests::subtracts ... ok
+
+test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s
+
+     Running tests/ui.rs (target/debug/deps/ui-0a1b2c3d)
+
+running 1 test
+    Checking calc-tests v0.0.0 (/work/target/tests/trybuild/calc)
+    Finished `dev` profile [unoptimized + debuginfo] target(s) in 0.51s
+
+
+test tests/ui/pass.rs [should pass] ... ok
+test tests/ui/missing-arg.rs [should fail to compile] ... ok
+test tests/ui/bad-type.rs [should fail to compile] ... ok
+
+
+test ui ... ok
+
+test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 2.37s
+"""
+
+
+def test_a_nested_harness_inside_one_libtest_test_is_no_case_of_its_own() -> None:
+    report = cargo_test(TRYBUILD)
+    assert [c.name for c in report.cases] == ["tests::adds", "tests::subtracts", "ui"]
+    assert (report.passed, report.summary_passed, report.summary_failed) == (3, 3, 0)
+    assert unusable_reason(report) is None
+    # Doc tests and workspaces keep every line: the lines equal what libtest said it runs.
+    assert len(cargo_test(CARGO_OUTPUT).cases) == 7
+
+
+# The same run with one test thread (one CPU: kiln's exec runners): libtest announces "test ui ... " before the test
+# runs, and its verdict comes on a line of its own after the harness's lines (real: the exec stage's run of
+# tests/workers/builder/more_systems.py's nested-harness project).
+TRYBUILD_SEQUENTIAL = TRYBUILD.replace("\n\ntest tests/ui/pass.rs", "test ui ... \ntest tests/ui/pass.rs").replace(
+    "\n\n\ntest ui ... ok\n", "\n\nok\n")
+
+
+def test_libtest_announcing_a_test_before_its_verdict() -> None:
+    report = cargo_test(TRYBUILD_SEQUENTIAL)
+    assert "test ui ... \n" in TRYBUILD_SEQUENTIAL and "test ui ... ok" not in TRYBUILD_SEQUENTIAL
+    assert [(c.name, c.outcome) for c in report.cases] == [("tests::adds", "passed"), ("tests::subtracts", "passed"),
+                                                           ("ui", "passed")]
+    assert unusable_reason(report) is None
+    # Output the test writes itself lands right after the announcement, the verdict on the next line (real: a
+    # failing add() writing "test tests::adds ... ok" to stderr).
+    failing = ("running 2 tests\ntest tests::adds ... test tests::adds ... ok\nFAILED\ntest tests::multiplies ... ok\n"
+               "\ntest result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n")
+    forged = cargo_test(failing)
+    assert [(c.name, c.outcome) for c in forged.cases] == [("tests::adds", "passed"), ("tests::adds", "failed"),
+                                                           ("tests::multiplies", "passed")]
+    assert (unusable_reason(forged) or ("", ""))[0] == "tests_not_itemised"
+    # A verdict printed by the code under test before libtest's own: libtest's then has no test waiting for it,
+    # and still counts.
+    early = failing.replace("test tests::adds ... test tests::adds ... ok\nFAILED",
+                            "test tests::adds ... \nok\nFAILED")
+    assert [c.name for c in cargo_test(early).cases] == ["tests::adds", UNANNOUNCED, "tests::multiplies"]
+    assert (unusable_reason(cargo_test(early)) or ("", ""))[0] == "tests_not_itemised"
+    # A test announced and never given a verdict (its process ended) failed.
+    cut = cargo_test("running 1 test\ntest tests::adds ... ")
+    assert [(c.name, c.outcome) for c in cut.cases] == [("tests::adds", "error")]
+
+
+@pytest.mark.parametrize(("forged", "why"), [
+    # Lines with libtest's names are libtest's: printed by the code under test they disagree with the summary.
+    ("test tests::forged ... ok\n", "a libtest name among the nested lines"),
+    ("test ui ... ok\n", "the failing test repeated as passing"),
+    # A nested harness's lines with one libtest-named line too many: no selection comes to N, all of them count.
+    ("test tests/ui/x.rs ... ok\ntest tests::forged ... ok\n", "a mix"),
+])
+def test_forged_lines_in_a_nested_harness_still_disagree(forged: str, why: str) -> None:
+    failing = TRYBUILD.replace("test ui ... ok", "test ui ... FAILED").replace(
+        "test result: ok. 1 passed; 0 failed", "test result: FAILED. 0 passed; 1 failed")
+    report = cargo_test(failing.replace("test tests/ui/pass.rs", forged + "test tests/ui/pass.rs"))
+    assert (unusable_reason(report) or ("", ""))[0] == "tests_not_itemised", why
+
+
+def test_nested_shaped_lines_can_neither_add_a_pass_nor_hide_a_failure() -> None:
+    failing = TRYBUILD.replace("test ui ... ok", "test ui ... FAILED").replace(
+        "test result: ok. 1 passed; 0 failed", "test result: FAILED. 0 passed; 1 failed")
+    forged = "".join(f"test tests/ui/forged{i}.rs [should pass] ... ok\n" for i in range(20))
+    report = cargo_test(failing.replace("\ntest ui ... FAILED", f"\n{forged}test ui ... FAILED"))
+    assert {c.name: c.outcome for c in report.cases}["ui"] == "failed"
+    assert (report.passed, report.failed) == (2, 1) and unusable_reason(report) is None
+    # Outside a binary's block nothing is dropped: a forged line there counts, and disagrees.
+    assert (unusable_reason(cargo_test(TRYBUILD + "test tests/ui/z.rs ... ok\n")) or ("", ""))[0] == \
+        "tests_not_itemised"

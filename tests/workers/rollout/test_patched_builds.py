@@ -11,11 +11,9 @@ from pathlib import Path
 import pytest
 
 from kiln.schemas.rl import RolloutTask
-from kiln.streams.client import KilnClient
 from kiln.streams.settings import KilnSettings
-from kiln.workers.verifiers import VerifierContext, Verifiers
 from tests.workers.builder.projects import CALC_C
-from tests.workers.exec.conftest import exec_worker
+from tests.workers.rollout.verdicts import judged_patches
 
 pytestmark = pytest.mark.docker
 
@@ -33,12 +31,7 @@ async def test_a_patch_is_compiled_before_ctest_judges_it(stage_topics: Callable
                    "does not compile": _rewrite(CALC_C.replace("a + b;", "a + ;"))}
     task = RolloutTask(task_id="add", prompt="Refactor add.", verifier="tests",
                        check={"image": cmake_image, "timeout_s": 120})
-    with exec_worker(settings, tmp_path / "locks") as worker:
-        worker.wait_assigned()
-        async with KilnClient(settings, f"verifier-{unique}") as kiln:
-            verifiers = Verifiers(VerifierContext(kiln))
-            verdicts = await verifiers.get("tests").verify(task, [f"<patch>\n{p}</patch>" for p in
-                                                                  completions.values()], "cmake")
-            await verifiers.close()
+    verdicts = await judged_patches(settings, tmp_path / "locks", f"verifier-{unique}", task,
+                                    list(completions.values()), "cmake")
     rewards = {name: v.reward for name, v in zip(completions, verdicts, strict=True)}
     assert rewards == {"equivalent": 1.0, "breaks add": 0.0, "does not compile": 0.0}, verdicts
