@@ -219,11 +219,15 @@ async def main(args: argparse.Namespace) -> None:
                          f"raw after delivery {', '.join(f'{r:.0f}' for r in raw_delivery)}"})
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--exec-jobs", type=int, default=384, help="run_once calls measured")
     parser.add_argument("--verify-requests", type=int, default=256, help="verify requests measured")
     parser.add_argument("--stage-concurrency", type=int, default=64, help="run_once / verify jobs in flight")
     parser.add_argument("--no-stages", action="store_true", help="the no-op echo and its baselines only")
-    asyncio.run(main(parser.parse_args()))
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse()))
