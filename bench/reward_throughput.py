@@ -230,7 +230,7 @@ def metrics_of(prefix: str, phases: dict[str, Phase], concurrency: int, baseline
     return out
 
 
-def _proc_cpu(pid: int) -> float:
+def proc_cpu(pid: int) -> float:
     """CPU seconds (user + system) of process ``pid`` so far; 0 once it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -259,11 +259,11 @@ class Accounts:
     Docker's daemons (both shared with whatever else runs on the machine: upper bounds). Also the exec worker's own
     account of its ``run_once`` requests (its metrics: seconds and count)."""
 
-    def __init__(self, client: Any, metrics_port: int, worker_pid: int, gateway_port: str, lock_dir: Path,
+    def __init__(self, client: Any, metrics_port: int, worker_pid: int, gateway_port: str | None, lock_dir: Path,
                  containers: list[Any], broker_port: str) -> None:
         self.client, self.metrics_port, self.worker_pid, self.lock_dir = client, metrics_port, worker_pid, lock_dir
         self.containers = [c.id for c in containers]
-        self.gateway = _pids(lambda a: "gateway" in a and gateway_port in a)
+        self.gateway = _pids(lambda a: "gateway" in a and gateway_port in a) if gateway_port else []
         self.broker = _pids(lambda a: a[0].endswith("java") and any(f"kafka-{broker_port}" in x for x in a))
         self.docker = _pids(lambda a: Path(a[0]).name in ("dockerd", "containerd"))
         self.worker_id = ""
@@ -310,9 +310,9 @@ class Accounts:
         metrics = self._metrics()
         worker_s, run_once = (metrics.get(f"kiln_exec_command_seconds_{w}", 0.0) for w in ("sum", "count"))
         return {"client": me.ru_utime + me.ru_stime, "children": children.ru_utime + children.ru_stime,
-                "worker": _proc_cpu(self.worker_pid), "gateway": sum(map(_proc_cpu, self.gateway)),
-                "sandboxes": sandboxes, "broker": sum(map(_proc_cpu, self.broker)),
-                "docker": sum(map(_proc_cpu, self.docker)), "worker_s": worker_s, "run_once": run_once}
+                "worker": proc_cpu(self.worker_pid), "gateway": sum(map(proc_cpu, self.gateway)),
+                "sandboxes": sandboxes, "broker": sum(map(proc_cpu, self.broker)),
+                "docker": sum(map(proc_cpu, self.docker)), "worker_s": worker_s, "run_once": run_once}
 
 
 CPU_PARTS = ("client", "children", "worker", "gateway", "sandboxes", "broker", "docker")
@@ -568,7 +568,8 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         rollout = RolloutSettings()
         verifier = ExecVerifier(VerifierContext(kiln, exec_calls=rollout.exec_calls,
                                                 exec_batch_groups=rollout.exec_batch_groups,
-                                                exec_batch_window_s=rollout.exec_batch_window_s))
+                                                exec_batch_window_s=rollout.exec_batch_window_s,
+                                                exec_batch_quiet_s=rollout.exec_batch_quiet_s))
         reward = OutputMatches(settings=settings)
         cleanup.callback(reward.close)
         exec_client = ExecClient(kiln)

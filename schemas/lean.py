@@ -128,6 +128,19 @@ class LeanRequest(BaseModel):
         return self
 
 
+class ReplUsage(BaseModel):
+    """What the request's REPL process spent on it, read from /proc by the worker (outside the process): the
+    request's own round trip, not the fence that checks its reply."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    repl: str = Field(description="The serving REPL process's id (a UUID; the same for every request it serves).")
+    seconds: float = Field(ge=0, description="wall time of the round trip")
+    cpu_s: float = Field(ge=0, description="CPU time (user + system) of the process tree during it")
+    peak_rss_bytes: int = Field(ge=0, description="the tree's highest resident size seen during it (sampled as the "
+                                                  "memory bound is watched, and once after the reply)")
+
+
 class LeanResult(BaseModel):
     """A Lean-level outcome. Lean errors (bad tactic, unknown identifier) are results: ``ok`` is False and
     ``error``/``messages`` say why; only infrastructure failures (crash, timeout, memory) fail the job."""
@@ -144,6 +157,7 @@ class LeanResult(BaseModel):
     proof_status: str | None = None
     header_reused: bool = Field(False, description="served by a process that had the header loaded already")
     state_pinned: bool = Field(False, description="the input state was still live in the serving process")
+    usage: ReplUsage | None = Field(None, description="the request's REPL round trip (kimina's debug diagnostics)")
 
     @property
     def completed(self) -> bool:

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
-from kiln.integrations.gateway import kimina, openrlhf, sandbox_fusion, swerex
+from kiln.integrations.gateway import kimina, online_judge, openrlhf, sandbox_fusion, swerex
 from kiln.integrations.gateway.settings import GatewaySettings
 from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
@@ -69,7 +69,7 @@ def create_app(settings: GatewaySettings, kiln_settings: KilnSettings) -> FastAP
 
     app = FastAPI(title="kiln gateway", lifespan=lifespan)
     app.state.settings = settings
-    for router in (sandbox_fusion.router, kimina.router, swerex.router, openrlhf.router):
+    for router in (sandbox_fusion.router, online_judge.router, kimina.router, swerex.router, openrlhf.router):
         app.include_router(router, dependencies=[Depends(_authorized)])
 
     @app.middleware("http")

@@ -1,8 +1,12 @@
 """kimina-lean-server's ``/api/check`` (and its older ``/verify``) over kiln's Lean stage: every snippet is one
 ``run_code`` job, all of a request's snippets in flight at once; the stage's header reuse and REPL pooling apply.
 Answers carry the REPL's own response (``messages``, ``sorries``) the way kimina does; kiln's proof states are
-references, not REPL numbers, so a sorry's ``proofState`` is left out, and ``infotree``/``debug``/``reuse`` are
-accepted and ignored (README)."""
+references, not REPL numbers, so a sorry's ``proofState`` is left out, and ``infotree``/``reuse`` are accepted and
+ignored (README). With ``debug``, each answer carries kimina's ``diagnostics`` from the Lean worker's account of the
+snippet's round trip (``LeanResult.usage``): ``repl_uuid`` (the REPL process that served it), ``cpu_max`` (its CPU
+in percent of one core) and ``memory_max`` (its resident bytes at their highest) — kimina-lean-server samples the
+last two every second, so for a snippet under a second it reports 0 CPU where kiln reports the round trip's
+average."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.integrations.gateway.settings import GatewaySettings
-from kiln.schemas.lean import LeanResult
+from kiln.schemas.lean import LeanResult, ReplUsage
 from kiln.streams.errors import KilnError
 from kiln.workers.lean.client import LeanClient
 
@@ -75,7 +79,16 @@ def _repl_response(result: LeanResult) -> dict[str, Any]:
     return response
 
 
-async def check_one(lean: LeanClient, snippet_id: str, code: str, timeout_s: float) -> ReplResponse:
+def diagnostics(usage: ReplUsage | None) -> dict[str, Any] | None:
+    """kimina's ``Diagnostics`` (``repl_uuid``, ``cpu_max`` in percent of one core, ``memory_max`` in bytes)."""
+    if usage is None:
+        return None
+    cpu = 100 * usage.cpu_s / usage.seconds if usage.seconds > 0 else 0.0
+    return {"repl_uuid": usage.repl, "cpu_max": round(cpu, 1), "memory_max": usage.peak_rss_bytes}
+
+
+async def check_one(lean: LeanClient, snippet_id: str, code: str, timeout_s: float,
+                    debug: bool = False) -> ReplResponse:
     started = time.monotonic()
     try:
         result = await lean.run_code(code, timeout_s=timeout_s)
@@ -84,7 +97,8 @@ async def check_one(lean: LeanClient, snippet_id: str, code: str, timeout_s: flo
         reason = str(e)
         error = f"Lean REPL timed out: {reason}" if "ReplTimeout" in reason else reason
         return ReplResponse(id=snippet_id, time=round(time.monotonic() - started, 4), error=error)
-    return ReplResponse(id=snippet_id, time=round(time.monotonic() - started, 4), response=_repl_response(result))
+    return ReplResponse(id=snippet_id, time=round(time.monotonic() - started, 4), response=_repl_response(result),
+                        diagnostics=diagnostics(result.usage) if debug else None)
 
 
 def _timeout(requested: int, settings: GatewaySettings) -> float:
@@ -100,7 +114,7 @@ async def check(body: CheckRequest, request: Request) -> CheckResponse:
         raise HTTPException(400, "`snippets` must have unique ids")
     timeout_s = _timeout(body.timeout, request.app.state.settings)
     lean: LeanClient = request.app.state.lean_client
-    results = await asyncio.gather(*(check_one(lean, s.id, s.code, timeout_s) for s in body.snippets))
+    results = await asyncio.gather(*(check_one(lean, s.id, s.code, timeout_s, body.debug) for s in body.snippets))
     return CheckResponse(results=list(results))
 
 

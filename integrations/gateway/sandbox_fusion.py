@@ -84,13 +84,16 @@ def refuse_beyond_limits(request: RunCodeRequest, settings: GatewaySettings) -> 
     if request.language not in LANGUAGES:
         raise HTTPException(400, f"language {request.language!r} is not served by kiln "
                                  f"(served: {', '.join(sorted(LANGUAGES))})")
+    if not 0 < request.run_timeout <= settings.max_timeout_s:
+        raise HTTPException(400, f"run_timeout={request.run_timeout:g}s is outside kiln's limit "
+                                 f"(0, {settings.max_timeout_s:g}] (KILN_GATEWAY_MAX_TIMEOUT_S)")
     # A language without a compile step never uses compile_timeout: SandboxFusion's default (10) or any other value
-    # is accepted for it.
-    for name in ("compile_timeout", "run_timeout") if LANGUAGES[request.language].compile else ("run_timeout",):
-        value = getattr(request, name)
-        if not 0 < value <= settings.max_timeout_s:
-            raise HTTPException(400, f"{name}={value:g}s is outside kiln's limit (0, {settings.max_timeout_s:g}] "
-                                     "(KILN_GATEWAY_MAX_TIMEOUT_S)")
+    # is accepted for it. A compiled language has a cap of its own (languages.py says why each).
+    if LANGUAGES[request.language].compile is not None:
+        cap = settings.max_compile_s[request.language]
+        if not 0 < request.compile_timeout <= cap:
+            raise HTTPException(400, f"compile_timeout={request.compile_timeout:g}s is outside kiln's limit for "
+                                     f"{request.language} (0, {cap:g}] (KILN_GATEWAY_MAX_COMPILE_S)")
     if request.memory_limit_MB > settings.max_memory_mb:
         raise HTTPException(400, f"memory_limit_MB={request.memory_limit_MB} is over kiln's limit "
                                  f"{settings.max_memory_mb} (KILN_GATEWAY_MAX_MEMORY_MB)")
@@ -103,16 +106,22 @@ def request_files(request: RunCodeRequest) -> dict[str, bytes]:
     return files
 
 
+def compile_steps(request: RunCodeRequest) -> list[RunStep]:
+    """The compile step with the compile timeout, for a compiled language; none for the others."""
+    language: Language = LANGUAGES[request.language]
+    if language.compile is None:
+        return []
+    return [RunStep(name="compile", command=language.compile, timeout_s=request.compile_timeout)]
+
+
 def run_steps(request: RunCodeRequest) -> list[RunStep]:
     """Compile (for a compiled language) with the compile timeout, then run with stdin and the run timeout."""
     language: Language = LANGUAGES[request.language]
-    steps = [RunStep(name="run", command=language.run, timeout_s=request.run_timeout, stdin=request.stdin)]
-    if language.compile is not None:
-        steps.insert(0, RunStep(name="compile", command=language.compile, timeout_s=request.compile_timeout))
-    return steps
+    return [*compile_steps(request),
+            RunStep(name="run", command=language.run, timeout_s=request.run_timeout, stdin=request.stdin)]
 
 
-def _command_result(step: StepOutput) -> CommandRunResult:
+def command_result(step: StepOutput) -> CommandRunResult:
     return CommandRunResult(status="TimeLimitExceeded" if step.timed_out else "Finished",
                             execution_time=step.duration_s, cpu_time=step.cpu_s,
                             return_code=None if step.timed_out else step.exit_code, stdout=step.stdout,
@@ -132,12 +141,18 @@ async def run_code(exec_client: ExecClient, settings: GatewaySettings, request: 
                                             fetch=[_relative(p) for p in request.fetch_files])
     except KilnError as e:
         return RunCodeResponse(status=RunStatus.sandbox_error, message=str(e))
-    steps = {s.name: _command_result(s) for s in result.steps}
-    compiled, ran = steps.get("compile"), steps.get("run")
-    ok = ran is not None and ran.return_code == 0 and (compiled is None or compiled.return_code == 0)
+    steps = {s.name: command_result(s) for s in result.steps}
     files = {f.path: f.content_b64 or base64.b64encode((f.text or "").encode()).decode() for f in result.files}
+    return run_response(steps.get("compile"), steps.get("run"), files)
+
+
+def run_response(compiled: CommandRunResult | None, ran: CommandRunResult | None,
+                 files: dict[str, str] | None = None) -> RunCodeResponse:
+    """SandboxFusion's answer for a compile (None: no compile step) and a run (None: it did not run): Success when
+    each that happened exited 0."""
+    ok = ran is not None and ran.return_code == 0 and (compiled is None or compiled.return_code == 0)
     return RunCodeResponse(status=RunStatus.success if ok else RunStatus.failed, compile_result=compiled,
-                           run_result=ran, files=files)
+                           run_result=ran, files=files or {})
 
 
 @router.post("/run_code", response_model=RunCodeResponse)

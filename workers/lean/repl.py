@@ -27,11 +27,13 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kiln.schemas.lean import ReplUsage
 from kiln.workers.lean.errors import (
     ReplCrashed,
     ReplError,
@@ -43,6 +45,7 @@ from kiln.workers.lean.errors import (
 
 Header = tuple[str, ...]
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -59,19 +62,41 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and its descendants (``lake env repl`` runs Lean as a child)."""
-    total, todo = 0, [pid]
+def _tree(pid: int, read: Callable[[int], float]) -> float:
+    """``read`` summed over ``pid`` and its descendants (``lake env repl`` runs Lean as a child); a process that is
+    gone counts nothing."""
+    total, todo = 0.0, [pid]
     while todo:
         p = todo.pop()
         try:
-            with open(f"/proc/{p}/statm") as f:
-                total += int(f.read().split()[1]) * _PAGE
+            total += read(p)
             with open(f"/proc/{p}/task/{p}/children") as f:
                 todo.extend(int(c) for c in f.read().split())
         except (OSError, ValueError, IndexError):
             continue
     return total
+
+
+def _rss(pid: int) -> float:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system time of the process and of its children it has reaped."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / _TICK
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and its descendants."""
+    return int(_tree(pid, _rss))
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds ``pid`` and its descendants have spent."""
+    return _tree(pid, _cpu_s)
 
 
 class ReplProcess:
@@ -95,6 +120,9 @@ class ReplProcess:
         self.held: dict[str, int] = {}  # proof-state id (sha256) -> proofState number live in this process
         self.last_used = time.monotonic()
         self.exit_reason: str | None = None
+        self.id = str(uuid.uuid4())
+        self.usage: ReplUsage | None = None  # what the last request's round trip spent (send)
+        self._peak_rss = 0  # the highest tree RSS the running request's watchdog saw
         self._proc: asyncio.subprocess.Process | None = None
 
     @property
@@ -140,7 +168,13 @@ class ReplProcess:
         reply out of step with the fence."""
         self.requests += 1
         self.fence_s = 0.0
+        pid = self.pid
+        cpu, started, self._peak_rss = tree_cpu_s(pid) if pid else 0.0, time.perf_counter(), 0
         reply = await self._exchange(request, timeout_s)
+        if pid:
+            self.usage = ReplUsage(repl=self.id, seconds=time.perf_counter() - started,
+                                   cpu_s=max(0.0, tree_cpu_s(pid) - cpu),
+                                   peak_rss_bytes=max(self._peak_rss, tree_rss(pid)))
         if self.fence:
             started = time.perf_counter()
             try:
@@ -233,7 +267,9 @@ class ReplProcess:
     async def _watch_memory(self, pid: int) -> None:
         """Returns when the process tree's RSS passes the bound; runs until cancelled otherwise."""
         while True:
-            if await asyncio.to_thread(tree_rss, pid) > self.limits.memory_bytes:
+            rss = await asyncio.to_thread(tree_rss, pid)
+            self._peak_rss = max(self._peak_rss, rss)
+            if rss > self.limits.memory_bytes:
                 return
             await asyncio.sleep(self.limits.poll_s)
 

@@ -177,8 +177,10 @@ class LeanSession:
             if proc.header_env is not None:
                 cmd["env"] = proc.header_env
             reply = await self._send(proc, "code", cmd, request.timeout_s)
+            usage = proc.usage
             if "message" in reply and "env" not in reply:
-                return LeanResult(op="run_code", ok=False, error=str(reply["message"]), header_reused=reused)
+                return LeanResult(op="run_code", ok=False, error=str(reply["message"]), header_reused=reused,
+                                  usage=usage)
             rerunnable = self.export_every > 1 and len(body) <= MAX_REPLAY_CODE_CHARS
             sorries = []
             for index, s in enumerate(reply.get("sorries", [])):
@@ -193,7 +195,8 @@ class LeanSession:
                 sorries.append(Sorry(goal=goal, state=ref, pos=s.get("pos"), end_pos=s.get("endPos")))
             messages = _messages(reply)
             ok = not any(m.severity == "error" for m in messages)
-            return LeanResult(op="run_code", ok=ok, messages=messages, sorries=sorries, header_reused=reused)
+            return LeanResult(op="run_code", ok=ok, messages=messages, sorries=sorries, header_reused=reused,
+                              usage=usage)
 
     async def _run_tactic(self, request: LeanRequest, affinity: str) -> LeanResult:
         assert request.state is not None and request.tactic is not None
@@ -205,9 +208,10 @@ class LeanSession:
                 number = await self._restore(proc, ref, request.timeout_s)
             reply = await self._send(proc, "tactic", {"tactic": request.tactic, "proofState": number},
                                      request.timeout_s)
+            usage = proc.usage
             if "proofState" not in reply:
                 return LeanResult(op="run_tactic", ok=False, error=str(reply.get("message", "no reply")),
-                                  header_reused=reused, state_pinned=pinned)
+                                  header_reused=reused, state_pinned=pinned, usage=usage)
             goals = [str(g) for g in reply.get("goals", [])]
             messages = _messages(reply)
             new = ref.then(request.tactic, goals, affinity)
@@ -217,4 +221,4 @@ class LeanSession:
                 proc.held[new.id] = int(reply["proofState"])
             return LeanResult(op="run_tactic", ok=not any(m.severity == "error" for m in messages),
                               messages=messages, state=new, goals=goals, proof_status=reply.get("proofStatus"),
-                              header_reused=reused, state_pinned=pinned)
+                              header_reused=reused, state_pinned=pinned, usage=usage)

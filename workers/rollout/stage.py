@@ -55,8 +55,10 @@ class RolloutSettings(BaseSettings):
     timeout_s: float = Field(600.0, gt=0, description="Per completion request.")
     exec_calls: int = Field(8, ge=1, description="Exec run_once calls a worker's verifiers keep in flight.")
     exec_batch_groups: int = Field(32, ge=1, description="Groups one exec command may verify together.")
-    exec_batch_window_s: float = Field(0.02, ge=0, description="How long a group waits for others to share its "
-                                                                "command.")
+    exec_batch_window_s: float = Field(0.02, ge=0, description="The longest a command's batch gathers groups while "
+                                                                "they keep coming (a lone group goes at once).")
+    exec_batch_quiet_s: float = Field(0.005, ge=0, description="A gathering batch goes once no group has joined it "
+                                                                "for this long.")
 
 
 registry = CollectorRegistry()
@@ -82,7 +84,8 @@ async def setup(slots: int) -> None:
     kiln = KilnClient(get_settings(), f"rollout.{socket.gethostname()}.{os.getpid()}")
     _verifiers[:] = [Verifiers(VerifierContext(kiln, exec_calls=settings.exec_calls,
                                                exec_batch_groups=settings.exec_batch_groups,
-                                               exec_batch_window_s=settings.exec_batch_window_s))]
+                                               exec_batch_window_s=settings.exec_batch_window_s,
+                                               exec_batch_quiet_s=settings.exec_batch_quiet_s))]
 
 
 async def teardown() -> None:

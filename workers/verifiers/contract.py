@@ -45,6 +45,7 @@ class VerifierContext:
     exec_calls: int = 4
     exec_batch_groups: int = 32
     exec_batch_window_s: float = 0.02
+    exec_batch_quiet_s: float = 0.005
     failures_as_verdicts: bool = False  # per completion: a typed failed verdict instead of failing the whole group
 
 

@@ -1,16 +1,21 @@
 """``exec``: one exec ``run_once`` call checks a whole group — the groups and the task's checker files land in
 ``/work/.kiln-check`` of a warm runner, the checker runs once (see ``ExecCheck``), nothing of it outlives the call.
 Groups verified at the same time with the same checker share that call and that checker process (up to
-``exec_batch_groups``, gathered for ``exec_batch_window_s``; at most ``exec_calls`` calls in flight): a round trip, and
-a checker's start, cost far more than checking a small group. Groups in one call could tamper with each other; a
-checker that runs sample code sets ``isolate`` and gets a call for its group alone."""
+``exec_batch_groups``; at most ``exec_calls`` calls in flight): a round trip, and a checker's start, cost far more than
+checking a small group. How long a batch gathers adapts to how groups arrive (``ExecVerifier._gathered``): a lone
+group goes at once, a flood waits while groups keep coming (each pause up to ``exec_batch_quiet_s``, at most
+``exec_batch_window_s``), so a step's batch costs what its checks cost. Groups in one call could tamper with each
+other; a checker that runs sample code sets ``isolate`` and gets a call for its group alone."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import time
+from collections import OrderedDict
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -47,7 +52,10 @@ class ExecVerifier:
         self.exec = ExecClient(context.kiln)
         self._calls = asyncio.Semaphore(context.exec_calls)
         self.batch_groups, self.batch_window_s = context.exec_batch_groups, context.exec_batch_window_s
-        self._batches: dict[tuple[str, str, float, str], list[_Pending]] = {}
+        self.batch_quiet_s = min(context.exec_batch_quiet_s, context.exec_batch_window_s)
+        self._batches: dict[_Key, _Batch] = {}  # the batch groups with each checker join now (not full yet)
+        # When a group with each checker last joined a batch, oldest first; kept for a quiet gap (a flood's memory).
+        self._joined: OrderedDict[_Key, float] = OrderedDict()
         self._running: set[asyncio.Future[None]] = set()
 
     async def close(self) -> None:
@@ -62,10 +70,21 @@ class ExecVerifier:
                 await self._run([pending], check)
             return await pending.done
         key = (check.image, check.command, check.timeout_s, json.dumps(check.files, sort_keys=True))
-        batch = self._batches.setdefault(key, [])
-        batch.append(pending)
-        if len(batch) == 1:
-            self._spawn(self._dispatch(key, check))
+        now = time.monotonic()
+        batch = self._batches.get(key)
+        if batch is None:
+            # A flood: groups with this checker kept coming until just now, so more are likely on their way.
+            flood = now - self._joined.get(key, -math.inf) < self.batch_quiet_s
+            batch = self._batches[key] = _Batch(opened=now, flood=flood)
+            self._spawn(self._dispatch(key, batch, check))
+        batch.groups.append(pending)
+        batch.joined.set()
+        self._joined[key] = now
+        self._joined.move_to_end(key)
+        while next(iter(self._joined.values())) < now - self.batch_quiet_s:
+            self._joined.popitem(last=False)
+        if len(batch.groups) >= self.batch_groups:
+            del self._batches[key]  # full: the next group opens the next batch
         return await pending.done
 
     def _spawn(self, dispatch: Coroutine[Any, Any, None]) -> None:
@@ -73,18 +92,30 @@ class ExecVerifier:
         self._running.add(running)
         running.add_done_callback(self._running.discard)
 
-    async def _dispatch(self, key: tuple[str, str, float, str], check: ExecCheck) -> None:
-        """Sends the groups gathered for ``key`` once a call may start: while every call is busy, groups keep
-        joining the waiting batch (so batches grow with load instead of queueing as many small commands)."""
-        await asyncio.sleep(self.batch_window_s)
+    async def _dispatch(self, key: _Key, batch: _Batch, check: ExecCheck) -> None:
+        """Sends the batch once it has gathered (``_gathered``) and a call may start: while every call is busy, it
+        keeps taking groups until full (so batches grow with load instead of queueing as many small commands)."""
+        await self._gathered(batch)
         async with self._calls:
-            waiting = self._batches.pop(key, [])
-            batch, rest = waiting[:self.batch_groups], waiting[self.batch_groups:]
-            for p in rest:  # beyond one command's share: they start the next batch
-                self._batches.setdefault(key, []).append(p)
-            if rest:
-                self._spawn(self._dispatch(key, check))
-            await self._run(batch, check)
+            if self._batches.get(key) is batch:
+                del self._batches[key]
+            await self._run(batch.groups, check)
+
+    async def _gathered(self, batch: _Batch) -> None:
+        """Returns when the batch should go: the window adapts to how groups arrive. After one turn of the event
+        loop (the requests delivered with its first group join it), a lone group goes at once; in a flood (groups
+        joined with this checker just before, or in that turn) the batch waits while groups keep joining — until
+        none has for ``batch_quiet_s``, it is full, or ``batch_window_s`` has passed since it opened."""
+        await asyncio.sleep(0)
+        if not batch.flood and len(batch.groups) == 1:
+            return
+        deadline = batch.opened + self.batch_window_s
+        while len(batch.groups) < self.batch_groups and (left := deadline - time.monotonic()) > 0:
+            batch.joined.clear()
+            try:
+                await asyncio.wait_for(batch.joined.wait(), min(self.batch_quiet_s, left))
+            except TimeoutError:
+                return
 
     async def _run(self, batch: list[_Pending], check: ExecCheck) -> None:
         """One ``run_once`` call, one checker process for the whole batch, in a sandbox nothing of it outlives."""
@@ -123,6 +154,17 @@ class ExecVerifier:
 class _Pending:
     group: dict[str, Any]
     done: asyncio.Future[list[Verdict]]
+
+
+_Key = tuple[str, str, float, str]  # a checker: image, command, timeout, files
+
+
+@dataclass
+class _Batch:
+    opened: float  # time.monotonic() of its first group
+    flood: bool  # groups with its checker were arriving when it opened
+    groups: list[_Pending] = field(default_factory=list)
+    joined: asyncio.Event = field(default_factory=asyncio.Event)  # set as a group joins
 
 
 def parse_verdicts(line: str, expected: int, task_id: str) -> list[Verdict]:

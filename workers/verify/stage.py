@@ -2,7 +2,8 @@
 rollout stage (``kiln.workers.verifiers``: ``exact_match``, ``exec``, ``swe``, ``lean``, ``kiln.verifiers`` entry
 points). Completions are checked in as few sandboxes as their isolation allows: an ``exec`` checker gets the whole
 batch in one ``run_once`` call, and batches of concurrent requests with the same checker share calls (up to
-``KILN_VERIFY_EXEC_BATCH_GROUPS``); ``swe`` is a call per completion (each patches its own tree); ``lean`` one
+``KILN_VERIFY_EXEC_BATCH_GROUPS``; a lone request goes at once, a flood's batch gathers while requests keep coming);
+``swe`` is a call per completion (each patches its own tree); ``lean`` one
 elaboration and a tactic run per completion.
 
 A failure is a verdict, never an exception a trainer must handle: a check past its time, a sandbox that could not
@@ -35,8 +36,11 @@ class VerifySettings(BaseSettings):
 
     exec_calls: int = Field(8, ge=1, description="Exec run_once calls a worker's verifiers keep in flight.")
     exec_batch_groups: int = Field(32, ge=1, description="Requests one exec checker call may verify together.")
-    exec_batch_window_s: float = Field(0.02, ge=0, description="How long a request waits for others to share its "
-                                                                "checker call.")
+    exec_batch_window_s: float = Field(0.02, ge=0, description="The longest a checker call's batch gathers "
+                                                                "requests while they keep coming (a lone request "
+                                                                "goes at once).")
+    exec_batch_quiet_s: float = Field(0.005, ge=0, description="A gathering batch goes once no request has joined "
+                                                                "it for this long.")
 
 
 registry = CollectorRegistry()
@@ -54,6 +58,7 @@ async def setup(slots: int) -> None:
     _verifiers[:] = [Verifiers(VerifierContext(kiln, exec_calls=settings.exec_calls,
                                                exec_batch_groups=settings.exec_batch_groups,
                                                exec_batch_window_s=settings.exec_batch_window_s,
+                                               exec_batch_quiet_s=settings.exec_batch_quiet_s,
                                                failures_as_verdicts=True))]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 from urllib.parse import quote
 
+import httpx
 import pytest
 from sandbox_fusion import RunCodeRequest, RunStatus, run_code
 from sandbox_fusion.async_client import run_code as async_run_code
@@ -29,7 +30,8 @@ HELLO = {
 def test_run_code_through_the_peer_client(gateway: Gateway) -> None:
     url = gateway()
     for language, code in HELLO.items():
-        answer = run_code(RunCodeRequest(code=code, language=language, stdin="kiln\n", compile_timeout=60),
+        # 120 s: the compile_timeout SandboxFusion's clients usually send, under every compiled language's cap.
+        answer = run_code(RunCodeRequest(code=code, language=language, stdin="kiln\n", compile_timeout=120),
                           endpoint=url, max_attempts=1)
         assert answer.status == RunStatus.Success, (language, answer)
         assert answer.run_result is not None and answer.run_result.stdout == "hello kiln\n", (language, answer)
@@ -73,6 +75,22 @@ def test_what_kiln_refuses_is_said(gateway: Gateway) -> None:
         with pytest.raises(Exception, match="422") as refused:
             run_code(bad, endpoint=url, max_attempts=1)
         assert "in.txt" in str(refused.value)
+
+
+def test_compile_caps_are_per_language(gateway: Gateway) -> None:
+    """Each compiled language's own cap on compile_timeout (a deployment's KILN_GATEWAY_MAX_COMPILE_S replaces the
+    defaults of the languages it names only); above it, refused, naming it — whatever else the request says."""
+    url = gateway(exec=False, KILN_GATEWAY_MAX_COMPILE_S='{"rust": 150}')
+    for language, cap in (("cpp", 120), ("go", 300), ("rust", 150)):
+        with pytest.raises(Exception, match="400") as refused:
+            run_code(RunCodeRequest(code=HELLO[language], language=language, compile_timeout=cap + 1), endpoint=url,
+                     max_attempts=1)
+        assert f"compile_timeout={cap + 1}s is outside kiln's limit for {language} (0, {cap}]" in str(refused.value)
+        assert "KILN_GATEWAY_MAX_COMPILE_S" in str(refused.value)
+    raised = {**RunCodeRequest(code=HELLO["go"], language="go", compile_timeout=301).dict(),
+              "max_compile_s": {"go": 1000}, "compile_cap_s": 1000, "KILN_GATEWAY_MAX_COMPILE_S": '{"go": 1000}'}
+    answer = httpx.post(f"{url}/run_code", json=raised, timeout=60)
+    assert answer.status_code == 400 and "compile_timeout=301s" in answer.text
 
 
 async def test_what_the_peer_client_hit(gateway: Gateway) -> None:

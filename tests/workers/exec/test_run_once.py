@@ -145,6 +145,18 @@ awk -v ours="$ours" '$4 != "/" && $5 !~ ours' /proc/self/mountinfo
     assert [(s.name, s.timed_out) for s in slow.steps] == [("build", True)]
 
 
+async def test_a_step_past_its_time_is_killed_alone(exec_settings: KilnSettings, worker: WorkerProcess) -> None:
+    """The kill of a step that ran past its time is over before the next step starts: an ``always`` step after it
+    (the next test case of a SandboxFusion /submit) runs whole, each of three times in one call."""
+    steps = [RunStep(name=f"{kind}{i}", command="sleep 30" if kind == "slow" else f"sleep 0.2; echo next{i}",
+                     timeout_s=1 if kind == "slow" else 30, always=True) for i in range(3) for kind in ("slow", "next")]
+    async with KilnClient(exec_settings, "trainer") as kiln:
+        result = await ExecClient(kiln).run_once(IMAGE, steps=steps)
+    assert [(s.name, s.timed_out) for s in result.steps] == [(s.name, s.name.startswith("slow")) for s in steps]
+    assert [(s.exit_code, s.stdout) for s in result.steps if s.name.startswith("next")] == \
+        [(0, f"next{i}\n") for i in range(3)], result.steps
+
+
 async def test_files_in_and_out_and_the_images_work_restored(project_image: str, exec_settings: KilnSettings,
                                                               one_slot_worker: WorkerProcess) -> None:
     async with KilnClient(exec_settings, "trainer") as kiln:

@@ -331,12 +331,17 @@ func runStep(c *call, s step) stepResult {
 		return res
 	}
 	var expired atomic.Bool
+	timeoutKilled := make(chan struct{})
 	timer := time.AfterFunc(time.Duration(s.TimeoutMs)*time.Millisecond, func() {
 		expired.Store(true)
 		killAll()
+		close(timeoutKilled)
 	})
 	state, waitErr := cmd.Process.Wait()
-	timer.Stop()
+	if !timer.Stop() {
+		// The timeout fired: its kill loop must be over before the next step starts, or it kills that one too.
+		<-timeoutKilled
+	}
 	res.TimedOut = expired.Load()
 	res.WallUs = time.Since(started).Microseconds()
 	// Whatever the step started in the background ends with it; then its pipes reach EOF.
