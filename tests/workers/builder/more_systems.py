@@ -1,7 +1,7 @@
 """One generated repository per build system and runner issue 50 added (what stopped projects kiln had never
-seen): Maven with JUnit from Maven Central, Gradle (Debian's 4.4.1) and a Gradle newer than it, meson, a suite in a
-subdirectory beside a docs build, uvu and ava, a cargo suite with a trybuild-style nested harness.
-``EXPECTED`` says what the build must report."""
+seen): Maven with JUnit from Maven Central, Gradle (Debian's 4.4.1) and a Gradle newer than it, meson, a suite in
+a subdirectory beside a docs build, uvu, ava, jasmine, QUnit and node-tap, a cargo suite with a trybuild-style
+nested harness. ``EXPECTED`` says what the build must report."""
 
 from __future__ import annotations
 
@@ -170,31 +170,56 @@ def subdirectory_suite_project(path: Path) -> Builder:
     return _commit(path, files, "a test suite in tests/")
 
 
-# The JavaScript runners: (scripts.test, the runner's package and version, the test file, its source). uvu prints a
-# dot per test and names only failures (kiln's reporter names each); ava is run with --tap, its TAP sent to a report
-# file and the code under test's output kept out of it.
-JS_RUNNERS = {
-    "uvu": ("uvu tests", "uvu", "0.5.6", "tests/calc.js",
-            "const { test } = require('uvu');\nconst assert = require('uvu/assert');\n"
-            "const { add, mul } = require('../calc.js');\ntest('adds', () => { assert.is(add(2, 3), 5); });\n"
-            "test('multiplies', () => { assert.is(mul(2, 3), 6); });\ntest.run();\n"),
-    "ava": ("ava --verbose", "ava", "6.1.3", "test/calc.test.js",
-            "const test = require('ava');\nconst { add, mul } = require('../calc.js');\n"
-            "test('adds', t => { t.is(add(2, 3), 5); });\ntest('multiplies', t => { t.is(mul(2, 3), 6); });\n"),
+# The JavaScript runners: (scripts.test, the runner's package and version, the test files). uvu prints a dot per
+# test and names only failures, jasmine dots and failures (kiln's reporters name each); ava and QUnit are run with
+# their TAP reporter (ava's keeps the code under test's output out of it; QUnit's shares stdout with it).
+UVU_TEST = """const { test } = require('uvu');
+const assert = require('uvu/assert');
+const { add, mul } = require('../calc.js');
+test('adds', () => { assert.is(add(2, 3), 5); });
+test('multiplies', () => { assert.is(mul(2, 3), 6); });
+test.run();
+"""
+AVA_TEST = """const test = require('ava');
+const { add, mul } = require('../calc.js');
+test('adds', t => { t.is(add(2, 3), 5); });
+test('multiplies', t => { t.is(mul(2, 3), 6); });
+"""
+JASMINE_SPEC = """const { add, mul } = require('../calc.js');
+describe('calc', () => {
+  it('adds', () => { expect(add(2, 3)).toBe(5); });
+  it('multiplies', () => { expect(mul(2, 3)).toBe(6); });
+});
+"""
+QUNIT_TEST = """const { add, mul } = require('../calc.js');
+QUnit.module('calc');
+QUnit.test('adds', a => { a.equal(add(2, 3), 5); });
+QUnit.test('multiplies', a => { a.equal(mul(2, 3), 6); });
+"""
+# node-tap: its subtests are the tests, the assertions inside them none.
+NODE_TAP_TEST = """const t = require('tap');
+const { add, mul } = require('../calc.js');
+t.test('adds', t => { t.equal(add(2, 3), 5); t.equal(add(0, 3), 3); t.end(); });
+t.test('multiplies', t => { t.equal(mul(2, 3), 6); t.end(); });
+"""
+JS_RUNNERS: dict[str, tuple[str, str, str, dict[str, str]]] = {
+    "uvu": ("uvu tests", "uvu", "0.5.6", {"tests/calc.js": UVU_TEST}),
+    "ava": ("ava --verbose", "ava", "6.1.3", {"test/calc.test.js": AVA_TEST}),
+    "jasmine": ("jasmine --parallel=auto", "jasmine", "5.1.0", {
+        "spec/support/jasmine.json": '{"spec_dir": "spec", "spec_files": ["**/*[sS]pec.js"]}\n',
+        "spec/calcSpec.js": JASMINE_SPEC}),
+    "qunit": ("qunit", "qunit", "2.21.0", {"test/calc.js": QUNIT_TEST}),
+    "tap": ("tap --100", "tap", "16.3.10", {"test/calc.js": NODE_TAP_TEST}),
 }
 
 
 def js_runner_project(runner: str) -> Callable[[Path], Builder]:
-    script, package, version, test_file, source = JS_RUNNERS[runner]
+    script, package, version, tests = JS_RUNNERS[runner]
 
     def make(path: Path) -> Builder:
-        b = Builder(path)
-        write(path, "package.json", json.dumps({"name": "calc", "version": "1.0.0", "scripts": {"test": script},
-                                                "devDependencies": {package: version}}) + "\n")
-        write(path, "calc.js", "module.exports = { add: (a, b) => a + b, mul: (a, b) => a * b };\n")
-        write(path, test_file, source)
-        b.commit(f"a {runner} suite")
-        return b
+        return _commit(path, {"package.json": json.dumps({"name": "calc", "version": "1.0.0", "scripts": {
+            "test": script}, "devDependencies": {package: version}}) + "\n", "calc.js":
+            "module.exports = { add: (a, b) => a + b, mul: (a, b) => a * b };\n", **tests}, f"a {runner} suite")
 
     return make
 
@@ -252,7 +277,8 @@ def nested_harness_project(path: Path) -> Builder:
 
 MORE_PROJECTS: dict[str, Callable[[Path], Builder]] = {
     "maven": maven_project, "gradle": gradle_project, "gradle-8": gradle_wrapper_project, "meson": meson_project,
-    "subdirectory-suite": subdirectory_suite_project, "uvu": js_runner_project("uvu"), "ava": js_runner_project("ava"),
+    "subdirectory-suite": subdirectory_suite_project,
+    **{runner: js_runner_project(runner) for runner in JS_RUNNERS},
     "nested-harness": nested_harness_project,
 }
 # name -> (usable, failure class, tests passed, runner)
@@ -260,5 +286,6 @@ EXPECTED: dict[str, tuple[bool, str | None, int | None, str | None]] = {
     "maven": (True, None, 2, "maven"), "gradle": (True, None, 2, "gradle"),
     "gradle-8": (False, "toolchain_unavailable", None, None), "meson": (True, None, 2, "meson test"),
     "subdirectory-suite": (True, None, 2, "make check"), "uvu": (True, None, 2, "uvu"), "ava": (True, None, 2, "ava"),
+    "jasmine": (True, None, 2, "jasmine"), "qunit": (True, None, 2, "qunit"), "tap": (True, None, 2, "tap"),
     "nested-harness": (True, None, 3, "cargo test"),
 }

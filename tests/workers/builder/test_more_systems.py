@@ -50,5 +50,9 @@ async def test_more_systems(name: str, more_store: SaucerStore, docker_engine: A
     if name == "nested-harness":
         assert event.tests is not None and {c.name for c in event.tests.cases} == {"tests::adds", "tests::multiplies",
                                                                                    "ui"}
-    if name in ("uvu", "ava"):
+    if name in ("uvu", "ava", "tap"):
         assert event.tests is not None and {c.name for c in event.tests.cases} == {"adds", "multiplies"}
+    if name in ("jasmine", "qunit"):
+        separator = " " if name == "jasmine" else " > "
+        assert event.tests is not None and {c.name for c in event.tests.cases} == {
+            f"calc{separator}adds", f"calc{separator}multiplies"}
