@@ -50,6 +50,7 @@ from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import InfraError, KilnError
 from kiln.streams.processes import WorkerProcess
+from kiln.streams.replay import read_topic
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import BROKER_TIME, TopicSpec
 
@@ -127,6 +128,8 @@ class Storm:
         self.skewed_expired = 0
         self.skewed_sent: set[str] = set()
         self.origin: dict[str, str] = {}  # request id -> which client sent it
+        self.submitted_at: dict[str, float] = {}  # request id -> when (monotonic)
+        self.moments: dict[str, float] = {}  # what happened when (monotonic): the broker's stop, a topic's deletion
         self.failed: dict[str, str] = {}  # request id -> why its future failed
         self.poisoned = 0
         self.submitted_all = False
@@ -175,6 +178,7 @@ class Storm:
                 continue
             self.sent.add(request_id)
             self.origin[request_id] = label
+            self.submitted_at[request_id] = time.monotonic()
             if deadline_s is not None:  # only the skewed client sends deadlines
                 self.skewed_sent.add(request_id)
             fut.add_done_callback(lambda f, rid=request_id: self.record_future(f, rid))  # type: ignore[misc]
@@ -185,6 +189,25 @@ class Storm:
             producer.poll(0)
             await asyncio.sleep(1 / (rate or self.args.rate))
         producer.flush(30)
+
+    def explain_lost(self, lost: set[str], results_topics: list[str], journal: Path) -> None:
+        """Print what is known of each lost request: its client, why its future failed, when it was sent (against
+        the storm's moments), how often it ran, and whether its result is on its results topic (sent, never
+        delivered) or not (never sent, or sent to a topic since deleted)."""
+        causes = Counter((self.origin[rid], self.failed.get(rid, "no answer").split(":")[0]) for rid in lost)
+        console.print(f"[red]lost {len(lost)}[/] by client and cause: {dict(causes)}")
+        on_topics: Counter[str] = Counter()
+        for topic in results_topics:
+            with contextlib.suppress(KilnError):
+                for msg in read_topic(self.settings, topic):
+                    on_topics[codec.result_request_id(msg.value() or b"", msg.headers()) or ""] += 1
+        runs = Counter(line.split()[1] for line in journal.read_text().splitlines() if line.startswith("end "))
+        for rid in sorted(lost):
+            sent = self.submitted_at[rid]
+            moments = ", ".join(f"{what} {at - sent:+.2f} s" for what, at in sorted(self.moments.items(),
+                                                                                     key=lambda m: m[1]))
+            console.print(f"  {rid} ({self.origin[rid]}): ran to its end {runs[rid]}x, {on_topics[rid]} result(s) "
+                          f"on the results topics now; after it was sent: {moments}")
 
     def record(self, envelope: ResultEnvelope) -> None:
         self.delivered[envelope.request_id] += 1
@@ -227,11 +250,13 @@ class Storm:
                                   label=label)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(client.settled(), 60)
-                console.print(f"results topic {results}: deleted")
                 await asyncio.to_thread(admin.delete_topics, self.settings, [results])
+                self.moments["recreated topic deleted"] = time.monotonic()
+                console.print(f"results topic {results}: deleted")
                 await self.submit(client, time.monotonic() + 1, rng, rate=rate, poison_share=0, deadline_s=deadline_s,
                                   label=label)
                 await asyncio.to_thread(_create_again, self.settings, TopicSpec(results, 4, BROKER_TIME))
+                self.moments["recreated topic created again"] = time.monotonic()
                 console.print(f"results topic {results}: created again")
             await self.submit(client, end, rng, rate=rate, poison_share=0, deadline_s=deadline_s, label=label)
             with contextlib.suppress(TimeoutError):
@@ -290,9 +315,11 @@ async def _storm(args: argparse.Namespace) -> dict[str, float]:
         async def restart_broker() -> None:
             await asyncio.sleep(args.seconds / 2)
             console.print("broker: stop")
+            storm.moments["broker stopping"] = time.monotonic()
             await asyncio.to_thread(broker, args.port, "stop")
             await asyncio.sleep(5)
             await asyncio.to_thread(broker, args.port, "start")
+            storm.moments["broker started again"] = time.monotonic()
             console.print("broker: started again")
             restarted.set()
 
@@ -349,12 +376,10 @@ async def _storm(args: argparse.Namespace) -> dict[str, float]:
         # supervisor cannot respawn one meanwhile; asyncio.run cancels it afterwards).
         for w in storm.workers:
             w.stop(10)
-    admin.delete_topics(settings, [request, f"{request}.dlq", results, skewed_results, recreated_results])
-
     lost = storm.sent - set(storm.delivered)
     if lost:
-        causes = Counter((storm.origin[rid], storm.failed.get(rid, "no answer").split(":")[0]) for rid in lost)
-        console.print(f"[red]lost {len(lost)}[/] by client and cause: {dict(causes)}")
+        storm.explain_lost(lost, [results, skewed_results, recreated_results], journal)
+    admin.delete_topics(settings, [request, f"{request}.dlq", results, skewed_results, recreated_results])
     starts: Counter[str] = Counter()
     reruns_after_end = 0
     ended: set[str] = set()

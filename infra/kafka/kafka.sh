@@ -188,7 +188,7 @@ launch_node() {
   log "starting kafka $KAFKA_VERSION node $NODE on 127.0.0.1:$NODE_PORT (heap $HEAP)"
   nohup java "-Xmx$HEAP" "-Xms$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
     "-Dlog4j2.configurationFile=$DATA/log4j2.yaml" -cp "$KAFKA_HOME/libs/*" kafka.Kafka "$DATA/server.properties" \
-    >"$DATA/logs/stdout.log" 2>&1 </dev/null &
+    >"$DATA/logs/stdout.log" 2>&1 </dev/null 9>&- &  # not the start lock's fd: the node would hold it for life
   echo $! >"$PIDFILE"
 }
 

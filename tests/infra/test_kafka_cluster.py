@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import ConfigResource, ResourceType
@@ -54,6 +55,18 @@ def test_the_cluster_replicates_its_internal_topics(cluster: KilnSettings) -> No
             "unclean.leader.election.enable": "false"}
     pids = kafka_sh("pids").split()
     assert len(pids) == 6 and pids[0::2] == ["1", "2", "3"]
+
+
+def test_a_second_start_finds_the_cluster_running(cluster: KilnSettings) -> None:
+    """`kafka.sh start` on a running cluster returns (a test session's `kiln setup kafka`): no node inherited the
+    start lock's descriptor, which it would hold for life, so every later start would wait for ever."""
+    pids = [int(pid) for pid in kafka_sh("pids").split()[1::2]]
+    held = [link for pid in pids for fd in Path(f"/proc/{pid}/fd").iterdir()
+            if (link := os.readlink(fd)).endswith(".start.lock")]
+    assert not held
+    again = subprocess.run(["bash", str(infra_dir() / "kafka" / "kafka.sh"), "start"], capture_output=True, text=True,
+                           env={**os.environ, **CLUSTER_ENV}, check=True, timeout=120)
+    assert again.stderr.count("already running") == 3
 
 
 def test_topics_create_takes_replication_from_the_cluster_and_refuses_replication_1(cluster: KilnSettings) -> None:
