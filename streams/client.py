@@ -432,7 +432,8 @@ class KilnClient:
             raise RequestExpired(f"request {envelope.request_id} expired before it started")
         if envelope.status == "error":
             err = envelope.error
-            raise RequestFailed(envelope.request_id, f"{err.type}: {err.message}" if err else "unknown error")
+            raise RequestFailed(envelope.request_id, f"{err.type}: {err.message}" if err else "unknown error",
+                                err.type if err else "")
         body = codec.result_body(envelope, self.blob_store) or {}
         spec = self.spec(envelope.kind)
         return spec.result_model.model_validate(body) if spec else body

@@ -115,12 +115,14 @@ class RequestExpired(ClientError):
 
 
 class RequestFailed(ClientError):
-    """The job was dead-lettered; ``reason`` says why."""
+    """The job failed (dead-lettered, or answered with a routine error); ``reason`` says why, ``error_type`` names
+    the error the stage raised ("" when unknown)."""
 
-    def __init__(self, request_id: str, reason: str) -> None:
+    def __init__(self, request_id: str, reason: str, error_type: str = "") -> None:
         super().__init__(f"request {request_id} failed: {reason}")
         self.request_id = request_id
         self.reason = reason
+        self.error_type = error_type
 
 
 class RequestRefused(ClientError):

@@ -1,6 +1,9 @@
 """``rollout``: per prompt group, n samples from an inference server and a reward for each from the task's verifier
 (``verifiers.py``: in process, or kiln's exec and Lean stages through their client facades); the group goes to the
-requester and to ``rollouts`` (committed only after both are written — the runtime's rule).
+requester and to ``rollouts`` (committed only after both are written — the runtime's rule). A group trains whole, so
+a sample kiln could not judge (its sandbox, checker or a stage failed it) is never sent with a 0: the group is an
+error instead (``unjudged``), retried when the failure is transient, answered as an error when it is routine. A
+sample that failed by itself (past its time, crashed, wrong) is a real 0 and the group goes out.
 
 Settings ``KILN_ROLLOUT_*``: the servers to sample from (round-robin) and what they are (``endpoint_kind``: kiln's
 ``kiln rl serve``, vLLM or SGLang), the policy's ``model`` (whose tokenizer this worker loads), the verifiers'
@@ -35,7 +38,7 @@ from kiln.workers.inference.errors import EndpointAnswerError
 from kiln.workers.inference.tokenizer import PolicyTokenizer, load_tokenizer, tokenize_prompt
 from kiln.workers.rollout import spec
 from kiln.workers.rollout.episodes import Episode, run_episode
-from kiln.workers.verifiers import VerifierContext, Verifiers
+from kiln.workers.verifiers import VerifierContext, Verifiers, unjudged
 
 
 class RolloutSettings(BaseSettings):
@@ -131,6 +134,9 @@ async def handle(request: RolloutRequest, ctx: JobContext) -> RolloutGroup:
     verdicts = _verifiers[0].stamped(
         request.task, await verifier.verify(request.task, [e.answer for e in episodes], ctx.envelope.request_id))
     VERIFY.labels(request.task.verifier).observe(time.perf_counter() - generated)
+    failed = unjudged(verdicts)
+    if failed is not None:  # a sample kiln could not judge is never trained on as a 0: the group is an error
+        raise failed
     samples = []
     for episode, verdict in zip(episodes, verdicts, strict=True):
         REWARD.observe(verdict.reward)

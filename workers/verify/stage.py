@@ -5,10 +5,12 @@ batch in one ``run_once`` call, and batches of concurrent requests with the same
 ``KILN_VERIFY_EXEC_BATCH_GROUPS``); ``swe`` is a call per completion (each patches its own tree); ``lean`` one
 elaboration and a tactic run per completion.
 
-A failure is a verdict, never an exception a trainer must handle: a check past its time, a sandbox that could not
-run it, an unreadable task, a checker that failed — every completion it concerns gets ``failure`` and reward 0.
-What fails the request itself (a bug, a worker lost for good) reaches the client, whose facade turns it into
-``unavailable`` verdicts. Settings ``KILN_VERIFY_*``.
+A failure is a verdict, never an exception a trainer must handle. The completion's own (its program past its time,
+crashed, flooding its output, wrong) is a real verdict of 0 (``policy_failure``); kiln's (a check past its time, a
+sandbox that could not run it, an unreadable task, a checker that failed) gives every completion it concerns a
+``failure`` and no reward, which the client retries within its budget. What fails the request itself (a bug, a
+worker lost for good) reaches the client, whose facade turns it into ``unavailable`` verdicts. Settings
+``KILN_VERIFY_*`` (``VerifySettings``).
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ import socket
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.schemas.verify import FailureKind, VerifyRequest, VerifyResult
 from kiln.streams.client import KilnClient
@@ -28,16 +28,7 @@ from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
 from kiln.workers.verifiers import SandboxError, Verdict, VerifierContext, Verifiers, VerifyError
 from kiln.workers.verify import spec
-
-
-class VerifySettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KILN_VERIFY_", extra="ignore")
-
-    exec_calls: int = Field(8, ge=1, description="Exec run_once calls a worker's verifiers keep in flight.")
-    exec_batch_groups: int = Field(32, ge=1, description="Requests one exec checker call may verify together.")
-    exec_batch_window_s: float = Field(0.02, ge=0, description="How long a request waits for others to share its "
-                                                                "checker call.")
-
+from kiln.workers.verify.settings import VerifySettings
 
 registry = CollectorRegistry()
 COMPLETIONS = Counter("kiln_verify_completions_total", "Completions verified, by verifier and failure (none: a "
@@ -68,11 +59,12 @@ def _count(details: dict[str, object], key: str) -> int | None:
 
 
 def answered(verdict: Verdict, seconds: float) -> Verdict:
-    """A verifier's verdict as the stage answers it: reward 0 with a failure, the failure's reason and the test
+    """A verifier's verdict as the stage answers it: reward 0 with either failure, the failure's reason and the test
     counts read from its details, the time it took."""
     details = verdict.details
-    reason = str(details.get("error") or details.get("stage") or "") if verdict.failure else ""
-    return verdict.model_copy(update={"reward": 0.0 if verdict.failure else verdict.reward, "reason": reason[:2000],
+    failed = verdict.failure or verdict.policy_failure
+    reason = str(details.get("error") or details.get("stage") or "") if failed else ""
+    return verdict.model_copy(update={"reward": 0.0 if failed else verdict.reward, "reason": reason[:2000],
                                       "passed": _count(details, "passed"), "failed": _count(details, "failed"),
                                       "seconds": seconds})
 
