@@ -1,5 +1,6 @@
 """Settings of the ``verify`` stage and of its clients, ``KILN_VERIFY_*``: what a worker's verifiers keep in flight,
-and how long a client retries what kiln failed to judge before it reports "no reward"."""
+how long a client retries what kiln failed to judge before it reports "no reward", and how long an adapter that
+imputes a group's mean waits for the group."""
 
 from __future__ import annotations
 
@@ -22,3 +23,6 @@ class VerifySettings(BaseSettings):
                                                           "retry: keep it under the trainer's own reward timeout "
                                                           "(OpenRLHF's remote reward model: 180 s).")
     retry_backoff_s: float = Field(1.0, ge=0, description="The wait before the first retry; it doubles after each.")
+    group_wait_s: float = Field(30.0, gt=0, description="Where a trainer has no per-sample \"no reward\" (verl, "
+                                                        "OpenRLHF) and kiln gives an unjudged completion its group's "
+                                                        "mean: how long it waits for the rest of its group.")
