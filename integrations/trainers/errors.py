@@ -14,3 +14,6 @@ class NoReward(KilnError):
         super().__init__(f"no reward: kiln could not judge the completion ({verdict.failure}, {verdict.attempts} "
                          f"checks): {verdict.reason[:500]}")
         self.verdict = verdict
+
+    def __reduce__(self) -> tuple[type[NoReward], tuple[CompletionVerdict]]:
+        return type(self), (self.verdict,)  # raised in AReaL's reward process pool, re-raised in the trainer

@@ -144,7 +144,8 @@ async def handle(request: RolloutRequest, ctx: JobContext) -> RolloutGroup:
             text=episode.text, token_ids=episode.token_ids, logprobs=episode.logprobs, versions=episode.versions,
             finish_reason=episode.finish_reason, reward=verdict.reward, turns=episode.turns,
             tool_mask=episode.tool_mask if episode.tool_calls else [],
-            verifier={"name": request.task.verifier, "version": verdict.version, **verdict.details}))
+            verifier={"name": request.task.verifier, "version": verdict.version, **verdict.details,
+                      **({"policy_failure": verdict.policy_failure} if verdict.policy_failure else {})}))
     GROUPS.inc()
     GENERATE.observe(generated - started)
     versions = [v for e in episodes for v in e.versions]
