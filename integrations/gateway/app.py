@@ -22,7 +22,7 @@ from kiln.streams.client import KilnClient
 from kiln.streams.settings import KilnSettings
 from kiln.workers.exec.client import ExecClient
 from kiln.workers.lean.client import LeanClient
-from kiln.workers.verify.settings import VerifySettings
+from kiln.workers.verify.client import VerifySettings
 
 REQUESTS = Counter("kiln_gateway_requests_total", "Gateway requests, by route and status code.", ["route", "code"])
 

@@ -25,12 +25,10 @@ from typing import Any
 from kiln.integrations.trainers import note_versions, task_of
 from kiln.schemas.exec import SessionLimits
 from kiln.schemas.rl import RolloutTask
-from kiln.schemas.verify import CompletionVerdict, VerifyRequest, scored
+from kiln.schemas.verify import CompletionVerdict, scored
 from kiln.streams.settings import KilnSettings
 from kiln.workers.verifiers import PROGRAM_RUNNERS, VerifierContext, Verifiers
-from kiln.workers.verify.client import BlockingVerifyClient, rechecked
-from kiln.workers.verify.settings import VerifySettings
-from kiln.workers.verify.stage import verified
+from kiln.workers.verify.client import BlockingVerifyClient, VerifySettings, rechecked
 
 RUNNERS = PROGRAM_RUNNERS
 
@@ -69,8 +67,8 @@ class _Scorer:
             groups.setdefault(task.model_dump_json(), (task, []))[1].append(i)
 
         async def in_process(task: RolloutTask, texts: list[str]) -> list[CompletionVerdict]:
-            """The verify stage's answer, computed here (kiln's failures as verdicts, as the stage gives them)."""
-            return (await verified(self.verifiers, VerifyRequest(task=task, completions=texts), "")).verdicts
+            """The verifier's verdicts, computed here as the verify stage computes them."""
+            return self.verifiers.stamped(task, await self.verifiers.judge(task, texts, ""))
 
         async def group(task: RolloutTask, at: list[int]) -> list[float | None]:
             verdicts = await rechecked(in_process, task, [completions[i] for i in at], self.retry)

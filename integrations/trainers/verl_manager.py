@@ -30,7 +30,7 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from kiln.integrations.trainers import note_versions, shared_client, task_of
 from kiln.integrations.trainers.groups import GroupBaseline
 from kiln.integrations.trainers.verl import extra_info_of, task_label
-from kiln.workers.verify.settings import VerifySettings
+from kiln.workers.verify.client import VerifySettings
 
 
 class KilnRewardManager(RewardManagerBase):  # type: ignore[misc]

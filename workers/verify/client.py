@@ -21,12 +21,35 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
 from kiln.schemas.rl import RolloutTask
 from kiln.schemas.verify import CompletionVerdict, VerifyRequest, VerifyResult
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import ClientError
 from kiln.streams.settings import KilnSettings, get_settings
-from kiln.workers.verify.settings import VerifySettings
+
+
+class VerifySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KILN_VERIFY_", extra="ignore")
+
+    exec_calls: int = Field(8, ge=1, description="Exec run_once calls a worker's verifiers keep in flight.")
+    exec_batch_groups: int = Field(32, ge=1, description="Requests one exec checker call may verify together.")
+    exec_batch_window_s: float = Field(0.02, ge=0, description="How long a request waits for others to share its "
+                                                                "checker call.")
+    retry_attempts: int = Field(4, ge=1, description="Checks a client makes of a completion kiln failed to judge "
+                                                     "(sandbox, checker, worker or stage failed), each a new request "
+                                                     "(another verify worker, exec worker and runner), before it "
+                                                     "reports it without a reward; 1: no retry.")
+    retry_budget_s: float = Field(60.0, gt=0, description="How long after its first answer a client may still "
+                                                          "retry: keep it under the trainer's own reward timeout "
+                                                          "(OpenRLHF's remote reward model: 180 s).")
+    retry_backoff_s: float = Field(1.0, ge=0, description="The wait before the first retry; it doubles after each.")
+    group_wait_s: float = Field(30.0, gt=0, description="Where a trainer has no per-sample \"no reward\" (verl, "
+                                                        "OpenRLHF) and kiln gives an unjudged completion its group's "
+                                                        "mean: how long it waits for the rest of its group.")
+
 
 T = TypeVar("T")
 log = logging.getLogger("kiln.verify")

@@ -21,14 +21,13 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from kiln.schemas.verify import FailureKind, VerifyRequest, VerifyResult
+from kiln.schemas.verify import VerifyRequest, VerifyResult
 from kiln.streams.client import KilnClient
-from kiln.streams.errors import RequestFailed, RoutineJobError
 from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
-from kiln.workers.verifiers import SandboxError, Verdict, VerifierContext, Verifiers, VerifyError
+from kiln.workers.verifiers import Verdict, VerifierContext, Verifiers
 from kiln.workers.verify import spec
-from kiln.workers.verify.settings import VerifySettings
+from kiln.workers.verify.client import VerifySettings
 
 registry = CollectorRegistry()
 COMPLETIONS = Counter("kiln_verify_completions_total", "Completions verified, by verifier and failure (none: a "
@@ -69,27 +68,11 @@ def answered(verdict: Verdict, seconds: float) -> Verdict:
                                       "seconds": seconds})
 
 
-def _every(request: VerifyRequest, error: str, failure: FailureKind) -> list[Verdict]:
-    """The same failed verdict for every completion of the request."""
-    return [Verdict(reward=0.0, details={"error": error}, failure=failure)] * len(request.completions)
-
-
 async def verified(verifiers: Verifiers, request: VerifyRequest, request_id: str) -> VerifyResult:
     """The request's result from ``verifiers``: what a worker answers, and what ``kiln verify rescore`` re-computes
     in process with the verifiers installed where it runs."""
     task, started = request.task, time.perf_counter()
-    try:
-        verifier = verifiers.get(task.verifier)
-        verdicts = await verifier.verify(task, request.completions, request_id)
-    except (VerifyError, SandboxError) as e:
-        verdicts = _every(request, str(e), e.failure)
-    except RequestFailed as e:  # a stage the verifier relies on failed the request for good
-        verdicts = _every(request, e.reason, "sandbox_error")
-    except RoutineJobError as e:  # a verifier plugged in through kiln.verifiers, failing routinely
-        verdicts = _every(request, str(e), "checker_error")
-    if len(verdicts) != len(request.completions):
-        message = f"verifier {task.verifier!r} gave {len(verdicts)} verdicts for {len(request.completions)}"
-        verdicts = _every(request, message, "checker_error")
+    verdicts = await verifiers.judge(task, request.completions, request_id)
     elapsed = time.perf_counter() - started
     SECONDS.labels(task.verifier).observe(elapsed)
     out = verifiers.stamped(task, [answered(v, elapsed) for v in verdicts])

@@ -19,8 +19,7 @@ from kiln.schemas.rl import RolloutTask
 from kiln.schemas.verify import VerifyRequest
 from kiln.streams.client import KilnClient
 from kiln.streams.settings import KilnSettings
-from kiln.workers.verify.client import VerifyClient
-from kiln.workers.verify.settings import VerifySettings
+from kiln.workers.verify.client import VerifyClient, VerifySettings
 from tests.workers.exec.conftest import exec_worker
 from tests.workers.verify.conftest import task, timing_out, verify_worker
 
