@@ -27,7 +27,7 @@ from kiln.workers.inference.process import ServerProcess
 from kiln.workers.inference.tokenizer import load_tokenizer, tokenize_prompt
 from tests.stages import worker_env
 from tests.streams.harness import read_all
-from tests.workers.exec.conftest import exec_worker
+from tests.workers.rollout.actors import rollout_with_exec
 from tests.workers.verify.conftest import check
 
 
@@ -78,24 +78,12 @@ def _saying(verdict: dict[str, object]) -> RolloutTask:
 async def test_a_group_kiln_could_not_judge_is_an_error_never_zeros(stage_topics: Callable[..., KilnSettings],
                                                                    tmp_path: Path, unique: str) -> None:
     settings = stage_topics(("rollout.requests", 2), ("rollouts", 1), ("exec.requests", 2))
-    server = ServerProcess(ModelConfig(max_len=64), tmp_path / "serve.log")
-    server.start()
-    env = worker_env(settings, KILN_ROLLOUT_ENDPOINTS=json.dumps([server.url]))
     sampling = Sampling(n=3, max_tokens=3)
-    try:
-        with exec_worker(settings, tmp_path / "locks") as ex, \
-                WorkerProcess("rollout", settings, "rollout.requests", slots=2, env=env) as worker:
-            ex.wait_assigned()
-            worker.wait_assigned()
-            async with KilnClient(settings, f"actor-{unique}") as client:
-                with pytest.raises(RequestFailed, match=r"VerifyError.*3 of 3 completions got no verdict"):
-                    await client.call("rollout", RolloutRequest(task=_saying({"failure": "checker_error"}),
-                                                                sampling=sampling))
-                stopped: RolloutGroup = await client.call("rollout", RolloutRequest(
-                    task=_saying({"failure": "timeout"}), sampling=sampling))
-            worker.stop()
-    finally:
-        server.stop()
+    async with rollout_with_exec(settings, tmp_path, unique) as client:
+        with pytest.raises(RequestFailed, match=r"VerifyError.*3 of 3 completions got no verdict"):
+            await client.call("rollout", RolloutRequest(task=_saying({"failure": "checker_error"}), sampling=sampling))
+        stopped: RolloutGroup = await client.call("rollout", RolloutRequest(task=_saying({"failure": "timeout"}),
+                                                                            sampling=sampling))
     assert [(s.reward, s.verifier["policy_failure"]) for s in stopped.samples] == [(0.0, "timeout")] * 3
     published = [RolloutGroup.model_validate_json(m.value())
                  for m in read_all(settings, settings.topic("rollouts"), expect=1)]
