@@ -1,13 +1,13 @@
 """Fake zeros under preemption (issue 49): one reward batch with known answers through every trainer adapter while
 exec workers are SIGKILLed and the runner pool is starved, counting what each trainer would have been told.
 
-The batch: ``--prompts`` (64) a+b prompts x ``--samples`` (8) completions = 512, each prompt's completions one group,
-checked by the ``program`` verifier (the completion's program on the prompt's stdin, ``--timeout-s`` 2, 256 MB, 64
-pids). Per group: 3 right programs (expected reward 1), 2 wrong ones (print a+b+1) and 3 adversarial ones, the
-kinds in turn: a fork bomb (until the pids limit, until its time), a memory bomb (until the OOM killer or a
-MemoryError), the right answer then 8 MB of newlines (a flood: stdout past the cap, whose text without its trailing
-whitespace is right), the right answer then ``killpg`` of its own process group, the right answer printed after
-closing its stdout. Every wrong and adversarial completion must get a real verdict of 0.
+The batch: ``--prompts`` (64) a+b prompts x ``--samples`` (8) completions = 512, each prompt's completions one
+group, checked by the ``program`` verifier (the completion's program on the prompt's stdin, ``--timeout-s`` 3 of
+wall time, 256 MB, 64 pids, half a CPU). Per group: half right programs (expected reward 1), 2 wrong ones (print
+a+b+1) and the rest adversarial, the kinds in turn: a fork bomb (until the pids limit, until its time), a memory
+bomb (until the OOM killer or a MemoryError), the right answer then 8 MB of newlines (a flood: stdout past the cap,
+whose text without its trailing whitespace is right), the right answer then ``killpg`` of its own process group, the
+right answer printed after closing its stdout. Every wrong and adversarial completion must get a real verdict of 0.
 
 Each adapter runs the whole batch, all five at once, as its trainer calls it: ``trl`` (``Verified``, through the
 verify stage), ``verl`` (``compute_score_batch``; its ``kiln_failure``), ``openrlhf`` (one gateway request per
@@ -90,16 +90,17 @@ class Case:
 
 
 def batch(prompts: int, samples: int, timeout_s: float, seed: int) -> list[Case]:
-    """``prompts`` groups of ``samples``: 3 right, 2 wrong, the rest adversarial (kinds in turn)."""
+    """``prompts`` groups of ``samples``: half right, 2 wrong, the rest adversarial (kinds in turn)."""
     rng = random.Random(seed)
     cases, turn = [], 0
     for g in range(prompts):
         a, b = rng.randrange(-10**6, 10**6), rng.randrange(10**6)
         task = RolloutTask(task_id=f"sum-{g}", prompt=f"{a} {b}", verifier="program",
                            check={"expected_output": str(a + b), "stdin": f"{a} {b}\n", "timeout_s": timeout_s,
-                                  "limits": {"memory_mb": 256, "pids": 64, "cpus": 1.0}})
+                                  "limits": {"memory_mb": 256, "pids": 64, "cpus": 0.5}})
         for s in range(samples):
-            kind = "right" if s < 3 else "wrong" if s < 5 else ADVERSARIAL[turn % len(ADVERSARIAL)]
+            kind = "right" if s < samples // 2 else "wrong" if s < samples // 2 + 2 else ADVERSARIAL[
+                turn % len(ADVERSARIAL)]
             turn += kind in ADVERSARIAL
             cases.append(Case(task, kind, f"```python\n{PROGRAMS[kind]}```"))
     return cases
@@ -272,7 +273,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8, help="completions per prompt (at least 6)")
-    parser.add_argument("--timeout-s", type=float, default=2.0, help="each program's time limit")
+    parser.add_argument("--timeout-s", type=float, default=3.0, help="each program's time limit")
     parser.add_argument("--exec-workers", type=int, default=2)
     parser.add_argument("--verify-workers", type=int, default=1)
     parser.add_argument("--kill-every", type=float, default=20.0, help="seconds between exec worker SIGKILLs")

@@ -74,6 +74,9 @@ ATTACKS = {  # a program's own failures, each measured outside it: a real 0, nev
     "killpg": "import os, signal\nprint(7, flush=True)\nos.killpg(0, signal.SIGKILL)\n",
     "close_stdout": "import os\nos.close(1)\nprint(7)\n",
     "kill_everything": "import os, signal\nprint(7, flush=True)\nos.kill(-1, signal.SIGKILL)\n",
+    # The work areas are memory (tmpfs): files filling the whole memory limit must not take the supervisor down.
+    "fill_memory_with_files": "for i in range(4096):\n    with open(f'/tmp/f{i}', 'wb') as f:\n"
+                              "        f.write(b'x' * (1 << 20))\nprint(7)\n",
 }
 
 
@@ -86,7 +89,8 @@ async def test_a_programs_own_failures_are_real_zeros(stack: KilnSettings, uniqu
     got = {name: (v.reward, v.failure, v.policy_failure) for name, v in zip(ATTACKS, verdicts[1:], strict=True)}
     assert got == {"fork_bomb": (0.0, None, "timeout"), "memory_bomb": (0.0, None, "crashed"),
                    "flood_after_answer": (0.0, None, "output_limit"), "killpg": (0.0, None, "crashed"),
-                   "close_stdout": (0.0, None, "crashed"), "kill_everything": (0.0, None, "crashed")}, got
+                   "close_stdout": (0.0, None, "crashed"), "kill_everything": (0.0, None, "crashed"),
+                   "fill_memory_with_files": (0.0, None, "crashed")}, got
 
 
 async def test_a_worker_killed_mid_batch_costs_only_time(verify_settings: KilnSettings, docker_engine: Any,
