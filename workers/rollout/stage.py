@@ -28,6 +28,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.schemas.rl import RolloutGroup, RolloutRequest, RolloutSample
+from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed, RoutineJobError, TransientJobError
 from kiln.streams.settings import get_settings
@@ -81,8 +82,10 @@ async def setup(slots: int) -> None:
     options = {"timeout_s": settings.timeout_s, **({"model": settings.served_model} if settings.served_model else {})}
     _endpoints[:] = [endpoint_for(settings.endpoint_kind, url, **options) for url in settings.endpoints]
     _tokenizer[:], _chat[:] = [load_tokenizer(settings.model)], [settings.chat]
-    # Its own client id: results of its exec/Lean requests come back to this process only.
-    kiln = KilnClient(get_settings(), f"rollout.{socket.gethostname()}.{os.getpid()}")
+    # Its own client id: results of its exec/Lean requests come back to this process only. The deployment's blob
+    # store: a result above KILN_CLAIM_CHECK_BYTES (a checker's or a program's output) comes back as a claim check.
+    blobs = await asyncio.to_thread(open_blob_store, get_settings())
+    kiln = KilnClient(get_settings(), f"rollout.{socket.gethostname()}.{os.getpid()}", blob_store=blobs)
     _verifiers[:] = [Verifiers(VerifierContext(kiln, exec_calls=settings.exec_calls,
                                                exec_batch_groups=settings.exec_batch_groups,
                                                exec_batch_window_s=settings.exec_batch_window_s))]

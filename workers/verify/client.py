@@ -26,6 +26,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.schemas.rl import RolloutTask
 from kiln.schemas.verify import CompletionVerdict, VerifyRequest, VerifyResult
+from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import ClientError
 from kiln.streams.settings import KilnSettings, get_settings
@@ -154,8 +155,11 @@ class BlockingVerifyClient:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kiln-verify", daemon=True)
         self._thread.start()
-        self.kiln = KilnClient(settings or get_settings(),
-                               client_id or f"verify-client.{socket.gethostname()}.{os.getpid()}")
+        settings = settings or get_settings()
+        # The deployment's blob store, as the gateway opens it: results above KILN_CLAIM_CHECK_BYTES (a big batch's
+        # verdicts; for the TRL rewards in process, an exec check's output) come back as claim checks.
+        self.kiln = KilnClient(settings, client_id or f"verify-client.{socket.gethostname()}.{os.getpid()}",
+                               blob_store=open_blob_store(settings))
         self.client = VerifyClient(self.kiln, verify)
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:

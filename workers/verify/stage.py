@@ -15,6 +15,7 @@ worker lost for good) reaches the client, whose facade turns it into ``unavailab
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
@@ -22,6 +23,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from kiln.schemas.verify import VerifyRequest, VerifyResult
+from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
@@ -39,8 +41,10 @@ _verifiers: list[Verifiers] = []
 
 async def setup(slots: int) -> None:
     settings = VerifySettings()
-    # Its own client id: results of its exec/Lean requests come back to this process only.
-    kiln = KilnClient(get_settings(), f"verify.{socket.gethostname()}.{os.getpid()}")
+    # Its own client id: results of its exec/Lean requests come back to this process only. The deployment's blob
+    # store: a result above KILN_CLAIM_CHECK_BYTES (a checker's or a program's output) comes back as a claim check.
+    blobs = await asyncio.to_thread(open_blob_store, get_settings())
+    kiln = KilnClient(get_settings(), f"verify.{socket.gethostname()}.{os.getpid()}", blob_store=blobs)
     _verifiers[:] = [Verifiers(VerifierContext(kiln, exec_calls=settings.exec_calls,
                                                exec_batch_groups=settings.exec_batch_groups,
                                                exec_batch_window_s=settings.exec_batch_window_s,

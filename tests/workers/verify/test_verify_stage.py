@@ -73,7 +73,8 @@ ATTACKS = {  # a program's own failures, each measured outside it: a real 0, nev
     "flood_after_answer": "import sys\nprint(7)\nsys.stdout.write('\\n' * (8 << 20))\n",
     "killpg": "import os, signal\nprint(7, flush=True)\nos.killpg(0, signal.SIGKILL)\n",
     "close_stdout": "import os\nos.close(1)\nprint(7)\n",
-    "kill_everything": "import os, signal\nprint(7, flush=True)\nos.kill(-1, signal.SIGKILL)\n",
+    # SIGKILL to every process it may signal (Linux spares the caller): the supervisor is not among them.
+    "kill_everything": "import os, signal\nos.kill(-1, signal.SIGKILL)\n",
     # The work areas are memory (tmpfs): files filling the whole memory limit must not take the supervisor down.
     "fill_memory_with_files": "for i in range(4096):\n    with open(f'/tmp/f{i}', 'wb') as f:\n"
                               "        f.write(b'x' * (1 << 20))\nprint(7)\n",
@@ -87,10 +88,12 @@ async def test_a_programs_own_failures_are_real_zeros(stack: KilnSettings, uniqu
         verdicts = await VerifyClient(kiln, FAST).verify(program, ["print(7)", *ATTACKS.values()])
     assert (verdicts[0].reward, verdicts[0].failure) == (1.0, None)
     got = {name: (v.reward, v.failure, v.policy_failure) for name, v in zip(ATTACKS, verdicts[1:], strict=True)}
-    assert got == {"fork_bomb": (0.0, None, "timeout"), "memory_bomb": (0.0, None, "crashed"),
-                   "flood_after_answer": (0.0, None, "output_limit"), "killpg": (0.0, None, "crashed"),
-                   "close_stdout": (0.0, None, "crashed"), "kill_everything": (0.0, None, "crashed"),
-                   "fill_memory_with_files": (0.0, None, "crashed")}, got
+    assert all(reward == 0.0 and failure is None for reward, failure, _ in got.values()), got  # all real 0s
+    # Which of its own failures a bomb meets first (the limit, or its time) depends on the machine's load.
+    own = {name: kind for name, (_, _, kind) in got.items()}
+    assert own["fork_bomb"] == "timeout" and own["memory_bomb"] in ("crashed", "timeout"), own
+    assert own["fill_memory_with_files"] in ("crashed", "timeout") and own["flood_after_answer"] == "output_limit"
+    assert (own["killpg"], own["close_stdout"], own["kill_everything"]) == ("crashed", "crashed", None), own
 
 
 async def test_a_worker_killed_mid_batch_costs_only_time(verify_settings: KilnSettings, docker_engine: Any,
