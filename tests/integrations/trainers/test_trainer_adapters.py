@@ -108,9 +108,31 @@ async def _openrlhf(url: str) -> list[Any]:
     return [a["rewards"][0] for a in answers]
 
 
-async def test_every_adapter_gives_real_sandboxed_verdicts(kiln: KilnSettings, tmp_path: Path,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="kiln.rewards")
+class Noted(logging.Handler):
+    """What ``kiln.rewards`` logs, read from kiln's logger object itself: once AReaL is imported, its ``getLogger``
+    replaces the logging module's root and manager (areal/utils/logging.py:347, every call), so records of loggers
+    made before it no longer reach a handler on the new root (pytest's caplog)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def noted() -> Iterator[Noted]:
+    handler, logger = Noted(), trainers.log
+    level, logger.disabled = logger.level, False
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+async def test_every_adapter_gives_real_sandboxed_verdicts(kiln: KilnSettings, tmp_path: Path, noted: Noted) -> None:
     verl = await _verl()
     assert verl[:2] == verl[3:5] == [1.0, 0.0] and math.isnan(verl[2]) and math.isnan(verl[5])
     assert await _areal() == [1.0, 0.0]
@@ -125,8 +147,8 @@ async def test_every_adapter_gives_real_sandboxed_verdicts(kiln: KilnSettings, t
         trl.close()
     assert rewards == [1.0, 0.0, None]
     # Bare-float trainers (TRL, AReaL, prime) get the verifier's version in their log, once per version.
-    noted = [r.getMessage() for r in caplog.records if "rewards scored by verifier exec" in r.getMessage()]
-    assert len(noted) == len(set(noted)) >= 2, noted
+    scored = [m for m in noted.messages if "rewards scored by verifier exec" in m]
+    assert len(scored) == len(set(scored)) >= 2, scored
     # kiln's own TRL rewards, through the stage: a program checked on its stdin — right, wrong, and past its time,
     # which is the program's own failure: a real 0.
     programs = OutputMatches(settings=kiln, timeout_s=2, through_stage=True)
