@@ -2,12 +2,14 @@
 exec workers are SIGKILLed and the runner pool is starved, counting what each trainer would have been told.
 
 The batch: ``--prompts`` (64) a+b prompts x ``--samples`` (8) completions = 512, each prompt's completions one
-group, checked by the ``program`` verifier (the completion's program on the prompt's stdin, ``--timeout-s`` 3 of
-wall time, 256 MB, 64 pids, half a CPU). Per group: half right programs (expected reward 1), 2 wrong ones (print
-a+b+1) and the rest adversarial, the kinds in turn: a fork bomb (until the pids limit, until its time), a memory
-bomb (until the OOM killer or a MemoryError), the right answer then 8 MB of newlines (a flood: stdout past the cap,
-whose text without its trailing whitespace is right), the right answer then ``killpg`` of its own process group, the
-right answer printed after closing its stdout. Every wrong and adversarial completion must get a real verdict of 0.
+group, checked by the ``program`` verifier: the completion's program on the prompt's stdin, with ``--timeout-s`` (10)
+of wall time, 256 MB, 64 pids and a quarter of a CPU, ``--exec-slots`` (8) sandboxes per exec worker. A time limit
+is wall time: on a loaded machine a right program needs seconds of it, and a right program past its time is a real
+0 (see docs/security.md). Per group: half right programs (expected reward 1), 2 wrong ones (print a+b+1) and the rest
+adversarial, the kinds in turn: a fork bomb (until the pids limit, until its time), a memory bomb (until the OOM
+killer or a MemoryError), the right answer then 8 MB of newlines (a flood: stdout past the cap, whose text without
+its trailing whitespace is right), the right answer then ``killpg`` of its own process group, the right answer printed
+after closing its stdout. Every wrong and adversarial completion must get a real verdict of 0.
 
 Each adapter runs the whole batch, all five at once, as its trainer calls it: ``trl`` (``Verified``, through the
 verify stage), ``verl`` (``compute_score_batch``; its ``kiln_failure``), ``openrlhf`` (one gateway request per
@@ -97,7 +99,7 @@ def batch(prompts: int, samples: int, timeout_s: float, seed: int) -> list[Case]
         a, b = rng.randrange(-10**6, 10**6), rng.randrange(10**6)
         task = RolloutTask(task_id=f"sum-{g}", prompt=f"{a} {b}", verifier="program",
                            check={"expected_output": str(a + b), "stdin": f"{a} {b}\n", "timeout_s": timeout_s,
-                                  "limits": {"memory_mb": 256, "pids": 64, "cpus": 0.5}})
+                                  "limits": {"memory_mb": 256, "pids": 64, "cpus": 0.25}})
         for s in range(samples):
             kind = "right" if s < samples // 2 else "wrong" if s < samples // 2 + 2 else ADVERSARIAL[
                 turn % len(ADVERSARIAL)]
@@ -180,20 +182,22 @@ class Chaos:
     (found by the lock directory their labels name: the bench's own) removed as they appear for ``starve_s`` s from
     ``starve_at`` s."""
 
-    def __init__(self, settings: KilnSettings, env: dict[str, str], lock_dir: Path, count: int) -> None:
-        self.settings, self.env, self.lock_dir = settings, env, lock_dir
+    def __init__(self, settings: KilnSettings, env: dict[str, str], lock_dir: Path, count: int, slots: int) -> None:
+        self.settings, self.env, self.lock_dir, self.slots = settings, env, lock_dir, slots
         self.workers = [self.spawn() for _ in range(count)]
         self.killed = self.removed = 0
         self.docker = docker_client()
 
     def spawn(self) -> WorkerProcess:
-        return WorkerProcess("exec", self.settings, "exec.requests", slots=0, grace_s=5, env={
+        return WorkerProcess("exec", self.settings, "exec.requests", slots=self.slots, grace_s=5, env={
             **self.env, "KILN_EXEC_LOCK_DIR": str(self.lock_dir), "KILN_METRICS_PORT": str(free_port())})
 
-    def runners(self) -> list[Any]:
+    def runners(self) -> list[str]:
+        """Ids of the bench's exec workers' containers (the engine's list, without inspecting each: they come and
+        go while it is read)."""
         mine = str(self.lock_dir.resolve())
-        return [c for c in self.docker.containers.list(all=True, filters={"label": "kiln.lock"})
-                if c.labels.get("kiln.lock", "").startswith(mine)]
+        return [c["Id"] for c in self.docker.api.containers(all=True, filters={"label": "kiln.lock"})
+                if (c.get("Labels") or {}).get("kiln.lock", "").startswith(mine)]
 
     async def run(self, args: argparse.Namespace, done: asyncio.Event) -> None:
         started, rng = time.monotonic(), random.Random(args.seed)
@@ -210,8 +214,8 @@ class Chaos:
                 next_kill += args.kill_every
             if starve[0] <= now < starve[1]:
                 for container in await asyncio.to_thread(self.runners):
-                    with contextlib.suppress(Exception):
-                        await asyncio.to_thread(container.remove, force=True)
+                    with contextlib.suppress(Exception):  # gone by itself meanwhile
+                        await asyncio.to_thread(self.docker.api.remove_container, container, force=True)
                         self.removed += 1
             await asyncio.sleep(0.2)
 
@@ -236,7 +240,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kiln-bench-fake-zeros-")))
         env = {k: v for k, v in os.environ.items() if k != "KILN_SLOTS"}
         env.update({"KILN_TOPIC_PREFIX": settings.topic_prefix, "KILN_CACHE": str(settings.cache)})
-        chaos = Chaos(settings, env, tmp / "locks", args.exec_workers)
+        chaos = Chaos(settings, env, tmp / "locks", args.exec_workers, args.exec_slots)
         stack.callback(chaos.stop)
         verify = [stack.enter_context(WorkerProcess("verify", settings, "verify.requests", slots=64, env={
             **env, "KILN_METRICS_PORT": str(free_port())})) for _ in range(args.verify_workers)]
@@ -273,8 +277,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8, help="completions per prompt (at least 6)")
-    parser.add_argument("--timeout-s", type=float, default=3.0, help="each program's time limit")
+    parser.add_argument("--timeout-s", type=float, default=10.0, help="each program's time limit (wall time: on a "
+                        "loaded machine a right program needs several seconds of it)")
     parser.add_argument("--exec-workers", type=int, default=2)
+    parser.add_argument("--exec-slots", type=int, default=8, help="sandboxes each exec worker runs at once")
     parser.add_argument("--verify-workers", type=int, default=1)
     parser.add_argument("--kill-every", type=float, default=20.0, help="seconds between exec worker SIGKILLs")
     parser.add_argument("--starve-at", type=float, default=25.0, help="when the runner pool is starved (s)")
