@@ -71,11 +71,10 @@ async def rechecked(check: Check, task: RolloutTask, completions: list[str], set
                     deadline: float | None = None) -> list[CompletionVerdict]:
     """``check`` the completions, then again — each time a new request — those kiln failed to judge (``RETRIED``),
     after ``retry_backoff_s`` (doubling), until each has a real verdict, ``retry_attempts`` checks were made or the
-    next would start past ``retry_budget_s`` (or ``deadline``, a ``time.monotonic()``). A verdict's ``attempts`` says
+    next would start past ``retry_budget_s`` after the first answer (or past ``deadline``, a ``time.monotonic()``). A verdict's ``attempts`` says
     how many checks it took; what is still kiln's failure is logged and returned as such."""
-    started = time.monotonic()
-    end = min(started + settings.retry_budget_s, deadline if deadline is not None else float("inf"))
     verdicts = list(await check(task, completions))
+    end = min(time.monotonic() + settings.retry_budget_s, deadline if deadline is not None else float("inf"))
     attempt = 1
     while attempt < settings.retry_attempts:
         again = [i for i, v in enumerate(verdicts) if v.failure in RETRIED]
