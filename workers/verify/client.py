@@ -33,6 +33,10 @@ from kiln.streams.settings import KilnSettings, get_settings
 
 
 class VerifySettings(BaseSettings):
+    """``KILN_VERIFY_*``: what a verify worker's verifiers keep in flight (``exec_*``), and for the stage's clients
+    the retry budget of what kiln failed to judge (``retry_*``) and how long an adapter imputing a group's mean waits
+    for the group (``group_wait_s``)."""
+
     model_config = SettingsConfigDict(env_prefix="KILN_VERIFY_", extra="ignore")
 
     exec_calls: int = Field(8, ge=1, description="Exec run_once calls a worker's verifiers keep in flight.")
@@ -71,8 +75,9 @@ async def rechecked(check: Check, task: RolloutTask, completions: list[str], set
                     deadline: float | None = None) -> list[CompletionVerdict]:
     """``check`` the completions, then again — each time a new request — those kiln failed to judge (``RETRIED``),
     after ``retry_backoff_s`` (doubling), until each has a real verdict, ``retry_attempts`` checks were made or the
-    next would start past ``retry_budget_s`` after the first answer (or past ``deadline``, a ``time.monotonic()``). A verdict's ``attempts`` says
-    how many checks it took; what is still kiln's failure is logged and returned as such."""
+    next would start past ``retry_budget_s`` after the first answer (or past ``deadline``, a ``time.monotonic()``).
+    A verdict's ``attempts`` says how many checks it took; what is still kiln's failure is logged and returned as
+    such."""
     verdicts = list(await check(task, completions))
     end = min(time.monotonic() + settings.retry_budget_s, deadline if deadline is not None else float("inf"))
     attempt = 1
