@@ -9,6 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from kiln.schemas.rl import RolloutTask
 
 FailureKind = Literal["timeout", "sandbox_error", "invalid_task", "checker_error", "unavailable"]
+"""kiln's side of a check that gave no verdict: the check itself ran past its time (``timeout``: the task's checker
+as a whole, never the completion's program), the sandbox could not run it, the task cannot be checked as given, the
+checker failed, or the request got no answer. A verdict with one carries no reward."""
+PolicyFailure = Literal["timeout", "crashed", "memory", "output_limit"]
+"""The completion's own failure, measured outside it: its program (or proof) ran past its limit, ended with a
+nonzero exit or a signal, outgrew its memory bound, or flooded its output past the cap. A real verdict: reward 0."""
 
 
 class VerifyRequest(BaseModel):
@@ -23,13 +29,21 @@ class VerifyRequest(BaseModel):
 
 
 class CompletionVerdict(BaseModel):
-    """One completion's verdict. ``failure`` set: it has no real verdict (``reason`` says why) and ``reward`` is 0
-    — a trainer scores it 0 and goes on, nothing is raised."""
+    """One completion's verdict. Two kinds of failure, never confused:
+
+    - ``policy_failure``: the completion failed by itself (its program timed out, crashed, ran out of memory,
+      flooded its output; or it printed the wrong thing, which needs no name): a real verdict, ``reward`` 0.
+    - ``failure``: kiln failed to judge it (sandbox, worker, checker, stage): no real verdict and **no reward**
+      (``reward`` is 0 on the wire and means nothing; ``reason`` says why). kiln retried it within its budget
+      first (``attempts``); each trainer adapter hands it to its trainer as that trainer's own "no reward"."""
 
     model_config = ConfigDict(extra="forbid")
 
     reward: float
-    failure: FailureKind | None = None
+    failure: FailureKind | None = Field(None, description="kiln's failure: no real verdict, no reward")
+    policy_failure: PolicyFailure | None = Field(None, description="the completion's own failure: a real "
+                                                                   "verdict of 0")
+    attempts: int = Field(1, ge=1, description="checks this verdict took (more than 1: kiln's failures retried)")
     reason: str = ""
     passed: int | None = Field(None, description="tests passed, when the verifier counts them")
     failed: int | None = Field(None, description="tests failed, when the verifier counts them")
@@ -40,6 +54,11 @@ class CompletionVerdict(BaseModel):
     version: str = Field("", max_length=64, description="digest of the verifier's source, the task's check and the "
                                                          "images it names (``kiln.workers.verifiers.version``); empty "
                                                          "when no verifier was found, or stored before it was carried")
+
+
+def scored(verdict: CompletionVerdict) -> float | None:
+    """The verdict's reward, or None when it has none (kiln's failure): what every trainer adapter starts from."""
+    return None if verdict.failure else verdict.reward
 
 
 class VerifyResult(BaseModel):

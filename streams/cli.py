@@ -28,7 +28,7 @@ def _options(
 ) -> None:
     """kiln: execution feedback for RL training, on Kafka."""
 
-ALL_COMPONENTS = ["kafka", "docker", "s3", "registry", "lean", "ops", "compose"]
+ALL_COMPONENTS = ["kafka", "docker", "s3", "registry", "lean", "ops", "compose", "trainers"]
 
 
 def _service(component: str, script: str) -> typer.Typer:

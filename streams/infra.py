@@ -52,6 +52,8 @@ COMPONENT_STEPS: dict[str, list[Step]] = {
     "ops": [Step("ops: promtool, headless chromium", "ops/ops.sh", ("install",))],
     "compose": [Step("compose: Docker Compose v2", "compose/compose.sh", ("install",)),
                 Step("compose: the stack's local images", "compose/compose.sh", ("images",))],
+    "trainers": [Step("trainers: verl, AReaL, OpenRLHF, verifiers (the adapters' tests)", "trainers/trainers.sh",
+                      ("install",))],
 }
 
 

@@ -16,11 +16,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from kiln.integrations.gateway import kimina, online_judge, openrlhf, sandbox_fusion, swerex
 from kiln.integrations.gateway.settings import GatewaySettings
+from kiln.integrations.trainers.groups import GroupBaseline
 from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.settings import KilnSettings
 from kiln.workers.exec.client import ExecClient
 from kiln.workers.lean.client import LeanClient
+from kiln.workers.verify.client import VerifySettings
 
 REQUESTS = Counter("kiln_gateway_requests_total", "Gateway requests, by route and status code.", ["route", "code"])
 
@@ -65,6 +67,7 @@ def create_app(settings: GatewaySettings, kiln_settings: KilnSettings) -> FastAP
             app.state.exec_client = ExecClient(kiln)
             app.state.lean_client = LeanClient(kiln)
             app.state.runtimes = swerex.Runtimes(app.state.exec_client, settings)
+            app.state.groups = GroupBaseline(settings.openrlhf_group_size, VerifySettings().group_wait_s)
             yield
 
     app = FastAPI(title="kiln gateway", lifespan=lifespan)

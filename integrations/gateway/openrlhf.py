@@ -1,6 +1,8 @@
 """OpenRLHF's remote reward model (``--remote_rm_url http://GATEWAY:8500/openrlhf/reward``) served by kiln's
 ``verify`` stage: every query of a request is checked against its label's task, one verify request per distinct
-task, all in flight at once; a query without a real verdict scores 0 (``extra_logs.kiln_failed``)."""
+task, all in flight at once; a query kiln could not judge gets its group's mean of real verdicts
+(``kiln.integrations.trainers.openrlhf``: OpenRLHF has no per-sample "no reward"), flagged in
+``extra_logs.kiln_failed``."""
 
 from __future__ import annotations
 
@@ -15,6 +17,6 @@ router = APIRouter(tags=["openrlhf"])
 @router.post("/openrlhf/reward")
 async def reward(body: RewardRequest, request: Request) -> RewardResponse:
     try:
-        return await rewards(VerifyClient(request.app.state.kiln), body)
+        return await rewards(VerifyClient(request.app.state.kiln), body, request.app.state.groups)
     except ValueError as e:  # mismatched lists, a label that is no task
         raise HTTPException(400, str(e)) from None

@@ -31,6 +31,9 @@ class GatewaySettings(BaseSettings):
     max_command_s: float = Field(1800.0, gt=0, description="Cap on SWE-ReX command timeouts (also their default).")
     swerex_idle_s: float = Field(1800.0, gt=0, description="A SWE-ReX runtime's session closes after this idle.")
     lean_timeout_s: float = Field(300.0, gt=0, description="Cap on kimina check timeouts.")
+    openrlhf_group_size: int = Field(0, ge=0, description="OpenRLHF's --n_samples_per_prompt: the samples of a "
+                                     "prompt, whose mean a sample kiln could not judge gets (0: unknown, it waits "
+                                     "KILN_VERIFY_GROUP_WAIT_S for its group).")
 
     @field_validator("max_compile_s")
     @classmethod

@@ -1,17 +1,23 @@
 """Adapters: kiln's ``verify`` stage in the shapes the trainers teams already run expect (a library, no stage).
 
-- ``verl``: ``compute_score`` (one completion; verl's reward loop awaits it) and ``compute_score_batch`` (verl's
-  ``batch`` reward manager: a whole step's batch in one call).
-- ``areal``: ``reward_fn`` (AReaL's signature; its ``AsyncRewardWrapper`` runs it in a process pool) and
-  ``async_reward_fn`` for workflows that await rewards themselves.
+- ``verl``: ``KilnRewardManager`` (``verl_manager``: verl's reward-loop manager) and the per-sample
+  ``compute_score`` / ``compute_score_batch``.
+- ``areal``: ``KilnRLVRWorkflow`` (``areal_workflow``: AReaL's ``RLVRWorkflow`` with kiln's verdict), ``reward_fn``
+  (AReaL's signature; its ``AsyncRewardWrapper`` runs it in a process pool) and ``async_reward_fn``.
 - ``prime``: a ``verifiers`` task (prime-rl's environments) whose reward is kiln's verdict.
 - ``openrlhf``: the request/response models of OpenRLHF's ``--remote_rm_url``; the gateway serves them.
 - TRL: ``kiln.integrations.trainers.trl.Verified``.
 
 Every adapter reads the task the same way (``task_of``): a dataset's label/ground truth is a kiln task — a
-``RolloutTask``, its dict or JSON (``verifier``, ``check``, ``answer``) — or a plain answer (``exact_match``). A
-completion that got no real verdict (timeout, sandbox error, …) scores 0 and is logged: nothing is raised into the
-trainer's step.
+``RolloutTask``, its dict or JSON (``verifier``, ``check``, ``answer``) — or a plain answer (``exact_match``).
+
+A completion that failed by itself (its program past its time, crashed, flooded its output, printed the wrong thing)
+scores 0. One kiln could not judge — its sandbox, checker, worker or a stage failed it, retried first within the
+``KILN_VERIFY_RETRY_*`` budget — gets no reward, in its trainer's own form, never a 0 (a 0 would be a wrong
+advantage for every sample of its group under GRPO): TRL ``None`` (left out of its group); verl its group's mean of
+real verdicts (``KilnRewardManager``; advantage 0); OpenRLHF the same, imputed by the gateway (``groups``); AReaL a
+rejected group (``NoReward`` from ``KilnRLVRWorkflow``); prime-rl/``verifiers`` an errored trace (``vf.SandboxError``).
+Each module cites the trainer's code that makes it so.
 
 Every verdict names its verifier and version (``CompletionVerdict.verifier``/``version``); each adapter passes them
 to the trainer's logs as far as that trainer takes them: verl's reward dict (``kiln_verifier``, ``kiln_version``),

@@ -1,18 +1,22 @@
-"""Reward functions for TRL's ``GRPOTrainer`` (and anything that calls ``f(completions, **columns) -> list[float]``),
+"""Reward functions for TRL's ``GRPOTrainer`` (anything that calls ``f(completions, **columns) -> list[float | None]``),
 computed by kiln's verifiers (``kiln.workers.verifiers``: the same code the rollout and ``verify`` stages run — one
 implementation): every completion of a batch is one set of kiln jobs, all in flight at once, so a batch of 512 runs in
 parallel across the exec or Lean workers. A reward object owns one ``BlockingVerifyClient`` (a ``KilnClient`` on a
 background event loop: TRL calls rewards synchronously, from its own thread). By default the verifier runs in this
 process and sends its jobs to the exec/Lean stages; ``through_stage=True`` sends the batch to the ``verify`` stage
-instead (reward work off the trainer's node). A completion whose check failed (a timeout, a job that failed for good)
-scores 0, logged: the batch is not lost for one. TRL logs a reward function's floats under its name and takes
-nothing else from it: the verifier version that scored a batch goes to the ``kiln.rewards`` log the first time a
-process sees it (``note_versions``)."""
+instead (reward work off the trainer's node). A completion that failed by itself (its program past its time,
+crashed, wrong) scores 0; one kiln could not judge (sandbox, checker, worker, stage — retried first within the
+``KILN_VERIFY_RETRY_*`` budget, either way) is ``None``: TRL's own "no reward" (trl 1.16, ``GRPOTrainer``: a
+reward function's ``None`` becomes NaN, ``trainer/grpo_trainer.py:1629`` and ``:1647``; a completion for which
+every reward function gave NaN is left out of its group's mean and std and gets advantage 0, ``:2759`` to ``:2765``
+and ``:2810``, since TRL PR #5902). With several reward functions a completion is left out only when all of them give
+``None``; another function's number for it still counts. TRL logs a reward function's floats under its name and
+takes nothing else from it: the verifier version that scored a batch goes to the ``kiln.rewards`` log the first time
+a process sees it (``note_versions``)."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import socket
 from collections.abc import Sequence
@@ -21,11 +25,11 @@ from typing import Any
 from kiln.integrations.trainers import note_versions, task_of
 from kiln.schemas.exec import SessionLimits
 from kiln.schemas.rl import RolloutTask
+from kiln.schemas.verify import CompletionVerdict, scored
 from kiln.streams.settings import KilnSettings
 from kiln.workers.verifiers import PROGRAM_RUNNERS, VerifierContext, Verifiers
-from kiln.workers.verify.client import BlockingVerifyClient
+from kiln.workers.verify.client import BlockingVerifyClient, VerifySettings, rechecked
 
-log = logging.getLogger("kiln.rewards")
 RUNNERS = PROGRAM_RUNNERS
 
 
@@ -43,34 +47,36 @@ class _Scorer:
     thread): through the ``verify`` stage, or from the verifiers run in this process on that client's loop."""
 
     def __init__(self, settings: KilnSettings | None, through_stage: bool = False) -> None:
-        self.bridge = BlockingVerifyClient(settings, f"rewards.{socket.gethostname()}.{os.getpid()}")
+        self.retry = VerifySettings()
+        self.bridge = BlockingVerifyClient(settings, f"rewards.{socket.gethostname()}.{os.getpid()}", self.retry)
         self.through_stage = through_stage
         self.verifiers = Verifiers(VerifierContext(self.bridge.kiln, failures_as_verdicts=True))
 
-    def score(self, tasks: Sequence[RolloutTask], completions: Sequence[str]) -> list[float]:
-        """``completions[i]`` against ``tasks[i]``; completions of one task are one verifier call."""
+    def score(self, tasks: Sequence[RolloutTask], completions: Sequence[str]) -> list[float | None]:
+        """``completions[i]`` against ``tasks[i]``; completions of one task are one verifier call. None: no reward
+        (kiln could not judge it)."""
         return self.bridge.run(self._score(tasks, completions))
 
-    async def _score(self, tasks: Sequence[RolloutTask], completions: Sequence[str]) -> list[float]:
+    async def _score(self, tasks: Sequence[RolloutTask], completions: Sequence[str]) -> list[float | None]:
         if self.through_stage:
             stamped = await self.bridge.client.verify_batch(tasks, completions)
             note_versions(stamped)
-            return [v.reward for v in stamped]
+            return [scored(v) for v in stamped]
         groups: dict[str, tuple[RolloutTask, list[int]]] = {}
         for i, task in enumerate(tasks):
             groups.setdefault(task.model_dump_json(), (task, []))[1].append(i)
 
-        async def group(task: RolloutTask, at: list[int]) -> list[float]:
-            verdicts = self.verifiers.stamped(
-                task, await self.verifiers.get(task.verifier).verify(task, [completions[i] for i in at], ""))
+        async def in_process(task: RolloutTask, texts: list[str]) -> list[CompletionVerdict]:
+            """The verifier's verdicts, computed here as the verify stage computes them."""
+            return self.verifiers.stamped(task, await self.verifiers.judge(task, texts, ""))
+
+        async def group(task: RolloutTask, at: list[int]) -> list[float | None]:
+            verdicts = await rechecked(in_process, task, [completions[i] for i in at], self.retry)
             note_versions(verdicts)
-            for v in verdicts:
-                if v.failure:
-                    log.warning("a completion scored 0: %s: %s", v.failure, v.details.get("error", ""))
-            return [0.0 if v.failure else v.reward for v in verdicts]
+            return [scored(v) for v in verdicts]
 
         answers = await asyncio.gather(*(group(task, at) for task, at in groups.values()))
-        rewards = [0.0] * len(completions)
+        rewards: list[float | None] = [None] * len(completions)
         for (_, at), scores in zip(groups.values(), answers, strict=True):
             for i, reward in zip(at, scores, strict=True):
                 rewards[i] = reward
@@ -102,7 +108,7 @@ class TestsPassRatio:
         self.image, self.timeout_s, self.limits = image, timeout_s, limits or SessionLimits()
         self._scorer = _Scorer(settings, through_stage)
 
-    def __call__(self, completions: list[Any], **columns: Any) -> list[float]:
+    def __call__(self, completions: list[Any], **columns: Any) -> list[float | None]:
         images = columns.get("image") or [self.image] * len(completions)
         if any(image is None for image in images):
             raise ValueError("TestsPassRatio needs an image: pass one, or give the dataset an 'image' column")
@@ -133,7 +139,7 @@ class OutputMatches:
         self.language, self.image, self.timeout_s, self.limits = language, image, timeout_s, limits
         self._scorer = _Scorer(settings, through_stage)
 
-    def __call__(self, completions: list[Any], **columns: Any) -> list[float]:
+    def __call__(self, completions: list[Any], **columns: Any) -> list[float | None]:
         stdins = columns.get("stdin") or [""] * len(completions)
         expected = columns.get("expected_output")
         if expected is None:
@@ -160,7 +166,7 @@ class LeanProofAccepted:
         self.timeout_s = timeout_s
         self._scorer = _Scorer(settings, through_stage)
 
-    def __call__(self, completions: list[Any], **columns: Any) -> list[float]:
+    def __call__(self, completions: list[Any], **columns: Any) -> list[float | None]:
         statements = columns.get("statement") or [""] * len(completions)
         tasks = [_task("lean_code", {"statement": str(s), "timeout_s": self.timeout_s}) for s in statements]
         return self._scorer.score(tasks, [completion_text(c) for c in completions])
@@ -174,15 +180,16 @@ class Verified:
     ``swe`` repository tasks, ``lean``, ``exact_match``, ``kiln.verifiers`` entry points): the row's ``kiln_task``
     column (a task's dict or JSON: ``verifier``, ``check``, ``answer``), else its ``answer`` column. The batch goes
     out at once, one verify request per distinct task (a prompt's completions share a sandbox where the verifier
-    allows; ``through_stage=False``: the verifier runs in this process instead). A completion without a real
-    verdict (timeout, sandbox error, …) scores 0 and is logged."""
+    allows; ``through_stage=False``: the verifier runs in this process instead). A completion kiln could not judge
+    is ``None`` (no reward, logged); one that failed by itself scores 0."""
 
     __name__ = "kiln_verified"
 
     def __init__(self, *, settings: KilnSettings | None = None, through_stage: bool = True) -> None:
         self._scorer = _Scorer(settings, through_stage)
 
-    def __call__(self, completions: list[Any], prompts: list[Any] | None = None, **columns: Any) -> list[float]:
+    def __call__(self, completions: list[Any], prompts: list[Any] | None = None,
+                 **columns: Any) -> list[float | None]:
         labels = columns.get("kiln_task") or columns.get("answer")
         if labels is None:
             raise ValueError("Verified needs a 'kiln_task' (or 'answer') column")

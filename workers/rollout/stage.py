@@ -1,6 +1,9 @@
 """``rollout``: per prompt group, n samples from an inference server and a reward for each from the task's verifier
 (``verifiers.py``: in process, or kiln's exec and Lean stages through their client facades); the group goes to the
-requester and to ``rollouts`` (committed only after both are written — the runtime's rule).
+requester and to ``rollouts`` (committed only after both are written — the runtime's rule). A group trains whole, so
+a sample kiln could not judge (its sandbox, checker or a stage failed it) is never sent with a 0: the group is an
+error instead (``unjudged``), retried when the failure is transient, answered as an error when it is routine. A
+sample that failed by itself (past its time, crashed, wrong) is a real 0 and the group goes out.
 
 Settings ``KILN_ROLLOUT_*``: the servers to sample from (round-robin) and what they are (``endpoint_kind``: kiln's
 ``kiln rl serve``, vLLM or SGLang), the policy's ``model`` (whose tokenizer this worker loads), the verifiers'
@@ -25,6 +28,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.schemas.rl import RolloutGroup, RolloutRequest, RolloutSample
+from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed, RoutineJobError, TransientJobError
 from kiln.streams.settings import get_settings
@@ -35,7 +39,7 @@ from kiln.workers.inference.errors import EndpointAnswerError
 from kiln.workers.inference.tokenizer import PolicyTokenizer, load_tokenizer, tokenize_prompt
 from kiln.workers.rollout import spec
 from kiln.workers.rollout.episodes import Episode, run_episode
-from kiln.workers.verifiers import VerifierContext, Verifiers
+from kiln.workers.verifiers import VerifierContext, Verifiers, unjudged
 
 
 class RolloutSettings(BaseSettings):
@@ -80,8 +84,10 @@ async def setup(slots: int) -> None:
     options = {"timeout_s": settings.timeout_s, **({"model": settings.served_model} if settings.served_model else {})}
     _endpoints[:] = [endpoint_for(settings.endpoint_kind, url, **options) for url in settings.endpoints]
     _tokenizer[:], _chat[:] = [load_tokenizer(settings.model)], [settings.chat]
-    # Its own client id: results of its exec/Lean requests come back to this process only.
-    kiln = KilnClient(get_settings(), f"rollout.{socket.gethostname()}.{os.getpid()}")
+    # Its own client id: results of its exec/Lean requests come back to this process only. The deployment's blob
+    # store: a result above KILN_CLAIM_CHECK_BYTES (a checker's or a program's output) comes back as a claim check.
+    blobs = await asyncio.to_thread(open_blob_store, get_settings())
+    kiln = KilnClient(get_settings(), f"rollout.{socket.gethostname()}.{os.getpid()}", blob_store=blobs)
     _verifiers[:] = [Verifiers(VerifierContext(kiln, exec_calls=settings.exec_calls,
                                                exec_batch_groups=settings.exec_batch_groups,
                                                exec_batch_window_s=settings.exec_batch_window_s,
@@ -134,6 +140,9 @@ async def handle(request: RolloutRequest, ctx: JobContext) -> RolloutGroup:
     verdicts = _verifiers[0].stamped(
         request.task, await verifier.verify(request.task, [e.answer for e in episodes], ctx.envelope.request_id))
     VERIFY.labels(request.task.verifier).observe(time.perf_counter() - generated)
+    failed = unjudged(verdicts)
+    if failed is not None:  # a sample kiln could not judge is never trained on as a 0: the group is an error
+        raise failed
     samples = []
     for episode, verdict in zip(episodes, verdicts, strict=True):
         REWARD.observe(verdict.reward)
@@ -141,7 +150,8 @@ async def handle(request: RolloutRequest, ctx: JobContext) -> RolloutGroup:
             text=episode.text, token_ids=episode.token_ids, logprobs=episode.logprobs, versions=episode.versions,
             finish_reason=episode.finish_reason, reward=verdict.reward, turns=episode.turns,
             tool_mask=episode.tool_mask if episode.tool_calls else [],
-            verifier={"name": request.task.verifier, "version": verdict.version, **verdict.details}))
+            verifier={"name": request.task.verifier, "version": verdict.version, **verdict.details,
+                      **({"policy_failure": verdict.policy_failure} if verdict.policy_failure else {})}))
     GROUPS.inc()
     GENERATE.observe(generated - started)
     versions = [v for e in episodes for v in e.versions]

@@ -14,19 +14,31 @@ A library (no spec): the rollout stage and the ``verify`` stage both use it, one
   command (``tests``: the share of its tests that pass).
 - ``program`` (``programs``): the completion's program run on the task's stdin, checked against its expected output.
 
-``contract`` holds what they share (``Verifier``, ``VerifierContext``, ``Verdict``, ``checked``), ``errors`` their
-errors, ``registry`` the ``Verifiers`` a worker knows (``Verifiers.stamped``: every verdict named with its verifier
-and version), ``version`` what a verdict's version digests (the verifier's source, the task's check, its images). A
-user plugs in their own through the ``kiln.verifiers`` entry point group: ``name = "module:factory"``, the factory
-takes a ``VerifierContext`` and returns a ``Verifier``.
+``contract`` holds what they share (``Verifier``, ``VerifierContext``, ``Verdict``, ``checked``; ``measured`` and
+``POLICY_ERRORS``: what is the completion's own failure, a real 0, rather than kiln's), ``errors`` their errors
+(``unjudged``: the error of a group with a completion kiln could not judge), ``registry`` the ``Verifiers`` a worker
+knows (``Verifiers.stamped``: every verdict named with its verifier and version), ``version`` what a verdict's
+version digests (the verifier's source, the task's check, its images). A user plugs in their own through the
+``kiln.verifiers`` entry point group: ``name = "module:factory"``, the factory takes a ``VerifierContext`` and
+returns a ``Verifier``.
 ``RolloutTask.check`` carries what the verifier needs; each validates it with its own model, and a task it cannot read
 fails as a routine error (dead-lettered with the reason).
 """
 
 from __future__ import annotations
 
-from kiln.workers.verifiers.contract import FAILURES, Failure, Verdict, Verifier, VerifierContext, checked
-from kiln.workers.verifiers.errors import CheckTimeout, InvalidTask, SandboxError, VerifyError
+from kiln.workers.verifiers.contract import (
+    FAILURES,
+    POLICY_ERRORS,
+    POLICY_FAILURES,
+    Failure,
+    Verdict,
+    Verifier,
+    VerifierContext,
+    checked,
+    measured,
+)
+from kiln.workers.verifiers.errors import CheckTimeout, InvalidTask, SandboxError, VerifyError, unjudged
 from kiln.workers.verifiers.exact import ExactMatch, exact_match
 from kiln.workers.verifiers.exec import ExecCheck, ExecVerifier, parse_verdicts
 from kiln.workers.verifiers.lean import LeanCheck, LeanCodeCheck, LeanCodeVerifier, LeanVerifier
@@ -35,8 +47,9 @@ from kiln.workers.verifiers.registry import BUILT_IN, Verifiers
 from kiln.workers.verifiers.repository import SWECheck, SWEVerifier, TestsCheck, TestsVerifier
 
 __all__ = [
-    "BUILT_IN", "FAILURES", "PROGRAM_RUNNERS", "CheckTimeout", "ExactMatch", "ExecCheck", "ExecVerifier", "Failure",
-    "InvalidTask", "LeanCheck", "LeanCodeCheck", "LeanCodeVerifier", "LeanVerifier", "ProgramCheck", "ProgramVerifier",
-    "SWECheck", "SWEVerifier", "SandboxError", "TestsCheck", "TestsVerifier", "Verdict", "Verifier", "VerifierContext",
-    "Verifiers", "VerifyError", "checked", "exact_match", "parse_verdicts",
+    "BUILT_IN", "FAILURES", "POLICY_ERRORS", "POLICY_FAILURES", "PROGRAM_RUNNERS", "CheckTimeout", "ExactMatch",
+    "ExecCheck", "ExecVerifier", "Failure", "InvalidTask", "LeanCheck", "LeanCodeCheck", "LeanCodeVerifier",
+    "LeanVerifier", "ProgramCheck", "ProgramVerifier", "SWECheck", "SWEVerifier", "SandboxError", "TestsCheck",
+    "TestsVerifier", "Verdict", "Verifier", "VerifierContext", "Verifiers", "VerifyError", "checked", "exact_match",
+    "measured", "parse_verdicts", "unjudged",
 ]

@@ -3,8 +3,8 @@ verifier relies on that could not run the check is a ``SandboxError``."""
 
 from __future__ import annotations
 
-from kiln.schemas.verify import FailureKind
-from kiln.streams.errors import RoutineJobError, TransientJobError
+from kiln.schemas.verify import CompletionVerdict, FailureKind
+from kiln.streams.errors import JobError, RoutineJobError, TransientJobError
 
 
 class VerifyError(RoutineJobError):
@@ -27,3 +27,19 @@ class SandboxError(TransientJobError):
     rollout stage (the group is retried), ``sandbox_error`` for the verify stage."""
 
     failure: FailureKind = "sandbox_error"
+
+
+def unjudged(verdicts: list[CompletionVerdict]) -> JobError | None:
+    """The error a group answers when kiln gave any of its completions no real verdict (the rollout stage: a group
+    is trained on whole, so a sample without a reward is never sent as a 0): an unreadable task or a broken checker
+    is routine (answered as an error), a sandbox that failed or a check past its time transient (the group is
+    retried, then dead-lettered). None when every verdict is real."""
+    failed = [v for v in verdicts if v.failure]
+    if not failed:
+        return None
+    first = failed[0]
+    why = f"{len(failed)} of {len(verdicts)} completions got no verdict ({first.failure}): " \
+          f"{first.reason or first.details.get('error', '')}"
+    kinds: dict[str, type[JobError]] = {"invalid_task": InvalidTask, "checker_error": VerifyError,
+                                        "timeout": CheckTimeout}
+    return kinds.get(first.failure or "", SandboxError)(why[:2000])

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.errors import RequestFailed
 from kiln.workers.exec.client import ExecClient
-from kiln.workers.verifiers.contract import FAILURES, Verdict, VerifierContext, checked
+from kiln.workers.verifiers.contract import FAILURES, POLICY_FAILURES, Verdict, VerifierContext, checked
 from kiln.workers.verifiers.errors import CheckTimeout, InvalidTask, SandboxError, VerifyError
 
 
@@ -169,8 +169,9 @@ class _Batch:
 
 def parse_verdicts(line: str, expected: int, task_id: str) -> list[Verdict]:
     """A group's line: ``{"verdicts": [{"reward": r, ...}, ...]}`` or ``{"error": "why"}``; anything else is the
-    checker's fault (routine error). A verdict may carry ``"failure"`` (one of ``FAILURES``, e.g. ``"timeout"`` for
-    a completion the checker stopped): its reward is then 0."""
+    checker's fault (routine error). A verdict may name the completion's own failure, ``"policy_failure"`` (one of
+    ``POLICY_FAILURES``; ``"failure": "timeout"`` says the same: a completion the checker stopped), a real verdict of
+    0; or the checker's, ``"failure"`` (one of ``FAILURES``): no reward."""
     try:
         item = json.loads(line)
         if "error" in item:
@@ -184,8 +185,13 @@ def parse_verdicts(line: str, expected: int, task_id: str) -> list[Verdict]:
 
 
 def _verdict(item: dict[str, Any]) -> Verdict:
-    failure = item.get("failure")
+    failure, own = item.get("failure"), item.get("policy_failure")
+    if failure == "timeout":  # the checker stopped the completion's program: its failure, not the checker's
+        failure, own = None, own or "timeout"
     if failure is not None and failure not in FAILURES:
         raise ValueError(f"failure {failure!r} is not one of {FAILURES}")
-    detail = {k: x for k, x in item.items() if k not in ("reward", "failure")}
-    return Verdict(reward=0.0 if failure else float(item["reward"]), details=detail, failure=failure)
+    if own is not None and own not in POLICY_FAILURES:
+        raise ValueError(f"policy_failure {own!r} is not one of {POLICY_FAILURES}")
+    detail = {k: x for k, x in item.items() if k not in ("reward", "failure", "policy_failure")}
+    return Verdict(reward=0.0 if failure or own else float(item["reward"]), details=detail, failure=failure,
+                   policy_failure=own)

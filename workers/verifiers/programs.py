@@ -12,13 +12,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from kiln.schemas.exec import SessionLimits
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.errors import ClientError
-from kiln.workers.verifiers.contract import PerCompletion, Verdict, checked
+from kiln.workers.verifiers.contract import PerCompletion, Verdict, checked, measured
 
 
 class ProgramCheck(BaseModel):
     """A completion's program — its fenced code block (```python …```), or its whole text — run on ``stdin`` in
     ``language``'s interpreter; reward 1 when it exits 0 and prints ``expected_output`` (trailing whitespace of each
-    line ignored): the stdin/stdout check of code-RL datasets (verl's, SandboxFusion's)."""
+    line ignored): the stdin/stdout check of code-RL datasets (verl's, SandboxFusion's). A program that runs past
+    ``timeout_s``, exits nonzero, is killed (its limits: ``limits``) or floods its stdout scores a real 0
+    (``policy_failure``); only a run the sandbox could not make is kiln's failure."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -55,11 +57,10 @@ class ProgramVerifier(PerCompletion):
         except ClientError as e:
             return self.failed(e)
         output = result.output
-        if output is None:
+        if output is None:  # the supervisor ran no step: kiln's, never the program's
             return Verdict(reward=0.0, details={"error": "no output"}, failure="sandbox_error")
-        if output.timed_out:
-            return Verdict(reward=0.0, details={"exit": output.exit_code}, failure="timeout")
-        if output.exit_code != 0:
-            return Verdict(reward=0.0, details={"exit": output.exit_code})
+        own = measured(output)
+        if own is not None:  # past its time, killed, crashed, flooded: measured outside it, a real 0
+            return Verdict(reward=0.0, details={"exit": output.exit_code}, policy_failure=own)
         matches = _lines(output.stdout) == _lines(check.expected_output)
         return Verdict(reward=1.0 if matches else 0.0, details={"exit": 0})

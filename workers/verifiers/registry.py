@@ -7,8 +7,10 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 
 from kiln.schemas.rl import RolloutTask
+from kiln.schemas.verify import FailureKind
+from kiln.streams.errors import RequestFailed, RoutineJobError
 from kiln.workers.verifiers.contract import Verdict, Verifier, VerifierContext
-from kiln.workers.verifiers.errors import InvalidTask
+from kiln.workers.verifiers.errors import InvalidTask, SandboxError, VerifyError
 from kiln.workers.verifiers.exact import ExactMatch
 from kiln.workers.verifiers.exec import ExecVerifier
 from kiln.workers.verifiers.lean import LeanCodeVerifier, LeanVerifier
@@ -45,6 +47,27 @@ class Verifiers:
             return verifier_version(self.get(task.verifier), task)
         except InvalidTask:
             return ""
+
+    async def judge(self, task: RolloutTask, completions: list[str], request_id: str) -> list[Verdict]:
+        """The task's verifier's verdicts, one per completion; a failure of the whole batch as that failure (kiln's,
+        no reward) on every completion: a ``VerifyError`` or ``SandboxError`` by its kind, a stage that failed the
+        request for good as ``sandbox_error``, a plug-in's routine error or a wrong count as ``checker_error``. Not
+        stamped. What the verify stage answers, and the TRL rewards compute in process."""
+        def every(error: str, failure: FailureKind) -> list[Verdict]:
+            return [Verdict(reward=0.0, details={"error": error}, failure=failure)] * len(completions)
+
+        try:
+            verdicts = await self.get(task.verifier).verify(task, completions, request_id)
+        except (VerifyError, SandboxError) as e:
+            return every(str(e), e.failure)
+        except RequestFailed as e:  # a stage the verifier relies on failed the request for good
+            return every(e.reason, "sandbox_error")
+        except RoutineJobError as e:  # a verifier plugged in through kiln.verifiers, failing routinely
+            return every(str(e), "checker_error")
+        if len(verdicts) != len(completions):
+            return every(f"verifier {task.verifier!r} gave {len(verdicts)} verdicts for {len(completions)}",
+                         "checker_error")
+        return verdicts
 
     def stamped(self, task: RolloutTask, verdicts: list[Verdict]) -> list[Verdict]:
         """The verdicts naming the verifier that decided them and its version: the one place every verifier's

@@ -16,13 +16,11 @@ from kiln.schemas.exec import RunStep, SessionLimits
 from kiln.schemas.images import REPORTS_DIR
 from kiln.schemas.reports import TestReport
 from kiln.schemas.rl import RolloutTask
-from kiln.streams.errors import ClientError, RequestFailed
+from kiln.streams.errors import ClientError
 from kiln.workers.common.errors import ReportError
 from kiln.workers.common.patches import APPLY_EXCLUDES, patch_text, protected_paths
 from kiln.workers.common.reports import junit, unusable_reason
-from kiln.workers.exec.client import ExecClient
 from kiln.workers.verifiers.contract import PerCompletion, Verdict, VerifierContext, checked
-from kiln.workers.verifiers.errors import SandboxError
 
 
 class SWECheck(BaseModel):
@@ -41,7 +39,7 @@ class SWECheck(BaseModel):
     pass_to_pass: list[str] = Field(default_factory=list, description="Tests that pass before and after the fix.")
 
 
-class SWEVerifier:
+class SWEVerifier(PerCompletion):
     """Each completion in a ``run_once`` call of its own: its patch, the task's test patch, the task's test command.
     The test command's exit status is measured by the runner's supervisor, never reported from the sandbox; a pytest
     command also writes a JUnit report, and the reward is 1 only when the run exits 0 *and* the report shows every
@@ -55,9 +53,8 @@ class SWEVerifier:
     outside the sandbox) failed while its report shows no failing test scores 0, as a forged report would."""
 
     def __init__(self, context: VerifierContext) -> None:
-        self.exec = ExecClient(context.kiln)
+        super().__init__(context)
         self._calls = asyncio.Semaphore(context.exec_calls)
-        self.failures_as_verdicts = context.failures_as_verdicts
 
     async def verify(self, task: RolloutTask, completions: list[str], request_id: str) -> list[Verdict]:
         del request_id
@@ -88,16 +85,14 @@ class SWEVerifier:
                     check.image, steps=steps, fetch=[_JUNIT] if pytest else [], tests=bool(check.fail_to_pass),
                     timeout_s=check.timeout_s, files={".kiln-task/completion.diff": patch,
                                                       ".kiln-task/test.diff": check.test_patch})
-        except RequestFailed as e:
-            if self.failures_as_verdicts:
-                return Verdict(reward=0.0, details={"error": e.reason[:500]}, failure="sandbox_error")
-            raise SandboxError(f"exec run_once failed: {e.reason}") from None
+        except ClientError as e:
+            return self.failed(e)
         last = result.steps[-1]
         detail: dict[str, Any] = {"stage": "tests", "exit": last.exit_code, "log": (last.stdout + last.stderr)[-500:]}
         if last.name != "tests":
             return Verdict(reward=0.0, details={**detail, "stage": f"{last.name} does not apply"})
-        if last.timed_out:
-            return Verdict(reward=0.0, details=detail, failure="timeout")
+        if last.timed_out:  # the tests, with the completion's patch, ran past their time: the patch's doing
+            return Verdict(reward=0.0, details=detail, policy_failure="timeout")
         if check.fail_to_pass:
             return _contract(check, result.tests, last.exit_code, detail)
         if last.exit_code != 0:
@@ -116,9 +111,6 @@ class SWEVerifier:
             return Verdict(reward=0.0, details={**detail, "stage": "report", "missing": missing[:10],
                                                 "failing": failing[:10], "report": bool(cases)})
         return Verdict(reward=1.0, details={**detail, "passed": len(passed)})
-
-    async def close(self) -> None:
-        pass
 
 
 def contract_passes(report: TestReport | None, exit_code: int | None) -> set[str] | str:
@@ -217,7 +209,8 @@ class TestsVerifier(PerCompletion):
         last = result.steps[-1] if result.steps else None
         if report is None or not total:
             timed_out = last is not None and last.timed_out
-            return Verdict(reward=0.0, details={"stage": "no tests ran"}, failure="timeout" if timed_out else None)
+            return Verdict(reward=0.0, details={"stage": "no tests ran"},
+                           policy_failure="timeout" if timed_out else None)
         untrusted = _untrusted(report, last.exit_code if last is not None else None)
         if untrusted:
             return Verdict(reward=0.0, details={"stage": "report", "error": untrusted})

@@ -2,9 +2,12 @@
 
 ``VerifyClient.verify(task, completions)`` is one request; ``verify_batch(tasks, completions)`` sends a training
 step's batch — one request per distinct task, all in flight at once — and returns the verdicts in the batch's order.
-Neither raises for a failed check or a failed request: a request that gets no answer (dead-lettered, expired, lost)
-comes back as verdicts with ``failure="unavailable"`` and reward 0, logged. ``BlockingVerifyClient`` is the same for
-trainers that call rewards synchronously from their own threads (TRL, verl's reward functions).
+Neither raises for a failed check or a failed request. What kiln failed to judge (a ``failure``: its sandbox,
+checker, worker or the stage failed it; a request that got no answer comes back as ``unavailable``) is checked again,
+each time as a new request — so on another verify worker, exec worker and runner — within the budget of
+``VerifySettings`` (``KILN_VERIFY_RETRY_ATTEMPTS``, ``_RETRY_BUDGET_S``, ``_RETRY_BACKOFF_S``: ``rechecked``); what is
+still kiln's failure after it is reported as such (no reward, logged), never as a 0. ``BlockingVerifyClient`` is the
+same for trainers that call rewards synchronously from their own threads (TRL, verl's reward functions).
 """
 
 from __future__ import annotations
@@ -14,38 +17,111 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Coroutine, Sequence
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.schemas.rl import RolloutTask
 from kiln.schemas.verify import CompletionVerdict, VerifyRequest, VerifyResult
+from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import ClientError
 from kiln.streams.settings import KilnSettings, get_settings
+
+
+class VerifySettings(BaseSettings):
+    """``KILN_VERIFY_*``: what a verify worker's verifiers keep in flight (``exec_*``), and for the stage's clients
+    the retry budget of what kiln failed to judge (``retry_*``) and how long an adapter imputing a group's mean waits
+    for the group (``group_wait_s``)."""
+
+    model_config = SettingsConfigDict(env_prefix="KILN_VERIFY_", extra="ignore")
+
+    exec_calls: int = Field(8, ge=1, description="Exec run_once calls a worker's verifiers keep in flight.")
+    exec_batch_groups: int = Field(32, ge=1, description="Requests one exec checker call may verify together.")
+    exec_batch_window_s: float = Field(0.02, ge=0, description="The longest a checker call's batch gathers "
+                                                                "requests while they keep coming (a lone request "
+                                                                "goes at once).")
+    exec_batch_quiet_s: float = Field(0.005, ge=0, description="A gathering batch goes once no request has joined "
+                                                                "it for this long.")
+    retry_attempts: int = Field(4, ge=1, description="Checks a client makes of a completion kiln failed to judge "
+                                                     "(sandbox, checker, worker or stage failed), each a new request "
+                                                     "(another verify worker, exec worker and runner), before it "
+                                                     "reports it without a reward; 1: no retry.")
+    retry_budget_s: float = Field(60.0, gt=0, description="How long after its first answer a client may still "
+                                                          "retry: keep it under the trainer's own reward timeout "
+                                                          "(OpenRLHF's remote reward model: 180 s).")
+    retry_backoff_s: float = Field(1.0, ge=0, description="The wait before the first retry; it doubles after each.")
+    group_wait_s: float = Field(30.0, gt=0, description="Where a trainer has no per-sample \"no reward\" (verl, "
+                                                        "OpenRLHF) and kiln gives an unjudged completion its group's "
+                                                        "mean: how long it waits for the rest of its group.")
+
 
 T = TypeVar("T")
 log = logging.getLogger("kiln.verify")
 MAX_COMPLETIONS = 4096  # per request (VerifyRequest); longer lists travel as several requests
 
 
+RETRIED = frozenset({"timeout", "sandbox_error", "checker_error", "unavailable"})
+"""kiln's failures worth another check (``invalid_task`` is not: the task reads the same every time)."""
+Check = Callable[[RolloutTask, list[str]], Awaitable[list[CompletionVerdict]]]
+"""Verdicts for a task's completions, one each, in order (a verify request, or the verifiers run in process)."""
+
+
 def unavailable(n: int, reason: str) -> list[CompletionVerdict]:
     return [CompletionVerdict(reward=0.0, failure="unavailable", reason=reason[:2000]) for _ in range(n)]
 
 
-class VerifyClient:
-    """Verify requests over a shared ``KilnClient``."""
+async def rechecked(check: Check, task: RolloutTask, completions: list[str], settings: VerifySettings,
+                    deadline: float | None = None) -> list[CompletionVerdict]:
+    """``check`` the completions, then again — each time a new request — those kiln failed to judge (``RETRIED``),
+    after ``retry_backoff_s`` (doubling), until each has a real verdict, ``retry_attempts`` checks were made or the
+    next would start past ``retry_budget_s`` after the first answer (or past ``deadline``, a ``time.monotonic()``).
+    A verdict's ``attempts`` says how many checks it took; what is still kiln's failure is logged and returned as
+    such."""
+    verdicts = list(await check(task, completions))
+    end = min(time.monotonic() + settings.retry_budget_s, deadline if deadline is not None else float("inf"))
+    attempt = 1
+    while attempt < settings.retry_attempts:
+        again = [i for i, v in enumerate(verdicts) if v.failure in RETRIED]
+        delay = settings.retry_backoff_s * 2 ** (attempt - 1)
+        if not again or time.monotonic() + delay > end:
+            break
+        await asyncio.sleep(delay)
+        attempt += 1
+        for i, verdict in zip(again, await check(task, [completions[i] for i in again]), strict=True):
+            verdicts[i] = verdict.model_copy(update={"attempts": attempt})
+    failed = [v for v in verdicts if v.failure]
+    if failed:
+        log.warning("task %s: %d of %d completions got no verdict (no reward) after %d checks: %s: %s",
+                    task.task_id, len(failed), len(verdicts), attempt, failed[0].failure, failed[0].reason)
+    return verdicts
 
-    def __init__(self, kiln: KilnClient) -> None:
+
+class VerifyClient:
+    """Verify requests over a shared ``KilnClient``; ``settings``: the retry budget (default: ``KILN_VERIFY_*``)."""
+
+    def __init__(self, kiln: KilnClient, settings: VerifySettings | None = None) -> None:
         self.kiln = kiln
+        self.settings = settings or VerifySettings()
 
     async def verify(self, task: RolloutTask, completions: Sequence[str], *,
                      deadline_s: float | None = None) -> list[CompletionVerdict]:
-        """One verdict per completion, in order; never raises for a failed check or request."""
+        """One verdict per completion, in order; never raises for a failed check or request. kiln's failures are
+        retried within the budget (``rechecked``)."""
         if not completions:
             return []
-        chunks = [list(completions[i:i + MAX_COMPLETIONS]) for i in range(0, len(completions), MAX_COMPLETIONS)]
-        parts = await asyncio.gather(*(self._one(task, chunk, deadline_s) for chunk in chunks))
-        return [v for part in parts for v in part]
+        deadline = time.monotonic() + deadline_s if deadline_s is not None else None
+
+        async def check(task: RolloutTask, completions: list[str]) -> list[CompletionVerdict]:
+            left = None if deadline is None else max(0.001, deadline - time.monotonic())
+            chunks = [completions[i:i + MAX_COMPLETIONS] for i in range(0, len(completions), MAX_COMPLETIONS)]
+            parts = await asyncio.gather(*(self._one(task, chunk, left) for chunk in chunks))
+            return [v for part in parts for v in part]
+
+        return await rechecked(check, task, list(completions), self.settings, deadline)
 
     async def _one(self, task: RolloutTask, completions: list[str],
                    deadline_s: float | None) -> list[CompletionVerdict]:
@@ -53,12 +129,8 @@ class VerifyClient:
             result: VerifyResult = await self.kiln.call("verify", VerifyRequest(task=task, completions=completions),
                                                         deadline_s=deadline_s)
         except ClientError as e:
-            log.warning("task %s: %d completions scored 0, the verify request failed: %s", task.task_id,
-                        len(completions), e)
+            log.info("task %s: the verify request for %d completions failed: %s", task.task_id, len(completions), e)
             return unavailable(len(completions), f"{type(e).__name__}: {e}")
-        for verdict in result.verdicts:
-            if verdict.failure:
-                log.info("task %s: a completion scored 0: %s: %s", task.task_id, verdict.failure, verdict.reason)
         return result.verdicts
 
     async def verify_batch(self, tasks: Sequence[RolloutTask], completions: Sequence[str], *,
@@ -85,13 +157,17 @@ class BlockingVerifyClient:
     reward functions run kiln's verifiers in process on this same loop and client); ``submit`` awaits one from
     another event loop. kiln's one bridge from synchronous callers to its asyncio clients."""
 
-    def __init__(self, settings: KilnSettings | None = None, client_id: str | None = None) -> None:
+    def __init__(self, settings: KilnSettings | None = None, client_id: str | None = None,
+                 verify: VerifySettings | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kiln-verify", daemon=True)
         self._thread.start()
-        self.kiln = KilnClient(settings or get_settings(),
-                               client_id or f"verify-client.{socket.gethostname()}.{os.getpid()}")
-        self.client = VerifyClient(self.kiln)
+        settings = settings or get_settings()
+        # The deployment's blob store, as the gateway opens it: results above KILN_CLAIM_CHECK_BYTES (a big batch's
+        # verdicts; for the TRL rewards in process, an exec check's output) come back as claim checks.
+        self.kiln = KilnClient(settings, client_id or f"verify-client.{socket.gethostname()}.{os.getpid()}",
+                               blob_store=open_blob_store(settings))
+        self.client = VerifyClient(self.kiln, verify)
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()

@@ -6,42 +6,31 @@ batch in one ``run_once`` call, and batches of concurrent requests with the same
 ``swe`` is a call per completion (each patches its own tree); ``lean`` one
 elaboration and a tactic run per completion.
 
-A failure is a verdict, never an exception a trainer must handle: a check past its time, a sandbox that could not
-run it, an unreadable task, a checker that failed — every completion it concerns gets ``failure`` and reward 0.
-What fails the request itself (a bug, a worker lost for good) reaches the client, whose facade turns it into
-``unavailable`` verdicts. Settings ``KILN_VERIFY_*``.
+A failure is a verdict, never an exception a trainer must handle. The completion's own (its program past its time,
+crashed, flooding its output, wrong) is a real verdict of 0 (``policy_failure``); kiln's (a check past its time, a
+sandbox that could not run it, an unreadable task, a checker that failed) gives every completion it concerns a
+``failure`` and no reward, which the client retries within its budget. What fails the request itself (a bug, a
+worker lost for good) reaches the client, whose facade turns it into ``unavailable`` verdicts. Settings
+``KILN_VERIFY_*`` (``VerifySettings``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kiln.schemas.verify import FailureKind, VerifyRequest, VerifyResult
+from kiln.schemas.verify import VerifyRequest, VerifyResult
+from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
-from kiln.streams.errors import RequestFailed, RoutineJobError
 from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
-from kiln.workers.verifiers import SandboxError, Verdict, VerifierContext, Verifiers, VerifyError
+from kiln.workers.verifiers import Verdict, VerifierContext, Verifiers
 from kiln.workers.verify import spec
-
-
-class VerifySettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KILN_VERIFY_", extra="ignore")
-
-    exec_calls: int = Field(8, ge=1, description="Exec run_once calls a worker's verifiers keep in flight.")
-    exec_batch_groups: int = Field(32, ge=1, description="Requests one exec checker call may verify together.")
-    exec_batch_window_s: float = Field(0.02, ge=0, description="The longest a checker call's batch gathers "
-                                                                "requests while they keep coming (a lone request "
-                                                                "goes at once).")
-    exec_batch_quiet_s: float = Field(0.005, ge=0, description="A gathering batch goes once no request has joined "
-                                                                "it for this long.")
-
+from kiln.workers.verify.client import VerifySettings
 
 registry = CollectorRegistry()
 COMPLETIONS = Counter("kiln_verify_completions_total", "Completions verified, by verifier and failure (none: a "
@@ -53,8 +42,10 @@ _verifiers: list[Verifiers] = []
 
 async def setup(slots: int) -> None:
     settings = VerifySettings()
-    # Its own client id: results of its exec/Lean requests come back to this process only.
-    kiln = KilnClient(get_settings(), f"verify.{socket.gethostname()}.{os.getpid()}")
+    # Its own client id: results of its exec/Lean requests come back to this process only. The deployment's blob
+    # store: a result above KILN_CLAIM_CHECK_BYTES (a checker's or a program's output) comes back as a claim check.
+    blobs = await asyncio.to_thread(open_blob_store, get_settings())
+    kiln = KilnClient(get_settings(), f"verify.{socket.gethostname()}.{os.getpid()}", blob_store=blobs)
     _verifiers[:] = [Verifiers(VerifierContext(kiln, exec_calls=settings.exec_calls,
                                                exec_batch_groups=settings.exec_batch_groups,
                                                exec_batch_window_s=settings.exec_batch_window_s,
@@ -73,36 +64,21 @@ def _count(details: dict[str, object], key: str) -> int | None:
 
 
 def answered(verdict: Verdict, seconds: float) -> Verdict:
-    """A verifier's verdict as the stage answers it: reward 0 with a failure, the failure's reason and the test
+    """A verifier's verdict as the stage answers it: reward 0 with either failure, the failure's reason and the test
     counts read from its details, the time it took."""
     details = verdict.details
-    reason = str(details.get("error") or details.get("stage") or "") if verdict.failure else ""
-    return verdict.model_copy(update={"reward": 0.0 if verdict.failure else verdict.reward, "reason": reason[:2000],
+    failed = verdict.failure or verdict.policy_failure
+    reason = str(details.get("error") or details.get("stage") or "") if failed else ""
+    return verdict.model_copy(update={"reward": 0.0 if failed else verdict.reward, "reason": reason[:2000],
                                       "passed": _count(details, "passed"), "failed": _count(details, "failed"),
                                       "seconds": seconds})
-
-
-def _every(request: VerifyRequest, error: str, failure: FailureKind) -> list[Verdict]:
-    """The same failed verdict for every completion of the request."""
-    return [Verdict(reward=0.0, details={"error": error}, failure=failure)] * len(request.completions)
 
 
 async def verified(verifiers: Verifiers, request: VerifyRequest, request_id: str) -> VerifyResult:
     """The request's result from ``verifiers``: what a worker answers, and what ``kiln verify rescore`` re-computes
     in process with the verifiers installed where it runs."""
     task, started = request.task, time.perf_counter()
-    try:
-        verifier = verifiers.get(task.verifier)
-        verdicts = await verifier.verify(task, request.completions, request_id)
-    except (VerifyError, SandboxError) as e:
-        verdicts = _every(request, str(e), e.failure)
-    except RequestFailed as e:  # a stage the verifier relies on failed the request for good
-        verdicts = _every(request, e.reason, "sandbox_error")
-    except RoutineJobError as e:  # a verifier plugged in through kiln.verifiers, failing routinely
-        verdicts = _every(request, str(e), "checker_error")
-    if len(verdicts) != len(request.completions):
-        message = f"verifier {task.verifier!r} gave {len(verdicts)} verdicts for {len(request.completions)}"
-        verdicts = _every(request, message, "checker_error")
+    verdicts = await verifiers.judge(task, request.completions, request_id)
     elapsed = time.perf_counter() - started
     SECONDS.labels(task.verifier).observe(elapsed)
     out = verifiers.stamped(task, [answered(v, elapsed) for v in verdicts])

@@ -114,6 +114,27 @@ async def test_concurrent_calls_cannot_reach_or_starve_each_other(exec_settings:
     assert attacked.output is not None and attacked.output.exit_code != 0
 
 
+FORK_BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+
+
+async def test_a_fork_bomb_at_the_pids_limit_is_measured_never_a_lost_runner(exec_settings: KilnSettings,
+                                                                           worker: WorkerProcess) -> None:
+    """A fork bomb takes every pid its limit allows, and the supervisor shares that limit: before it kept threads in
+    reserve, the Go runtime sometimes needed a new one mid-call (the timeout's /proc scan), could not start it, and
+    aborted ("newosproc"), so about one bomb in twenty came back as a lost runner — kiln's failure, no reward —
+    instead of its own timeout. Every bomb, at the smallest pids limit and a larger one, is a measured timeout."""
+    async with KilnClient(exec_settings, "trainer") as kiln:
+        client = ExecClient(kiln)
+        bombs = [client.run_once(IMAGE, "python3 main.py", files={"main.py": FORK_BOMB}, timeout_s=1,
+                                 limits=SessionLimits(pids=pids, cpus=0.25)) for pids in (16, 64) for _ in range(16)]
+        results = await asyncio.gather(*bombs, return_exceptions=True)
+        after = await client.run_once(IMAGE, "echo still-here", limits=SessionLimits(pids=16))
+    lost = [r for r in results if isinstance(r, BaseException)]
+    assert lost == [], lost[:3]
+    assert all(r.output is not None and r.output.timed_out for r in results if not isinstance(r, BaseException))
+    assert after.output is not None and after.output.stdout == "still-here\n"  # a helper still starts at 16 pids
+
+
 async def test_the_threat_models_boundaries_hold_in_a_runner(exec_settings: KilnSettings,
                                                              worker: WorkerProcess) -> None:
     probe = r"""

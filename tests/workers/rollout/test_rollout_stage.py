@@ -1,7 +1,9 @@
 """The rollout stage end to end with real processes: a worker samples each prompt group from a running inference
 server, rewards every sample with its verifier, answers the requester and publishes the same group on
-``rollouts``; a server that refuses the prompt is an answer, not a dead letter. With a Hugging Face policy the
-group's prompt and completion ids are the ones sampled: the model scores them exactly as the sampler did."""
+``rollouts``; a server that refuses the prompt is an answer, not a dead letter. A group with a sample kiln could
+not judge is answered as an error and never published with a 0 for it; a sample that failed by itself is a real 0.
+With a Hugging Face policy the group's prompt and completion ids are the ones sampled: the model scores them exactly
+as the sampler did."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from kiln.rl.tasks import Addition, exact_match
-from kiln.schemas.rl import RolloutGroup, RolloutRequest, Sampling
+from kiln.schemas.rl import RolloutGroup, RolloutRequest, RolloutTask, Sampling
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
 from kiln.streams.processes import WorkerProcess
@@ -25,6 +27,8 @@ from kiln.workers.inference.process import ServerProcess
 from kiln.workers.inference.tokenizer import load_tokenizer, tokenize_prompt
 from tests.stages import worker_env
 from tests.streams.harness import read_all
+from tests.workers.rollout.actors import rollout_with_exec
+from tests.workers.verify.conftest import check
 
 
 async def test_groups_are_sampled_verified_and_published(stage_topics: Callable[..., KilnSettings],
@@ -60,6 +64,30 @@ async def test_groups_are_sampled_verified_and_published(stage_topics: Callable[
                  for m in read_all(settings, settings.topic("rollouts"), expect=len(tasks))]
     assert sorted(g.model_dump_json() for g in published) == sorted(g.model_dump_json() for g in groups)
     assert read_all(settings, settings.topic("rollout.requests.dlq")) == []
+
+
+# A checker that judges no completion itself: it says each is kiln's failure (a checker that broke), or that it
+# stopped each one's program past its time (the completion's failure).
+def _saying(verdict: dict[str, object]) -> RolloutTask:
+    checker = ("import json\nfor line in open('groups.jsonl'):\n    group = json.loads(line)\n"
+               f"    print(json.dumps({{'verdicts': [{verdict!r}] * len(group['completions'])}}))\n")
+    return RolloutTask(task_id=f"saying-{verdict['failure']}", prompt="1+1=", answer="2", verifier="exec",
+                       check=check(files={"check.py": checker}))
+
+
+async def test_a_group_kiln_could_not_judge_is_an_error_never_zeros(stage_topics: Callable[..., KilnSettings],
+                                                                   tmp_path: Path, unique: str) -> None:
+    settings = stage_topics(("rollout.requests", 2), ("rollouts", 1), ("exec.requests", 2))
+    sampling = Sampling(n=3, max_tokens=3)
+    async with rollout_with_exec(settings, tmp_path, unique) as client:
+        with pytest.raises(RequestFailed, match=r"VerifyError.*3 of 3 completions got no verdict"):
+            await client.call("rollout", RolloutRequest(task=_saying({"failure": "checker_error"}), sampling=sampling))
+        stopped: RolloutGroup = await client.call("rollout", RolloutRequest(task=_saying({"failure": "timeout"}),
+                                                                            sampling=sampling))
+    assert [(s.reward, s.verifier["policy_failure"]) for s in stopped.samples] == [(0.0, "timeout")] * 3
+    published = [RolloutGroup.model_validate_json(m.value())
+                 for m in read_all(settings, settings.topic("rollouts"), expect=1)]
+    assert [g.task_id for g in published] == ["saying-timeout"]  # the unjudged group never reaches the trainer
 
 
 async def test_a_hugging_face_policys_groups_carry_the_tokens_it_sampled(

@@ -6,7 +6,6 @@ gets its rewards from the exec stage end to end."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,16 +17,14 @@ from kiln.schemas.rl import RolloutGroup, RolloutRequest, RolloutTask, Sampling
 from kiln.streams.client import KilnClient
 from kiln.streams.codec import decode_request, request_payload
 from kiln.streams.errors import RoutineJobError
-from kiln.streams.processes import WorkerProcess, free_port
+from kiln.streams.processes import free_port
 from kiln.streams.settings import KilnSettings
-from kiln.workers.inference.model import ModelConfig
-from kiln.workers.inference.process import ServerProcess
 from kiln.workers.verifiers import VerifierContext, Verifiers
 from tests.conftest import _ensure
-from tests.stages import worker_env
 from tests.streams.harness import read_all
 from tests.workers.exec.conftest import exec_worker
 from tests.workers.lean.conftest import lean_worker
+from tests.workers.rollout.actors import rollout_with_exec
 
 pytestmark = pytest.mark.docker
 
@@ -90,22 +87,11 @@ async def test_exec_and_lean_verifiers(stage_topics: Callable[..., KilnSettings]
 async def test_rollout_rewards_come_from_the_exec_stage(stage_topics: Callable[..., KilnSettings],
                                                         project_image: str, tmp_path: Path, unique: str) -> None:
     settings = stage_topics(("rollout.requests", 2), ("rollouts", 1), ("exec.requests", 2))
-    server = ServerProcess(ModelConfig(max_len=64), tmp_path / "serve.log")
-    server.start()
     tasks = Addition(exec_image=project_image)
-    env = worker_env(settings, KILN_ROLLOUT_ENDPOINTS=json.dumps([server.url]))
-    try:
-        with exec_worker(settings, tmp_path / "locks") as ex, \
-                WorkerProcess("rollout", settings, "rollout.requests", slots=2, env=env) as worker:
-            ex.wait_assigned()
-            worker.wait_assigned()
-            async with KilnClient(settings, f"actor-{unique}") as client:
-                sampling = Sampling(n=8, max_tokens=3)
-                groups: list[RolloutGroup] = [await client.call("rollout", RolloutRequest(task=t, sampling=sampling))
-                                              for t in tasks.sample(3)]
-            worker.stop()
-    finally:
-        server.stop()
+    async with rollout_with_exec(settings, tmp_path, unique) as client:
+        sampling = Sampling(n=8, max_tokens=3)
+        groups: list[RolloutGroup] = [await client.call("rollout", RolloutRequest(task=t, sampling=sampling))
+                                      for t in tasks.sample(3)]
     for group in groups:
         task = tasks.task(*(int(x) for x in group.task_id.split("-")[1:]))
         for sample in group.samples:

@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -120,6 +121,7 @@ func serve() error {
 	if _, _, e := syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_DUMPABLE, 0, 0); e != 0 {
 		return fmt.Errorf("prctl(PR_SET_DUMPABLE): %v", e)
 	}
+	prestartThreads(reservedThreads)
 	in := bufio.NewReaderSize(os.Stdin, 1<<20)
 	out := bufio.NewWriter(os.Stdout)
 	for {
@@ -144,6 +146,35 @@ func serve() error {
 			return err
 		}
 	}
+}
+
+// reservedThreads: OS threads started before any call. A step shares the container's pids limit with this process,
+// and a fork bomb exhausts it: were the Go runtime to need a new thread then (a goroutine blocked in a syscall while
+// the timer's goroutine reads /proc), the clone would fail and the runtime abort ("newosproc"), so the call would end
+// without its measured verdict — the completion's own failure turned into kiln's. Idle threads are reused, never
+// freed, so the runtime never needs to start one during a call.
+const reservedThreads = 4
+
+// prestartThreads makes the runtime start n OS threads at once (each goroutine locked to its own), then leaves
+// them idle: unlocked before they end, the threads go back to the runtime's pool.
+func prestartThreads(n int) {
+	var started, release sync.WaitGroup
+	started.Add(n)
+	release.Add(1)
+	var done sync.WaitGroup
+	done.Add(n)
+	for i := 0; i < n; i++ {
+		go func() {
+			defer done.Done()
+			runtime.LockOSThread()
+			started.Done()
+			release.Wait()
+			runtime.UnlockOSThread()
+		}()
+	}
+	started.Wait()
+	release.Done()
+	done.Wait()
 }
 
 func run(c *call) reply {
@@ -245,7 +276,8 @@ func helper(mode string, input []byte, limit int) ([]byte, error) {
 	cmd := exec.Command(self, mode)
 	cmd.SysProcAttr = credential()
 	cmd.Dir = "/"
-	cmd.Env = baseEnv(nil)
+	// One P: the helper needs as few threads as it can, out of the pids a small limit leaves beside this process.
+	cmd.Env = baseEnv(map[string]string{"GOMAXPROCS": "1"})
 	cmd.Stdin = bytes.NewReader(input)
 	var stdout, stderr capped
 	stdout.cap, stderr.cap = limit, 4096
@@ -331,16 +363,15 @@ func runStep(c *call, s step) stepResult {
 		return res
 	}
 	var expired atomic.Bool
-	timeoutKilled := make(chan struct{})
+	timerDone := make(chan struct{})
 	timer := time.AfterFunc(time.Duration(s.TimeoutMs)*time.Millisecond, func() {
+		defer close(timerDone)
 		expired.Store(true)
 		killAll()
-		close(timeoutKilled)
 	})
 	state, waitErr := cmd.Process.Wait()
 	if !timer.Stop() {
-		// The timeout fired: its kill loop must be over before the next step starts, or it kills that one too.
-		<-timeoutKilled
+		<-timerDone // its killAll ends here: never in the middle of the next call (its helpers run as uid 1000 too)
 	}
 	res.TimedOut = expired.Load()
 	res.WallUs = time.Since(started).Microseconds()
