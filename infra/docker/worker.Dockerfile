@@ -22,8 +22,10 @@ RUN command -v git >/dev/null || (apt-get update && apt-get install -y --no-inst
     && rm -rf /var/lib/apt/lists/*)
 RUN python3 -m venv /opt/kiln && mkdir -p /var/lib/kiln && chown 1000:1000 /var/lib/kiln
 # Dependencies first, keyed by pyproject.toml only, so source edits reuse this layer.
-COPY pyproject.toml README.md /src/
-RUN mkdir -p /src/kiln && touch /src/kiln/__init__.py \
+# The dependency layer is keyed by pyproject.toml alone (a README edit must not reinstall every dependency): pip
+# reads the project's metadata from a stand-in README and package, the real ones come in the layer below.
+COPY pyproject.toml /src/
+RUN mkdir -p /src/kiln && touch /src/kiln/__init__.py /src/README.md \
     && /opt/kiln/bin/pip install --no-cache-dir --disable-pip-version-check "/src[worker,ops,s3]" \
     && rm -rf /src
 COPY --from=supervisor /exec-supervisor /opt/kiln/exec-supervisor

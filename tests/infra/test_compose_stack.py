@@ -108,6 +108,11 @@ def leftovers() -> dict[str, str]:
     return {kind: ids for kind, ids in found.items() if ids}
 
 
+# The stack's first start builds the worker image (its dependency layer when pyproject.toml changed: minutes on a
+# loaded 2-core machine); the `up` itself is bounded at 900 s below.
+pytestmark = pytest.mark.timeout(1200)
+
+
 @pytest.fixture(scope="module")
 def stack(docker_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     run_steps(COMPONENT_STEPS["compose"])
