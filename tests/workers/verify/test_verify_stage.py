@@ -1,9 +1,10 @@
 """The verify stage: one verdict per completion from a real sandboxed check — pass, fail, a checker past its time
 (``timeout``), an unreadable task or an unknown verifier (``invalid_task``), a checker that fails
-(``checker_error``) — never an error result; kiln's failures are retried within the client's budget (a checker past its
-time keeps its failure after the retries: ``attempts``), a program's own failures (past its time, killed, flooding its output,
-its process group killed, its stdout closed) are real 0s; a training step's batch keeps one request per task; and a
-verify worker SIGKILLed mid-batch costs only time: every request is answered, each once, with the right verdicts."""
+(``checker_error``) — never an error result; kiln's failures are retried within the client's budget (a checker past
+its time keeps its failure after the retries: ``attempts``); a program's own failures (past its time, killed,
+flooding its output, its process group killed, its stdout closed) are real 0s; a training step's batch keeps one
+request per task; and a verify worker SIGKILLed mid-batch costs only time: every request is answered, each once,
+with the right verdicts."""
 
 from __future__ import annotations
 
