@@ -1,9 +1,10 @@
 """The verify stage: one verdict per completion from a real sandboxed check — pass, fail, a checker past its time
 (``timeout``), an unreadable task or an unknown verifier (``invalid_task``), a checker that fails
-(``checker_error``) — never an error result; kiln's failures are retried within the client's budget (a checker that
-fails once, then works, gives real verdicts), a program's own failures (past its time, killed, flooding its output,
-its process group killed, its stdout closed) are real 0s; a training step's batch keeps one request per task; and a
-verify worker SIGKILLed mid-batch costs only time: every request is answered, each once, with the right verdicts."""
+(``checker_error``) — never an error result; kiln's failures are retried within the client's budget (a checker past
+its time keeps its failure after the retries: ``attempts``); a program's own failures (past its time, killed,
+flooding its output, its process group killed, its stdout closed) are real 0s; a training step's batch keeps one
+request per task; and a verify worker SIGKILLed mid-batch costs only time: every request is answered, each once,
+with the right verdicts."""
 
 from __future__ import annotations
 
@@ -51,22 +52,6 @@ async def test_verdicts_and_typed_failures(stack: KilnSettings, unique: str) -> 
         assert [(v.reward, v.failure) for v in batch] == [(1.0, None), (1.0, None), (0.0, None), (0.0, "timeout")]
 
 
-async def test_kiln_failures_are_retried_within_the_budget(stack: KilnSettings, unique: str) -> None:
-    """A checker that fails until a moment has passed (a sandbox having a bad minute): its first check is kiln's
-    failure, the retry after the backoff is a real verdict; with one check allowed it stays kiln's."""
-    def flaky(for_s: float) -> RolloutTask:
-        until = time.time() + for_s
-        return task(command=f"python3 -c 'import sys, time; sys.exit(3 if time.time() < {until} else 0)' && "
-                            "python3 -I check.py")
-
-    async with KilnClient(stack, f"verify-{unique}") as kiln:
-        once = await VerifyClient(kiln, VerifySettings(retry_attempts=1)).verify(flaky(5), ["7"])
-        assert (once[0].failure, once[0].attempts) == ("checker_error", 1)
-        retried = await VerifyClient(kiln, VerifySettings(retry_attempts=3, retry_backoff_s=6)).verify(
-            flaky(4), ["7", "8"])
-        assert [(v.reward, v.failure, v.attempts) for v in retried] == [(1.0, None, 2), (0.0, None, 2)]
-
-
 ATTACKS = {  # a program's own failures, each measured outside it: a real 0, never "no reward"
     "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
     "memory_bomb": "blocks = []\nwhile True:\n    blocks.append(b'x' * (16 << 20))\n",
@@ -83,7 +68,8 @@ ATTACKS = {  # a program's own failures, each measured outside it: a real 0, nev
 
 async def test_a_programs_own_failures_are_real_zeros(stack: KilnSettings, unique: str) -> None:
     program = RolloutTask(task_id="seven", prompt="", verifier="program",
-                          check={"expected_output": "7", "timeout_s": 2, "limits": {"memory_mb": 256, "pids": 64}})
+                          check={"expected_output": "7", "timeout_s": 10,  # wall time: a loaded machine is slow
+                                 "limits": {"memory_mb": 256, "pids": 64, "cpus": 0.25}})
     async with KilnClient(stack, f"verify-{unique}") as kiln:
         verdicts = await VerifyClient(kiln, FAST).verify(program, ["print(7)", *ATTACKS.values()])
     assert (verdicts[0].reward, verdicts[0].failure) == (1.0, None)
