@@ -140,8 +140,11 @@ class VerifyClient:
         if len(tasks) != len(completions):
             raise ValueError(f"{len(tasks)} tasks for {len(completions)} completions")
         groups: dict[str, tuple[RolloutTask, list[int]]] = {}
+        keys: dict[int, str] = {}  # by task object: a step's batch repeats each task object once per sample
         for i, task in enumerate(tasks):
-            groups.setdefault(task.model_dump_json(), (task, []))[1].append(i)
+            if (key := keys.get(id(task))) is None:
+                key = keys[id(task)] = task.model_dump_json()
+            groups.setdefault(key, (task, []))[1].append(i)
         answers = await asyncio.gather(*(self.verify(task, [completions[i] for i in at], deadline_s=deadline_s)
                                          for task, at in groups.values()))
         out: list[CompletionVerdict | None] = [None] * len(completions)
