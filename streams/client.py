@@ -538,8 +538,10 @@ class KilnClient:
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                state.loop.call_soon_threadsafe(
-                    self._fail, state, request_id, ClientError(f"request delivery to {topic} failed: {err}"))
+                error = (RequestRefused(f"request {request_id} to {topic[:100]!r} was not sent: the client closed "
+                                        "before the broker took it") if err.code() == KafkaError._PURGE_QUEUE
+                         else ClientError(f"request delivery to {topic} failed: {err}"))
+                state.loop.call_soon_threadsafe(self._fail, state, request_id, error)
                 return
             kind, broker_ms = msg.timestamp()
             if kind == TIMESTAMP_LOG_APPEND_TIME and broker_ms > 0:
@@ -608,8 +610,15 @@ class KilnClient:
                     self._reread_results(state, f"position out of range ({out_of_range[0].error()})")
                 else:
                     self._check_topic_id(state)
-            state.producer.flush(10)
-            state.queue_producer.flush(10)
+            flushed_by = time.monotonic() + 10  # within close()'s wait for this thread
+            for producer in (state.producer, state.queue_producer):
+                producer.flush(max(0.0, flushed_by - time.monotonic()))
+                if len(producer):
+                    # Requests the broker never took (it is away): their futures fail now (RequestRefused), rather
+                    # than being left to a next life that can never receive their results. Ones in flight stay:
+                    # the broker may have them.
+                    producer.purge(in_queue=True, in_flight=False, blocking=False)
+                    producer.flush(0)  # their delivery reports
             self._send_commit(state, asynchronous=False)
         finally:
             with contextlib.suppress(Exception):

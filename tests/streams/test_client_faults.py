@@ -86,6 +86,19 @@ async def test_a_recreated_results_topic_is_read_from_its_start(kafka: KilnSetti
     assert resets and len(delivered) == len(set(delivered)) == 5
 
 
+async def test_a_request_the_broker_never_took_fails_when_the_client_closes(kafka: KilnSettings, topics,  # type: ignore[no-untyped-def]
+                                                                            unique: str) -> None:
+    """A request still in the producer's queue when the client closes (here one to a topic that is not there, which
+    librdkafka holds while it waits for the topic to appear) fails with ``RequestRefused``: it is not left cancelled
+    as if its result would reach the client's next life, which can never receive it."""
+    _request_topic, results = topics(partitions=1)
+    client = KilnClient(kafka, f"c-{unique}", results_topic=results)
+    future = await client.submit("echo", EchoRequest(data="x"), topic=f"absent-{unique}")
+    await client.close()
+    with pytest.raises(RequestRefused, match="was not sent"):
+        future.result()
+
+
 class Gate:
     """A loopback port in front of the broker that refuses connections until opened: a client bootstrapping through
     it meets a broker that is away, then back (the broker's advertised address takes over once it answered)."""
