@@ -57,6 +57,7 @@ from kiln.schemas.envelope import ReplyTo, RequestEnvelope, ResultEnvelope, new_
 from kiln.streams import codec
 from kiln.streams.blobstore import BlobStore
 from kiln.streams.errors import (
+    BrokerUnavailable,
     ClientError,
     ConfigError,
     RequestExpired,
@@ -121,12 +122,14 @@ _T = TypeVar("_T")
 _OUT_OF_RANGE = {KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
 _SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
              KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
-             KafkaError._TIMED_OUT, KafkaError._UNKNOWN_PARTITION}
+             KafkaError._TIMED_OUT, KafkaError._UNKNOWN_PARTITION, KafkaError._TRANSPORT,
+             KafkaError._ALL_BROKERS_DOWN}
 
 
 def _retrying(fn: Callable[[], _T], limit_s: float = 30.0) -> _T:
     """``fn`` retried while the broker answers with a retriable error (e.g. a topic created a moment ago whose
-    partition leaders are not known yet: NOT_LEADER_FOR_PARTITION)."""
+    partition leaders are not known yet: NOT_LEADER_FOR_PARTITION) or does not answer (restarting): after
+    ``limit_s`` of that, ``BrokerUnavailable``."""
     deadline = time.monotonic() + limit_s
     while True:
         try:
@@ -134,8 +137,10 @@ def _retrying(fn: Callable[[], _T], limit_s: float = 30.0) -> _T:
         except KafkaException as e:
             err = e.args[0] if e.args else None
             transient = isinstance(err, KafkaError) and (err.retriable() or err.code() in _SETTLING)
-            if not transient or time.monotonic() > deadline:
+            if not transient:
                 raise
+            if time.monotonic() > deadline:
+                raise BrokerUnavailable(f"the broker did not answer for {limit_s:g} s: {err}") from e
             time.sleep(0.2)
 
 
@@ -200,6 +205,7 @@ class KilnClient:
         clock: Callable[[], float] = time.time,
         clock_skew_warn_s: float = 30.0,
         on_results_reset: Callable[[str], None] | None = None,
+        start_patience_s: float = 30.0,
     ) -> None:
         """``unclaimed_limit`` / ``unclaimed_max_age_s``: results this process did not submit wait for
         ``unclaimed()`` until there are more than the limit or the oldest is older than the age; then they are
@@ -213,7 +219,9 @@ class KilnClient:
         (None: wait for ever; ``submit(result_timeout_s=...)`` overrides it per request). ``clock``: this client's
         wall clock (seconds since the epoch) for ``created_at``; its disagreement with the broker's timestamps
         beyond ``clock_skew_warn_s`` is logged as a warning. ``on_results_reset``: called (with why) when the
-        results topic went backwards and is read again from its start."""
+        results topic went backwards and is read again from its start. ``start_patience_s``: how long the first use
+        (``submit()``, ``unclaimed()``) waits for the broker to tell the results partition's position before
+        ``submit()`` raises ``BrokerUnavailable`` (``unclaimed()`` keeps waiting: it waits for results anyway)."""
         self.settings = settings or get_settings()
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.results_topic = self.settings.topic(results_topic)
@@ -236,6 +244,7 @@ class KilnClient:
         self._clock = clock
         self.clock_skew_warn_s = clock_skew_warn_s
         self._on_results_reset = on_results_reset
+        self.start_patience_s = start_patience_s
 
     def spec(self, kind: str) -> StageSpec | None:
         """The registered spec of stage ``kind`` (entry point group ``kiln.stages``, read once per client)."""
@@ -295,8 +304,10 @@ class KilnClient:
         state.consumer = consumer
         state.admin = AdminClient(self.settings.kafka())
 
+        ask_s = min(15.0, max(1.0, self.start_patience_s))  # one question's timeout, within the patience
+
         def position() -> TopicPartition:
-            md = consumer.list_topics(self.results_topic, timeout=15).topics.get(self.results_topic)
+            md = consumer.list_topics(self.results_topic, timeout=ask_s).topics.get(self.results_topic)
             if md is not None and md.error is not None:
                 raise ConfigError(f"results topic {self.results_topic}: {md.error.str()} (does it exist, and may "
                                   f"this principal describe it?)")
@@ -304,23 +315,27 @@ class KilnClient:
                 raise ConfigError(f"results topic {self.results_topic} does not exist (kiln topics create)")
             state.partition = zlib.crc32(self.client_id.encode()) % len(md.partitions)
             tp = TopicPartition(self.results_topic, state.partition)
-            committed = consumer.committed([tp], timeout=15)[0]
+            committed = consumer.committed([tp], timeout=ask_s)[0]
             if committed.offset == OFFSET_INVALID or committed.offset < 0:
                 # First run of this client id: results start after what is on the partition now. Commit that
                 # position at once, so a restart before any result arrives still reads from here.
-                _low, high = consumer.get_watermark_offsets(tp, timeout=15)
+                _low, high = consumer.get_watermark_offsets(tp, timeout=ask_s)
                 start = TopicPartition(self.results_topic, state.partition, high)
                 consumer.commit(offsets=[start], asynchronous=False)
                 return start
             return committed
 
-        start = await asyncio.to_thread(_retrying, position)
-        state.reply_to = ReplyTo(topic=self.results_topic, key=state.client_id, partition=state.partition)
-        state.topic_id = await asyncio.to_thread(self._results_topic_id, state)
-        state.next_topic_check = time.monotonic() + RESULTS_CHECK_S
-        state.offsets = PartitionOffsets(start.offset, decode_done(start.offset, start.metadata))
-        received = await asyncio.to_thread(_received_before, consumer, start, state.offsets.done_ahead(),
-                                           self.client_id, self.dedup_lookback_s)
+        try:
+            start = await asyncio.to_thread(_retrying, position, self.start_patience_s)
+            state.reply_to = ReplyTo(topic=self.results_topic, key=state.client_id, partition=state.partition)
+            state.topic_id = await asyncio.to_thread(self._results_topic_id, state)
+            state.next_topic_check = time.monotonic() + RESULTS_CHECK_S
+            state.offsets = PartitionOffsets(start.offset, decode_done(start.offset, start.metadata))
+            received = await asyncio.to_thread(_received_before, consumer, start, state.offsets.done_ahead(),
+                                               self.client_id, self.dedup_lookback_s)
+        except BaseException:
+            await asyncio.to_thread(consumer.close)  # a later first use starts again with handles of its own
+            raise
         for request_id in received:
             self._mark_delivered(state, request_id)
         consumer.assign([TopicPartition(self.results_topic, state.partition, start.offset)])
@@ -439,8 +454,14 @@ class KilnClient:
         return spec.result_model.model_validate(body) if spec else body
 
     async def unclaimed(self) -> AsyncIterator[ResultEnvelope]:
-        """Results for requests this process did not submit (e.g. before a restart with the same client id)."""
-        state = await self._ready()
+        """Results for requests this process did not submit (e.g. before a restart with the same client id). A broker
+        away when it starts is waited for (a task draining it must not die of a restart)."""
+        while True:
+            try:
+                state = await self._ready()
+                break
+            except BrokerUnavailable as e:
+                log.warning("client %s: waiting for the broker to read its results: %s", self.client_id, e)
         while True:
             while not state.unclaimed:
                 state.unclaimed_ready.clear()
@@ -517,8 +538,10 @@ class KilnClient:
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                state.loop.call_soon_threadsafe(
-                    self._fail, state, request_id, ClientError(f"request delivery to {topic} failed: {err}"))
+                error = (RequestRefused(f"request {request_id} to {topic[:100]!r} was not sent: the client closed "
+                                        "before the broker took it") if err.code() == KafkaError._PURGE_QUEUE
+                         else ClientError(f"request delivery to {topic} failed: {err}"))
+                state.loop.call_soon_threadsafe(self._fail, state, request_id, error)
                 return
             kind, broker_ms = msg.timestamp()
             if kind == TIMESTAMP_LOG_APPEND_TIME and broker_ms > 0:
@@ -587,8 +610,15 @@ class KilnClient:
                     self._reread_results(state, f"position out of range ({out_of_range[0].error()})")
                 else:
                     self._check_topic_id(state)
-            state.producer.flush(10)
-            state.queue_producer.flush(10)
+            flushed_by = time.monotonic() + 10  # within close()'s wait for this thread
+            for producer in (state.producer, state.queue_producer):
+                producer.flush(max(0.0, flushed_by - time.monotonic()))
+                if len(producer):
+                    # Requests the broker never took (it is away): their futures fail now (RequestRefused), rather
+                    # than being left to a next life that can never receive their results. Ones in flight stay:
+                    # the broker may have them.
+                    producer.purge(in_queue=True, in_flight=False, blocking=False)
+                    producer.flush(0)  # their delivery reports
             self._send_commit(state, asynchronous=False)
         finally:
             with contextlib.suppress(Exception):
