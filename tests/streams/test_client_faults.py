@@ -14,11 +14,12 @@ import zlib
 import pytest
 from confluent_kafka import Producer
 
+from bench.chaos import create_again, delete_until_gone
 from kiln.schemas.builtin import EchoRequest
 from kiln.schemas.envelope import ResultEnvelope, new_request_id
-from kiln.streams import admin, codec
+from kiln.streams import codec
 from kiln.streams.client import KilnClient
-from kiln.streams.errors import BrokerUnavailable, InfraError, RequestRefused, ResultLost
+from kiln.streams.errors import BrokerUnavailable, RequestRefused, ResultLost
 from kiln.streams.processes import free_port
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec
@@ -50,19 +51,6 @@ async def test_a_future_whose_result_cannot_arrive_fails_after_its_bound(kafka: 
         assert client.in_flight == 0
 
 
-def _create_again(settings: KilnSettings, topic: str, partitions: int) -> None:
-    """Create ``topic`` again after its deletion (the broker needs a moment before the name is free)."""
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if admin.create_topics(settings, [TopicSpec(topic, partitions)]).get(topic) == "created":
-                return
-        except InfraError:
-            pass  # still marked for deletion
-        assert time.monotonic() < deadline, f"{topic} could not be created again"
-        time.sleep(0.2)
-
-
 async def test_a_recreated_results_topic_is_read_from_its_start(kafka: KilnSettings, topics, unique: str) -> None:  # type: ignore[no-untyped-def]
     """Results delivered before the topic went, results of requests pending while it was gone: each delivered
     exactly once, and the client says what happened."""
@@ -74,11 +62,11 @@ async def test_a_recreated_results_topic_is_read_from_its_start(kafka: KilnSetti
                   for i in range(5)]
         assert [b.data for b in before] == list(range(5))
         delivered: list[str] = []
-        assert not await asyncio.to_thread(admin.delete_topics, kafka, [results])
+        await asyncio.to_thread(delete_until_gone, kafka, results)  # then its pending results cannot land in it
         pending = [await client.submit("echo", EchoRequest(data=f"p{i}"), topic=request_topic) for i in range(5)]
         for fut in pending:
             fut.add_done_callback(lambda f: delivered.append(f.result().request_id))
-        await asyncio.to_thread(_create_again, kafka, results, 2)
+        await asyncio.to_thread(create_again, kafka, TopicSpec(results, 2))
         after = [client.result_of(await asyncio.wait_for(fut, 120)).data for fut in pending]
         assert after == [f"p{i}" for i in range(5)]
         more = await asyncio.wait_for(client.call("echo", EchoRequest(data="more"), topic=request_topic), 60)
