@@ -33,10 +33,14 @@ rl_requirements=$("$PYTHON" -c 'import sys, tomllib; print("\n".join(sorted(toml
 # cached_env PREFIX REQUIREMENTS KEEP [PIP_ARGS...]: a virtualenv $KILN_CACHE/PREFIX-<key> holding REQUIREMENTS,
 # keyed by them and the Python version, built once; the KEEP most recently used of that prefix are kept. Prints it.
 cached_env() {
-  local prefix=$1 reqs=$2 keep=$3 key dir
+  local prefix=$1 reqs=$2 keep=$3 key dir lock
   shift 3
   key=$( (printf '%s\n' "$reqs"; "$PYTHON" --version) | sha256sum | cut -c1-12)
   dir="$KILN_CACHE/$prefix-$key"
+  # Checkouts bootstrapped side by side build one environment once: the second waits for the first's (a lock per
+  # environment), instead of deleting it half-built.
+  exec {lock}>"$KILN_CACHE/$prefix-$key.lock"
+  flock "$lock"
   if [[ ! -f $dir/.complete ]]; then
     log "creating the $prefix environment $dir (from PyPI, once per requirement list)"
     rm -rf "$dir"
@@ -47,7 +51,9 @@ cached_env() {
     touch "$dir/.complete"
   fi
   touch "$dir/.complete"  # last use, for pruning
-  ls -1dt "$KILN_CACHE/$prefix"-* 2>/dev/null | tail -n +$((keep + 1)) | xargs -r rm -rf
+  ls -1dt "$KILN_CACHE/$prefix"-*/ 2>/dev/null | tail -n +$((keep + 1)) | xargs -r rm -rf
+  flock -u "$lock"
+  exec {lock}>&-
   echo "$dir"
 }
 DEPS=$(cached_env deps "$requirements" 3)

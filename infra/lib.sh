@@ -48,10 +48,16 @@ apt_install() {
   ((${#missing[@]} == 0)) && return 0
   log "apt-get install ${missing[*]}"
   local stamp="$KILN_CACHE/apt-updated"
-  if [[ ! -f $stamp ]] || (($(date +%s) - $(stat -c %Y "$stamp") > 86400)); then
-    apt-get update -q >&2 && touch "$stamp"
-  fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+  # Two checkouts set up side by side (a CI clone beside a developer's) must not fail on dpkg's lock: apt waits for
+  # it, and the update stamp is taken under a lock of its own.
+  (
+    flock 9
+    if [[ ! -f $stamp ]] || (($(date +%s) - $(stat -c %Y "$stamp") > 86400)); then
+      apt-get -o DPkg::Lock::Timeout=900 update -q >&2 && touch "$stamp"
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -q --no-install-recommends \
+      "${missing[@]}" >&2
+  ) 9>"$KILN_CACHE/apt.lock"
 }
 
 # installation_secret NAME: a random secret made once per installation ($KILN_CACHE/secrets/NAME, mode 600), so no

@@ -205,24 +205,30 @@ def _probe_socket(settings: KilnSettings, host: str, port: int, timeout: float) 
 
 
 def broker_features(settings: KilnSettings, timeout: float = 10.0) -> BrokerFeatures:
-    """API keys and finalized features of the first bootstrap broker, from a raw ApiVersions v3 request over the
-    configured transport (plaintext or TLS; see ``_probe_socket``).
+    """API keys and finalized features of the first bootstrap broker that answers, from a raw ApiVersions v3
+    request over the configured transport (plaintext or TLS; see ``_probe_socket``). Every bootstrap server is tried
+    in turn, so a cluster with one broker down (or restarting) still answers.
 
     librdkafka exposes neither to Python; kiln needs them to choose the group protocol (KIP-848) and to refuse
     queue mode where share groups are absent (Redpanda) or not enabled (a Kafka formatted without share.version).
     """
     bootstrap_servers = settings.bootstrap_servers
-    host, _, port = bootstrap_servers.split(",")[0].strip().rpartition(":")
     client_id, software, version = b"kiln-probe", b"kiln", b"1"
     header = struct.pack(">hhih", 18, 3, 1, len(client_id)) + client_id + b"\x00"
     body = bytes([len(software) + 1]) + software + bytes([len(version) + 1]) + version + b"\x00"
-    try:
-        with _probe_socket(settings, host or "127.0.0.1", int(port), timeout) as sock:
-            sock.sendall(struct.pack(">i", len(header + body)) + header + body)
-            size = struct.unpack(">i", _recv_exact(sock, 4))[0]
-            reader = _Reader(_recv_exact(sock, size))
-    except OSError as e:
-        raise InfraError(f"ApiVersions probe of {bootstrap_servers} failed: {e}") from e
+    failures: list[str] = []
+    for server in (s.strip() for s in bootstrap_servers.split(",") if s.strip()):
+        host, _, port = server.rpartition(":")
+        try:
+            with _probe_socket(settings, host or "127.0.0.1", int(port), timeout) as sock:
+                sock.sendall(struct.pack(">i", len(header + body)) + header + body)
+                size = struct.unpack(">i", _recv_exact(sock, 4))[0]
+                reader = _Reader(_recv_exact(sock, size))
+            break
+        except OSError as e:
+            failures.append(f"{server}: {e}")
+    else:
+        raise InfraError(f"ApiVersions probe of {bootstrap_servers} failed: {'; '.join(failures)}")
     reader.take(">i")  # correlation id (ApiVersions responses keep header v0)
     if error := reader.take(">h"):
         raise InfraError(f"ApiVersions error {error} from {bootstrap_servers}")

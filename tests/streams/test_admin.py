@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import socket
+
+import pytest
 from confluent_kafka.admin import ConfigResource, ResourceType
 
 from kiln.streams import admin
+from kiln.streams.errors import InfraError
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import topology
 
@@ -32,3 +36,17 @@ def test_broker_features_are_probed(kafka: KilnSettings) -> None:
     assert features.finalized["share.version"] == 1 and features.share_groups
     assert admin.resolve_group_protocol(kafka) == "consumer"
     assert admin.resolve_group_protocol(kafka.model_copy(update={"group_protocol": "classic"})) == "classic"
+
+
+def test_broker_features_skip_a_bootstrap_server_that_is_down(kafka: KilnSettings) -> None:
+    """A cluster with its first listed broker down (restarting, lost) still answers the probe; only when every
+    bootstrap server fails is it an infrastructure error naming each."""
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{closed.getsockname()[1]}"
+    first_down = kafka.model_copy(update={"bootstrap_servers": f"{dead},{kafka.bootstrap_servers}"})
+    features = admin.broker_features(first_down)
+    assert admin.CONSUMER_GROUP_HEARTBEAT_API in features.api_keys
+    with pytest.raises(InfraError) as failed:
+        admin.broker_features(kafka.model_copy(update={"bootstrap_servers": f"{dead},{dead}"}), timeout=2)
+    assert str(failed.value).count(dead) >= 3  # the list, then each server's failure
