@@ -6,11 +6,14 @@ them, shows progress, and reports a timing line per step so slow steps are visib
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import subprocess
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,24 +70,39 @@ def run_script(script: str, *args: str, timeout: float = 3600.0) -> str:
     return proc.stdout
 
 
+@contextmanager
+def _one_at_a_time(step: Step) -> Iterator[None]:
+    """Checkouts set up side by side on one machine (a CI clone beside a developer's) run each step one at a time:
+    the second waits, then finds the work done (every step is idempotent) instead of racing the first's build."""
+    cache = Path(os.environ.get("KILN_CACHE")
+                 or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kiln")
+    cache.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9]+", "-", " ".join((step.script, *step.args))).strip("-")
+    with open(cache / f"setup-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def run_steps(steps: Sequence[Step]) -> list[tuple[str, float]]:
-    """Run steps in order under a progress display; print ``[timing]`` lines; stop at the first failure."""
+    """Run steps in order under a progress display; print ``[timing]`` lines; stop at the first failure. Each step
+    holds a machine-wide lock of its own while it runs (``_one_at_a_time``)."""
     timings: list[tuple[str, float]] = []
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         for step in steps:
             task = progress.add_task(step.name, total=None)
             started = time.monotonic()
-            proc = subprocess.Popen(
-                ["bash", str(infra_dir() / step.script), *step.args],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )
             tail: deque[str] = deque(maxlen=40)
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                tail.append(line.rstrip())
-                progress.update(task, description=f"{step.name} [dim]{line.strip()[:80]}[/]")
-            rc = proc.wait()
+            with _one_at_a_time(step):  # the lock's descriptor is not inherited (close_fds): daemons never hold it
+                proc = subprocess.Popen(
+                    ["bash", str(infra_dir() / step.script), *step.args],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                )
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    tail.append(line.rstrip())
+                    progress.update(task, description=f"{step.name} [dim]{line.strip()[:80]}[/]")
+                rc = proc.wait()
             elapsed = time.monotonic() - started
             timings.append((step.name, elapsed))
             progress.update(task, total=1, completed=1,
