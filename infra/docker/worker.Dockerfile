@@ -33,6 +33,6 @@ COPY . /src
 RUN /opt/kiln/bin/pip install --no-cache-dir --disable-pip-version-check --no-deps /src && rm -rf /src
 USER 1000:1000
 EXPOSE 9100
-HEALTHCHECK --interval=10s --timeout=3s --start-period=120s CMD ["/opt/kiln/bin/python", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ['KILN_METRICS_PORT']}/healthz\", timeout=2)"]
+HEALTHCHECK --interval=10s --timeout=15s --retries=5 --start-period=120s CMD ["/opt/kiln/bin/python", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ['KILN_METRICS_PORT']}/healthz\", timeout=2)"]
 ENTRYPOINT ["/opt/kiln/bin/kiln"]
 CMD ["worker", "echo"]
