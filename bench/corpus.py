@@ -36,6 +36,9 @@ class Project:
     version: str
     system: str
     test: str
+    drawn: str = "before issue 50"  # or "issue 50 rule": drawn by the rule in the header of projects.toml
+    cite: str = ""  # where its test command is written (file:line in the artefact)
+    half: str = "tuning"  # the projects chosen before issue 50 count in the tuning half whatever their hash
 
     @property
     def slug(self) -> str:
@@ -45,6 +48,17 @@ class Project:
 def _has_unit_tests(path: Path) -> bool:
     """Tests inside the sources (Rust's ``#[test]`` modules)."""
     return path.suffix == ".rs" and "#[test]" in path.read_text(errors="replace")
+
+
+def half_of(ecosystem: str, name: str) -> str:
+    """Issue 50's split: the first hex digit of sha256("ecosystem/name") below 8 is the reporting half."""
+    return "reporting" if int(hashlib.sha256(f"{ecosystem}/{name}".encode()).hexdigest()[0], 16) < 8 else "tuning"
+
+
+def carries_tests(root: Path) -> bool:
+    """The unpacked artefact ships tests: a test directory, test files by their ecosystem's naming, Rust tests."""
+    files = [p for p in root.rglob("*") if p.is_file()]
+    return any(TEST_MARKERS.search(str(f.relative_to(root))) or _has_unit_tests(f) for f in files)
 
 
 def projects() -> list[Project]:
@@ -147,8 +161,7 @@ def prepare(project: Project, cache: Path = CACHE) -> Path:
     with tempfile.TemporaryDirectory(dir=cache.parent if cache.parent.exists() else None) as tmp:
         staged = Path(tmp) / "src"
         fetch_sources(project, staged, cache / "downloads")
-        files = [p for p in staged.rglob("*") if p.is_file()]
-        if not any(TEST_MARKERS.search(str(f.relative_to(staged))) or _has_unit_tests(f) for f in files):
+        if not carries_tests(staged):
             raise RuntimeError(f"{project.name} {project.version}: the source artefact carries no tests")
         shutil.rmtree(staged / ".git", ignore_errors=True)
         builder = Builder(Path(tmp) / "repo")
