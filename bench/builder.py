@@ -16,7 +16,11 @@ runs (that command run in the same image, its count read from the runner's own s
 make-driven and npm suites through ``reports.runner_summary``; a summary that does not parse counts as not usable;
 the human count is taken whenever the image built). Every project of the corpus is
 in the denominator, those rejected before the build (fetch or checksum failures) included. Prints
-``build_success_rate_real`` (overall, per system, rules vs agent), failures per class, and the per-project table.
+``build_success_rate_real`` (overall, per system, rules vs agent), failures per class, and the per-project table;
+and the same per half of issue 50's split (``build_success_rate_real_reporting``, ``…_tuning``, per system, with
+failures per system and class). ``--half reporting|tuning`` builds one half; each project's result is appended as
+it finishes to ``~/.cache/kiln/corpus/results/rules-<rules version>-<half|all>.jsonl``, and a run started again goes
+on from there (``--restart`` forgets them); ``--list`` lists what would be built and builds nothing.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from bench.common import report
-from bench.corpus import Project, prepare, projects
+from bench.corpus import CACHE, Project, prepare, projects
 from kiln.ingest.service import ingest
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildEvent, BuildRequest
@@ -47,6 +51,7 @@ from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.infra import COMPONENT_STEPS, run_steps
 from kiln.workers.builder.agent import AgentConfig
 from kiln.workers.builder.images import BaseImages
+from kiln.workers.builder.rules import RULES_VERSION
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits, docker_client, run_sandboxed
 from kiln.workers.common.reports import runner_summary
@@ -133,56 +138,106 @@ async def build_real(project: Project, source: Path, store: SaucerStore, client:
     return RealOutcome(event, human, seconds)
 
 
-async def real(with_agent: bool, only: list[str]) -> None:
+RESULTS = CACHE / "results"
+
+
+def results_file(half: str | None, root: Path = RESULTS) -> Path:
+    """Where a run's per-project results go, one JSON line each: per rules version and half, so that an interrupted
+    run goes on where it stopped and a change of rules starts afresh."""
+    return root / f"rules-{RULES_VERSION}-{half or 'all'}.jsonl"
+
+
+def chosen_projects(only: list[str], half: str | None) -> list[Project]:
+    """--only in the order given (what matters first), else the whole corpus in its own order; --half: that half."""
+    every = projects()
+    chosen = [p for name in only for p in every if p.name == name] if only else every
+    return [p for p in chosen if half is None or p.half == half]
+
+
+def real_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
+    """The rates over the recorded projects: overall, per half (issue 50's split) and per system within each."""
+    metrics: dict[str, float] = {}
+    groups: dict[str, list[dict[str, Any]]] = {"": records}
+    for record in records:
+        groups.setdefault(f"_{record['half']}", []).append(record)
+    for suffix, group in groups.items():
+        usable = [r for r in group if r["usable"]]
+        by_agent = sum(r["by_agent"] for r in usable)
+        total = max(1, len(group))
+        metrics[f"build_success_rate_real{suffix}"] = round(len(usable) / total, 3)
+        metrics[f"build_projects_real{suffix}"] = float(len(group))
+        metrics[f"build_success_rate_real{suffix}_rules"] = round((len(usable) - by_agent) / total, 3)
+        metrics[f"build_usable_by_agent{suffix}"] = float(by_agent)
+        systems: dict[str, list[bool]] = {}
+        failures: dict[str, int] = {}
+        for r in group:
+            systems.setdefault(r["system"], []).append(r["usable"])
+            if not r["usable"]:
+                kind = f"{r['system']}_{r['outcome']}".replace(" ", "_") if suffix else r["outcome"].replace(" ", "_")
+                failures[kind] = failures.get(kind, 0) + 1
+        metrics.update({f"build_success_rate_real{suffix}_{system}": round(sum(oks) / len(oks), 3)
+                        for system, oks in sorted(systems.items())})
+        metrics.update({f"build_failures{suffix}_{kind}": float(n) for kind, n in sorted(failures.items())})
+    return metrics
+
+
+async def real(with_agent: bool, only: list[str], half: str | None, restart: bool) -> None:
+    chosen = chosen_projects(only, half)
+    results = results_file(half)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    if restart:
+        results.unlink(missing_ok=True)
+    slugs = {p.slug for p in chosen}
+    records = [r for r in (json.loads(line) for line in results.read_text().splitlines() if line.strip())
+               if r["slug"] in slugs] if results.is_file() else []
+    done = {r["slug"] for r in records}
+    print(f"{len(done)} of {len(chosen)} projects already recorded in {results}: going on from there", flush=True)
     run_steps(COMPONENT_STEPS["docker"])
     client = docker_client()
-    rows: list[tuple[str, ...]] = []
-    counted: dict[str, list[bool]] = {}
-    failures: dict[str, int] = {}
-    by_agent = 0
-    with tempfile.TemporaryDirectory() as tmp, Progress() as progress:
+    with tempfile.TemporaryDirectory() as tmp, Progress() as progress, results.open("a") as out:
         root = Path(tmp)
         store = SaucerStore(FileBlobStore(root / "blobs"), root / "cache")
-        # --only builds in the order given (what matters first), the whole corpus in its own order.
-        chosen = [p for name in only for p in projects() if p.name == name] if only else projects()
-        task = progress.add_task("building the real corpus", total=len(chosen))
+        task = progress.add_task("building the real corpus", total=len(chosen), completed=len(done))
         for project in chosen:
+            if project.slug in done:
+                continue
             progress.update(task, description=f"{project.ecosystem} {project.name}")
+            record: dict[str, Any] = {"slug": project.slug, "system": project.system, "half": project.half}
             try:
                 source = prepare(project)
             except Exception as e:  # still a project of the corpus: it counts, as not usable
-                rows.append((project.slug, project.system, "rejected", "", "", "", str(e)[:60]))
-                counted.setdefault(project.system, []).append(False)
-                failures["rejected"] = failures.get("rejected", 0) + 1
-                progress.advance(task)
-                continue
-            result = await build_real(project, source, store, client, root / "work",
-                                      AgentConfig() if with_agent else None)
-            event = result.event
-            counted.setdefault(project.system, []).append(result.usable)
-            by_agent += result.usable and event.recipe == "agent"
-            if not result.usable:
-                failures[result.outcome] = failures.get(result.outcome, 0) + 1
-            rows.append((project.slug, event.system or "-", result.outcome,
-                         f"{event.tests.passed}/{event.tests.failed}" if event.tests else "-", str(result.human),
-                         f"{result.seconds:.0f}",
-                         (event.detail or "").strip().splitlines()[-1][:60] if event.detail else ""))
-            progress.console.print(" | ".join(rows[-1]))  # each project as it finishes: a long run can be followed
+                record.update(outcome="rejected", usable=False, by_agent=False, tests="", human=0, seconds=0.0,
+                              detail=str(e)[:60])
+            else:
+                result = await build_real(project, source, store, client, root / "work",
+                                          AgentConfig() if with_agent else None)
+                event = result.event
+                record.update(outcome=result.outcome, usable=result.usable,
+                              by_agent=result.usable and event.recipe == "agent",
+                              tests=f"{event.tests.passed}/{event.tests.failed}" if event.tests else "-",
+                              human=result.human, seconds=round(result.seconds, 1),
+                              detail=(event.detail or "").strip().splitlines()[-1][:60] if event.detail else "")
+            out.write(json.dumps(record) + "\n")
+            out.flush()  # each project as it finishes: an interrupted run goes on from the next one
+            records.append(record)
+            progress.console.print(" | ".join(str(record[k]) for k in ("slug", "system", "half", "outcome",
+                                                                          "tests", "human", "seconds", "detail")))
             progress.advance(task)
-    table = Table("project", "system", "outcome", "passed/failed", "human count", "s", "detail",
+    table = Table("project", "system", "half", "outcome", "passed/failed", "human count", "s", "detail",
                   title="builder on the real corpus")
-    for row in rows:
-        table.add_row(*row)
+    for r in records:
+        table.add_row(*(str(r[k]) for k in ("slug", "system", "half", "outcome", "tests", "human", "seconds",
+                                             "detail")))
     Console(stderr=True, width=200).print(table)
-    every = [ok for oks in counted.values() for ok in oks]
-    total = max(1, len(every))
-    metrics = {"build_success_rate_real": round(sum(every) / total, 3), "build_projects_real": float(len(every)),
-               "build_success_rate_real_rules": round((sum(every) - by_agent) / total, 3),
-               "build_usable_by_agent": float(by_agent)}
-    metrics.update({f"build_success_rate_real_{system}": round(sum(oks) / len(oks), 3)
-                    for system, oks in sorted(counted.items())})
-    metrics.update({f"build_failures_{kind.replace(' ', '_')}": float(n) for kind, n in sorted(failures.items())})
-    report("builder: real repositories from their source artefacts", metrics)
+    report("builder: real repositories from their source artefacts", real_metrics(records))
+
+
+def listing(only: list[str], half: str | None) -> None:
+    """What a run would build, and where its results go (nothing fetched, nothing built)."""
+    chosen = chosen_projects(only, half)
+    for p in chosen:
+        print(f"{p.half:9} {p.system:9} {p.slug:60} {p.test}")
+    print(f"{len(chosen)} projects; results in {results_file(half)}")
 
 
 async def main() -> None:
@@ -223,5 +278,12 @@ if __name__ == "__main__":
     parser.add_argument("--real", action="store_true", help="the real-repository corpus")
     parser.add_argument("--agent", action="store_true", help="with --real: the agent on what the rules cannot build")
     parser.add_argument("--only", nargs="*", default=[], help="with --real: these projects (by name) only")
+    parser.add_argument("--half", choices=("reporting", "tuning"), help="with --real: that half of issue 50's split")
+    parser.add_argument("--restart", action="store_true",
+                        help="with --real: forget the results recorded for this rules version and half")
+    parser.add_argument("--list", action="store_true", help="with --real: list what would be built, build nothing")
     args = parser.parse_args()
-    asyncio.run(real(args.agent, args.only) if args.real else main())
+    if args.real and args.list:
+        listing(args.only, args.half)
+    else:
+        asyncio.run(real(args.agent, args.only, args.half, args.restart) if args.real else main())
