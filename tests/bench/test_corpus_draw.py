@@ -13,8 +13,19 @@ import pytest
 
 from bench.builder import chosen_projects, real_metrics, results_file
 from bench.corpus import Project, projects
-from bench.corpus_draw import (LOG, Candidate, Fetch, cite, debian_list, draw_list, parse_sources, read_log, rust_list,
-                               upstream_version, write_manifest)
+from bench.corpus_draw import (
+    LOG,
+    Candidate,
+    Fetch,
+    cite,
+    debian_list,
+    draw_list,
+    parse_sources,
+    read_log,
+    rust_list,
+    upstream_version,
+    write_manifest,
+)
 from kiln.workers.builder.rules import RULES_VERSION
 
 
@@ -110,14 +121,16 @@ def test_a_list_is_drawn_in_order_skips_are_logged_and_it_stops_and_resumes(tmp_
     # The CI file first; a line that installs the runner is no test command, a templated one neither.
     ("python", {".github/workflows/ci.yml": "steps:\n  - run: pip install pytest pytest-cov\n"
                                             "  - run: pytest ${{ matrix.args }}\n  - run: python -m pytest -q tests\n",
-                "tox.ini": "[testenv]\ncommands = pytest\n"}, "python -m pytest -q tests", ".github/workflows/ci.yml:4"),
+                "tox.ini": "[testenv]\ncommands = pytest\n"},
+     "python -m pytest -q tests", ".github/workflows/ci.yml:4"),
     # tox as tox writes it: {envpython}, {posargs}
     ("python", {"tox.ini": "[tox]\nenvlist = py\n[testenv]\ndeps = pytest\ncommands =\n"
                            "    {envpython} -m pytest {posargs:tests}\n"}, "python -m pytest", "tox.ini:6"),
     ("python", {"noxfile.py": "def tests(session):\n    session.run('pytest', 'tests', '-q')\n"},
      "pytest tests -q", "noxfile.py:2"),
     ("python", {"README.md": "Run the suite:\n\n    $ pytest tests\n"}, "pytest tests", "README.md:3"),
-    ("npm", {"package.json": '{\n  "scripts": {\n    "test": "tape test/*.js"\n  }\n}\n'}, "npm test", "package.json:3"),
+    ("npm", {"package.json": '{\n  "scripts": {\n    "test": "tape test/*.js"\n  }\n}\n'},
+     "npm test", "package.json:3"),
     ("cargo", {"Cargo.toml": "[package]\nname = 'x'\n"}, "cargo test", "Cargo.toml:1"),
     ("go", {"go.mod": "module example.com/x\n", "Makefile": "test:\n\tgo test -race ./...\n"},
      "go test -race ./...", "Makefile:2"),
