@@ -43,22 +43,27 @@ TOP_FILES = {"maven": ("pom.xml",), "gradle": ("build.gradle", "build.gradle.kts
 CI_FILES = (".github/workflows/*.yml", ".github/workflows/*.yaml", ".gitlab-ci.yml", ".travis.yml",
             ".circleci/config.yml", "azure-pipelines.yml", ".cirrus.yml")
 _ARGS = r"[^'\"`\n]*"
-_AT = r"(?<![\w/.@-])"  # a command's first word: not part of a path, an action's name or another word
 _END = r"(?![\w-])"
-STEPS = {  # the test step a cited line runs, per system
-    "python": re.compile(rf"{_AT}(?:python[\d.]* -m )?pytest{_END}{_ARGS}"),
-    "npm": re.compile(rf"{_AT}npm (?:run )?test[\w:-]*"),
-    "cargo": re.compile(rf"{_AT}cargo test{_END}{_ARGS}"),
-    "go": re.compile(rf"{_AT}go test{_END}{_ARGS}"),
-    "maven": re.compile(rf"{_AT}(?:mvn|\./mvnw) {_ARGS}\b(?:test|verify|install|package){_END}{_ARGS}"),
-    "gradle": re.compile(rf"{_AT}(?:gradle|\./gradlew) {_ARGS}\b(?:test|check|build){_END}{_ARGS}"),
-    "cmake": re.compile(rf"{_AT}ctest{_END}{_ARGS}"),
-    "meson": re.compile(rf"{_AT}meson test{_END}{_ARGS}"),
-    "autotools": re.compile(rf"{_AT}make (?:-\S+ )*(check|test){_END}"),
-    "make": re.compile(rf"{_AT}make (?:-\S+ )*(check|tests?){_END}"),
+STEPS = {  # the test step a cited command starts with, per system
+    "python": re.compile(rf"(?:python[\d.]* -m )?pytest{_END}{_ARGS}"),
+    "npm": re.compile(r"npm (?:run )?test[\w:-]*"),
+    "cargo": re.compile(rf"cargo test{_END}{_ARGS}"),
+    "go": re.compile(rf"go test{_END}{_ARGS}"),
+    "maven": re.compile(rf"(?:mvn|\./mvnw) {_ARGS}\b(?:test|verify|install|package){_END}{_ARGS}"),
+    "gradle": re.compile(rf"(?:gradle|\./gradlew) {_ARGS}\b(?:test|check|build){_END}{_ARGS}"),
+    "cmake": re.compile(rf"ctest{_END}{_ARGS}"),
+    "meson": re.compile(rf"meson test{_END}{_ARGS}"),
+    "autotools": re.compile(rf"make (?:-\S+ )*(check|test){_END}"),
+    "make": re.compile(rf"make (?:-\S+ )*(check|tests?){_END}"),
 }
-# A match after these words installs or names a tool, it does not run a test.
-_NOT_RUN = re.compile(r"\b(?:install|add|uses|name|cache|if|echo)\b[^&;|]*$")
+# What stands before a command on its line: a YAML list item or key, a block scalar, a quote, a prompt, make's @.
+_LEAD = re.compile(r"""^(?:-\s+)?(?:(?:run|script|command|cmd|test|test_script)\s*:\s+)?[|>]?\s*["']?(?:\$\s+)?@?""")
+# Wrappers that run the command after them (dropped: the step is what runs the tests).
+_WRAPPERS = re.compile(r"^(?:(?:sudo|time|env|xvfb-run(?: -a)?|poetry run|uv run|pipenv run|pdm run|hatch run|"
+                       r"coverage run -m|[A-Z_][A-Z0-9_]*=\S*)\s+)*")
+# CI workflows that do not test the project itself come last (downstream projects, releases, docs).
+_LATE = re.compile(r"downstream|release|publish|deploy|docs?\b|pages|bench|update|nightly", re.IGNORECASE)
+
 BUILD_FILE_TESTS = {  # the build file's own test target: (file globs, line pattern), per system
     "cargo": (("Cargo.toml",), re.compile(r"^\[package\]")),
     "go": (("Makefile", "go.mod"), re.compile(r"^\s+.*\bgo test\b|^module ")),
@@ -220,7 +225,7 @@ def candidates(system: str, sources: Callable[[], dict[str, str]]) -> list[Candi
 def _lines(root: Path, patterns: Iterable[str]) -> Iterator[tuple[str, int, str]]:
     seen: set[Path] = set()
     for pattern in patterns:
-        for path in sorted(root.glob(pattern), key=lambda p: (len(p.parts), str(p))):
+        for path in sorted(root.glob(pattern), key=lambda p: (bool(_LATE.search(p.name)), len(p.parts), str(p))):
             if path in seen or not path.is_file():
                 continue
             seen.add(path)
@@ -229,14 +234,17 @@ def _lines(root: Path, patterns: Iterable[str]) -> Iterator[tuple[str, int, str]
 
 
 def _step(system: str, line: str) -> str | None:
-    """The test step a line runs, as written (cut at a following command), or None (none, or templated)."""
-    found = next((m for m in STEPS[system].finditer(line) if not _NOT_RUN.search(line[:m.start()])), None)
-    if found is None:
-        return None
-    step = re.split(r"\s+(?:&&|\|\||;|\||#)\s*|\s+[#;]", found.group(0))[0].strip().rstrip("\\").strip()
-    if re.search(r"\$|\{\{|%\w+%|skipTests|=$", step):
-        return None
-    return re.sub(r"^\./mvnw\b", "mvn", re.sub(r"^\./gradlew\b", "gradle", step))
+    """The test step a line runs as a command (at its start, after ``&&``/``;``, or in backquotes), cut at a
+    following command; None where it runs none, or only a templated one."""
+    for segment in [*re.split(r"\s*(?:&&|\|\||;|\bthen\b|\bdo\b)\s*", line), *re.findall(r"`([^`]+)`", line)]:
+        found = STEPS[system].match(_WRAPPERS.sub("", _LEAD.sub("", segment.strip())))
+        if found is None:
+            continue
+        step = re.split(r"\s+[|#]\s*", found.group(0))[0].strip().rstrip("\\").strip()
+        if re.search(r"\$|\{|%\w+%|skipTests|=$", step):
+            continue
+        return re.sub(r"^\./mvnw\b", "mvn", re.sub(r"^\./gradlew\b", "gradle", step))
+    return None
 
 
 def _command(system: str, step: str, root: Path) -> str:
@@ -254,36 +262,50 @@ def _command(system: str, step: str, root: Path) -> str:
     return step
 
 
-def _tox(root: Path) -> Citation | None:
-    in_commands = False
+def _substituted(text: str) -> str:
+    """tox's and hatch's substitutions as a run without arguments makes them."""
+    text = text.replace("{envpython}", "python").replace("{toxinidir}", ".").replace("{/}", "/")
+    return re.sub(r"\{(?:posargs|args)(?::([^}]*))?\}", lambda m: m.group(1) or "", text).strip()
+
+
+def _python(root: Path) -> Citation | None:
+    """tox.ini's test commands (continued lines joined), a noxfile's ``session.run``, the build files' test
+    scripts (a Makefile's recipes, pyproject.toml's script tables), in that order."""
+    in_commands, held = False, ""
     for file, number, line in _lines(root, ("tox.ini",)):
         if re.match(r"^\s*commands\s*=", line):
-            in_commands = True
+            in_commands, line = True, line.split("=", 1)[1]
         elif re.match(r"^\S", line):
             in_commands = False
         if in_commands:
-            text = re.sub(r"\{envpython\}", "python", line.split("=", 1)[-1] if "commands" in line else line)
-            text = re.sub(r"\{posargs[^}]*\}|\{toxinidir\}/?", "", text).strip()
-            step = _step("python", text) if "{" not in text else None
+            if line.rstrip().endswith("\\"):
+                held += line.rstrip()[:-1] + " "
+                continue
+            step = _step("python", _substituted(held + line))
+            held = ""
             if step:
-                return Citation(step.strip(), f"{file}:{number}")
+                return Citation(step, f"{file}:{number}")
     for file, number, line in _lines(root, ("noxfile.py",)):
-        found = re.search(r"session\.run\(\s*((?:['\"][^'\"]*['\"]\s*,?\s*)+)\)", line)
-        if found:
-            words = re.findall(r"['\"]([^'\"]*)['\"]", found.group(1))
-            if words[:1] == ["pytest"] or words[:3] == ["python", "-m", "pytest"]:
-                return Citation(" ".join(words), f"{file}:{number}")
+        found = re.search(r"session\.run\(\s*((?:['\"][^'\"]*['\"]\s*,?\s*)+)", line)
+        words = re.findall(r"['\"]([^'\"]*)['\"]", found.group(1)) if found else []
+        if words[:1] == ["pytest"] or words[:3] == ["python", "-m", "pytest"]:
+            return Citation(" ".join(words), f"{file}:{number}")
+    for file, number, line in _lines(root, ("Makefile", "pyproject.toml")):
+        for text in (line, *re.findall(r"=\s*['\"]([^'\"]+)['\"]", line)):
+            step = _step("python", _substituted(text)) if (file != "Makefile" or line.startswith("\t")) else None
+            if step:
+                return Citation(step, f"{file}:{number}")
     return None
 
 
 def cite(root: Path, system: str) -> Citation | None:
     """Rule 3: the project's test command and where it is written, in the rule's order of preference — the CI
-    file, tox.ini/noxfile, ``scripts.test``, the build file's test target, the README."""
+    file, tox.ini/noxfile, ``scripts.test``, the build file's test target, the README (a line that runs it)."""
     for file, number, line in _lines(root, CI_FILES):
         step = _step(system, line)
         if step:
             return Citation(_command(system, step, root), f"{file}:{number}")
-    if system == "python" and (found := _tox(root)):
+    if system == "python" and (found := _python(root)):
         return found
     if system == "npm":
         for file, number, line in _lines(root, ("package.json",)):

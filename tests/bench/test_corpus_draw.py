@@ -123,9 +123,15 @@ def test_a_list_is_drawn_in_order_skips_are_logged_and_it_stops_and_resumes(tmp_
                                             "  - run: pytest ${{ matrix.args }}\n  - run: python -m pytest -q tests\n",
                 "tox.ini": "[testenv]\ncommands = pytest\n"},
      "python -m pytest -q tests", ".github/workflows/ci.yml:4"),
-    # tox as tox writes it: {envpython}, {posargs}
+    # tox as tox runs it with no arguments: {envpython}, {posargs:default}, {toxinidir}, {/}, continued lines
     ("python", {"tox.ini": "[tox]\nenvlist = py\n[testenv]\ndeps = pytest\ncommands =\n"
-                           "    {envpython} -m pytest {posargs:tests}\n"}, "python -m pytest", "tox.ini:6"),
+                           "    {envpython} -m pytest \\\n      {posargs:{toxinidir}{/}tests}\n"},
+     "python -m pytest ./tests", "tox.ini:7"),
+    # A CI line that only names the runner, and a README sentence, are no commands.
+    ("python", {".github/workflows/bot.yml": "    author: pytest bot <bot@example.org>\n",
+                "README.rst": "Run pytest benchmarks with care.\nThen run ``pytest -q`` from the top.\n"},
+     "pytest -q", "README.rst:2"),
+    ("python", {"Makefile": "test:\n\tcoverage run -m pytest tests\n"}, "pytest tests", "Makefile:2"),
     ("python", {"noxfile.py": "def tests(session):\n    session.run('pytest', 'tests', '-q')\n"},
      "pytest tests -q", "noxfile.py:2"),
     ("python", {"README.md": "Run the suite:\n\n    $ pytest tests\n"}, "pytest tests", "README.md:3"),
