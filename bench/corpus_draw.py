@@ -45,7 +45,7 @@ CI_FILES = (".github/workflows/*.yml", ".github/workflows/*.yaml", ".gitlab-ci.y
 _ARGS = r"[^'\"`\n]*"
 _END = r"(?![\w-])"
 STEPS = {  # the test step a cited command starts with, per system
-    "python": re.compile(rf"(?:python[\d.]* -m )?pytest{_END}{_ARGS}"),
+    "python": re.compile(rf"(?:python[\d.]* -m )?pytest{_END}(?!\s*[<>=!~;\[]){_ARGS}"),  # not a requirement
     "npm": re.compile(r"npm (?:run )?test[\w:-]*"),
     "cargo": re.compile(rf"cargo test{_END}{_ARGS}"),
     "go": re.compile(rf"go test{_END}{_ARGS}"),
@@ -265,19 +265,28 @@ def _command(system: str, step: str, root: Path) -> str:
 def _substituted(text: str) -> str:
     """tox's and hatch's substitutions as a run without arguments makes them."""
     text = text.replace("{envpython}", "python").replace("{toxinidir}", ".").replace("{/}", "/")
+    text = re.sub(r"\{env:[^:}]*:([^{}]*)\}", r"\1", text)
     return re.sub(r"\{(?:posargs|args)(?::([^}]*))?\}", lambda m: m.group(1) or "", text).strip()
 
 
+_TEST_ENV = re.compile(r"^\[testenv(?::(?:py[\w.-]*|tests?|unit\w*))?\]")
+_TEST_TARGET = re.compile(r"^(?:tests?|check|unit|unittests?)\s*:(?!=)")
+
+
 def _python(root: Path) -> Citation | None:
-    """tox.ini's test commands (continued lines joined), a noxfile's ``session.run``, the build files' test
-    scripts (a Makefile's recipes, pyproject.toml's script tables), in that order."""
-    in_commands, held = False, ""
+    """The commands of tox.ini's test environment (``[testenv]``, ``[testenv:py*]``, ``[testenv:test]``;
+    continued lines joined), a noxfile's ``session.run``, the build files' test scripts (a Makefile's test target,
+    pyproject.toml's script tables), in that order."""
+    section, in_commands, held = "", False, ""
     for file, number, line in _lines(root, ("tox.ini",)):
+        if line.startswith("["):
+            section, in_commands = line.strip(), False
+            continue
         if re.match(r"^\s*commands\s*=", line):
             in_commands, line = True, line.split("=", 1)[1]
         elif re.match(r"^\S", line):
             in_commands = False
-        if in_commands:
+        if in_commands and _TEST_ENV.match(section):
             if line.rstrip().endswith("\\"):
                 held += line.rstrip()[:-1] + " "
                 continue
@@ -290,11 +299,15 @@ def _python(root: Path) -> Citation | None:
         words = re.findall(r"['\"]([^'\"]*)['\"]", found.group(1)) if found else []
         if words[:1] == ["pytest"] or words[:3] == ["python", "-m", "pytest"]:
             return Citation(" ".join(words), f"{file}:{number}")
-    for file, number, line in _lines(root, ("Makefile", "pyproject.toml")):
-        for text in (line, *re.findall(r"=\s*['\"]([^'\"]+)['\"]", line)):
-            step = _step("python", _substituted(text)) if (file != "Makefile" or line.startswith("\t")) else None
-            if step:
-                return Citation(step, f"{file}:{number}")
+    target = ""
+    for file, number, line in _lines(root, ("Makefile",)):
+        target = line if re.match(r"^[^\s#][^=]*:(?!=)", line) else target
+        if line.startswith("\t") and _TEST_TARGET.match(target) and (step := _step("python", line)):
+            return Citation(step, f"{file}:{number}")
+    for file, number, line in _lines(root, ("pyproject.toml",)):
+        script = re.match(r"^\s*[\w\"'.-]*tests?[\w\"'.-]*\s*=\s*['\"]([^'\"]+)['\"]", line)
+        if script and (step := _step("python", _substituted(script.group(1)))):
+            return Citation(step, f"{file}:{number}")
     return None
 
 

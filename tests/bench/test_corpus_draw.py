@@ -131,7 +131,14 @@ def test_a_list_is_drawn_in_order_skips_are_logged_and_it_stops_and_resumes(tmp_
     ("python", {".github/workflows/bot.yml": "    author: pytest bot <bot@example.org>\n",
                 "README.rst": "Run pytest benchmarks with care.\nThen run ``pytest -q`` from the top.\n"},
      "pytest -q", "README.rst:2"),
-    ("python", {"Makefile": "test:\n\tcoverage run -m pytest tests\n"}, "pytest tests", "Makefile:2"),
+    # A Makefile's test target, a pyproject script table; not a dependency list nor another tox environment.
+    ("python", {"Makefile": "lint:\n\tpytest --lint\ntest:\n\tcoverage run -m pytest tests\n",
+                "tox.ini": "[testenv:docs]\ncommands = pytest docs\n",
+                "pyproject.toml": '[project.optional-dependencies]\ntest = [\n  "pytest>=8",\n]\n'},
+     "pytest tests", "Makefile:4"),
+    ("python", {"pyproject.toml": '[dependency-groups]\ndev = ["pytest>=8"]\n[tool.hatch.envs.test.scripts]\n'
+                                  'test = "pytest {args:tests}"\n'}, "pytest tests", "pyproject.toml:4"),
+    ("python", {"tox.ini": "[testenv]\ncommands = {env:COV:} pytest {posargs:{env:ARGS:}}\n"}, "pytest", "tox.ini:2"),
     ("python", {"noxfile.py": "def tests(session):\n    session.run('pytest', 'tests', '-q')\n"},
      "pytest tests -q", "noxfile.py:2"),
     ("python", {"README.md": "Run the suite:\n\n    $ pytest tests\n"}, "pytest tests", "README.md:3"),
