@@ -288,9 +288,9 @@ def _python(root: Path) -> Citation | None:
             in_commands = False
         if in_commands and _TEST_ENV.match(section):
             if line.rstrip().endswith("\\"):
-                held += line.rstrip()[:-1] + " "
+                held += line.strip()[:-1].strip() + " "
                 continue
-            step = _step("python", _substituted(held + line))
+            step = _step("python", _substituted(held + line.strip()))
             held = ""
             if step:
                 return Citation(step, f"{file}:{number}")
