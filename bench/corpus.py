@@ -79,7 +79,7 @@ def _untar_single(archive: Path, into: Path) -> None:
         shutil.copytree(tops[0] if len(tops) == 1 and tops[0].is_dir() else Path(tmp), into, symlinks=True)
 
 
-def _apt_dir(work: Path) -> list[str]:
+def apt_dir(work: Path) -> list[str]:
     """apt options for a private source-package index built from the machine's own Debian sources."""
     conf = work / "apt"
     if not (conf / "lists").is_dir():
@@ -95,7 +95,7 @@ def _apt_dir(work: Path) -> list[str]:
 
 def _debian_orig(project: Project, download: Path, work: Path) -> None:
     """The source package's main upstream tarball (``*.orig.tar.*``, no ``.orig-<component>``), as apt lists it."""
-    done = subprocess.run(["apt-get", "-q", *_apt_dir(work), "source", "--print-uris",
+    done = subprocess.run(["apt-get", "-q", *apt_dir(work), "source", "--print-uris",
                            f"{project.name}={project.version}"], capture_output=True, text=True, timeout=300)
     found = re.search(r"^'(\S+)' (\S+\.orig\.tar\.\w+) \d+ SHA256:([0-9a-f]{64})$", done.stdout, re.MULTILINE)
     if found is None:
@@ -139,7 +139,7 @@ def fetch_sources(project: Project, into: Path, work: Path) -> None:
         _untar_single(next(download.glob("*.tgz")), into)
     elif project.ecosystem == "debian":
         try:
-            _run("apt-get", "-q", *_apt_dir(work), "source", f"{project.name}={project.version}", cwd=download)
+            _run("apt-get", "-q", *apt_dir(work), "source", f"{project.name}={project.version}", cwd=download)
         except RuntimeError:
             # The mirror may serve a package's upstream tarball without its Debian packaging (or its extra
             # components): the upstream tarball alone is the project's source, checked against the index's SHA256.

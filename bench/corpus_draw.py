@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench.corpus import CACHE, MANIFEST, Project, _apt_dir, carries_tests, fetch_sources, half_of, projects
+from bench.corpus import CACHE, MANIFEST, Project, apt_dir, carries_tests, fetch_sources, half_of, projects
 
 LOG = MANIFEST.parent / "draw-log.tsv"
 PACKAGES = Path("/work/.library/env/packages")
@@ -142,7 +142,7 @@ def parse_sources(text: str) -> dict[str, str]:
 
 
 def debian_sources(work: Path = CACHE / "downloads") -> dict[str, str]:
-    lists = Path(_apt_dir(work)[-1].split("=", 1)[1])
+    lists = Path(apt_dir(work)[-1].split("=", 1)[1])
     index = next(lists.glob("*_debian_dists_bookworm_main_source_Sources*"))
     text = subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", str(index)], capture_output=True, text=True,
                           check=True).stdout
