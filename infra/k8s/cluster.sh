@@ -286,7 +286,8 @@ bridge() {
 }
 
 control_plane() {
-  installed || die "not installed: run '$0 install' first"
+  has_version kube-apiserver "$K8S_VERSION" && has_version kubectl "$K8S_VERSION" && command -v etcd >/dev/null \
+    && [[ -f $CACHE/keda-$KEDA_VERSION/crds/.complete ]] || die "not installed: run '$0 install' first"
   mkdir -p "$RUN" "$LOGS"
   bridge
   pki
@@ -358,6 +359,7 @@ node_ready() { [[ $(kubectl_ get node "$NODE_NAME" -o 'jsonpath={.status.conditi
 
 up() {
   local began=$SECONDS
+  installed || die "not installed: run '$0 install' first"
   control_plane
   start kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig "$RUN/controller-manager.kubeconfig" \
     --authentication-kubeconfig "$RUN/controller-manager.kubeconfig" \
