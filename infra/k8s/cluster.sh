@@ -20,6 +20,7 @@
 #                             cluster's state wiped (etcd, kubelet); binaries, images and certificates are kept
 #   cluster.sh status         each process, the node, the add-ons
 #   cluster.sh kubectl ARGS…  kubectl against this cluster
+#   cluster.sh push LOCAL REMOTE  a Docker-engine image pushed through containerd to a plain-HTTP registry
 #   cluster.sh env            KUBECONFIG=…, the host's address on the pods' bridge, the CIDRs (shell assignments)
 # Env: KILN_K8S_API_PORT (6443), KILN_K8S_ETCD_PORT (2379; its peer port +1), KILN_K8S_POD_CIDR (10.244.0.0/16;
 #      the node gets its first /24, the host is .1 of it on the bridge kiln-k8s0: where pods reach Kafka, S3 and the
@@ -534,6 +535,19 @@ images() {
   done < <(image_refs)
 }
 
+# push LOCAL REMOTE: an image of the Docker engine (imported into containerd if it is not there) pushed to a plain-HTTP
+# registry (KILN_K8S_PUSH_USER / _PASSWORD), e.g. the session image exec pods' engines pull: the engine of this
+# machine is not told to trust that registry, containerd's client needs no such setting.
+push() {
+  local local_ref=$1 remote=$2
+  containerd_ready || containerd_up
+  in_containerd "$local_ref" || import_image "$local_ref"
+  ctr_ images tag --force "docker.io/$local_ref" "$remote" >/dev/null
+  ctr_ images push --plain-http ${KILN_K8S_PUSH_USER:+--user "$KILN_K8S_PUSH_USER:${KILN_K8S_PUSH_PASSWORD:-}"} \
+    "$remote" >/dev/null
+  log "pushed $local_ref as $remote"
+}
+
 missing_images() {
   local line missing=()
   while IFS= read -r line; do in_containerd "${line#*=}" || missing+=("${line#*=}"); done < <(image_refs | head -5)
@@ -602,7 +616,8 @@ case "${1:-}" in
   down) down ;;
   status) status ;;
   kubectl) shift; kubectl_ "$@" ;;
+  push) [[ $# == 3 ]] || die "usage: $0 push LOCAL_REF REMOTE_REF"; push "$2" "$3" ;;
   env) print_env ;;
   versions) versions ;;
-  *) echo "usage: $0 install|versions|images|control-plane|up|down|status|kubectl ARGS…|env" >&2; exit 2 ;;
+  *) echo "usage: $0 install|versions|images|control-plane|up|down|status|kubectl ARGS…|push LOCAL REMOTE|env" >&2; exit 2 ;;
 esac
