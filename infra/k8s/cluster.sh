@@ -385,7 +385,6 @@ authorization: {mode: Webhook}
 clusterDomain: cluster.local
 clusterDNS: ["$DNS_SERVICE_IP"]
 cgroupDriver: cgroupfs
-cgroupRoot: /kiln-k8s
 containerRuntimeEndpoint: "unix://$CONTAINERD_SOCK"
 resolvConf: "$RUN/resolv.conf"
 failSwapOn: false
@@ -455,8 +454,9 @@ patches:
 EOF
   kubectl_ apply -k "$ms" >/dev/null
   kubectl_ apply --server-side --force-conflicts -k "$keda" >/dev/null
-  kubectl_ -n kube-system rollout status deploy/coredns deploy/metrics-server --timeout 300s >&2
-  kubectl_ -n keda rollout status deploy/keda-operator deploy/keda-operator-metrics-apiserver --timeout 300s >&2
+  kubectl_ -n kube-system wait --for=condition=Available deploy/coredns deploy/metrics-server --timeout 300s >&2
+  kubectl_ -n keda wait --for=condition=Available deploy/keda-operator deploy/keda-operator-metrics-apiserver \
+    --timeout 300s >&2
   wait_for "metrics API" 180 kubectl_ top node
   wait_for "external metrics API" 180 kubectl_ get --raw /apis/external.metrics.k8s.io/v1beta1
 }
@@ -501,14 +501,15 @@ build_image() {
     pause) binary_image "$ref" pause 65535 ;;
     coredns|metrics-server|keda|keda-adapter) binary_image "$ref" "$what" 65534 ;;
     engine)
-      "$INFRA_DIR/docker/docker.sh" base >/dev/null
+      "$DOCKER" image inspect kiln/base:latest >/dev/null 2>&1 || "$INFRA_DIR/docker/docker.sh" base >/dev/null
       local ctx; ctx=$(mktemp -d "$KILN_CACHE/k8s-engine.XXXX")
       cp "$HERE/engine-$ENGINE_MODE.Dockerfile" "$ctx/Dockerfile" && cp "$HERE/engine-entrypoint.sh" "$ctx/"
       "$DOCKER" build --network host --build-arg BASE_IMAGE=kiln/base:latest -t "$ref" "$ctx" >"$ctx.log" 2>&1 \
         || { tail -30 "$ctx.log" >&2; rm -rf "$ctx"; die "building $ref failed"; }
       rm -rf "$ctx" "$ctx.log" ;;
     worker)
-      "$INFRA_DIR/docker/docker.sh" images >/dev/null
+      "$DOCKER" image inspect kiln/base:latest kiln/toolchain:latest >/dev/null 2>&1 \
+        || "$INFRA_DIR/docker/docker.sh" images >/dev/null
       local log="$KILN_CACHE/k8s-worker-build.log" root="$INFRA_DIR/.."
       "$DOCKER" build --network host --build-arg BASE_IMAGE=kiln/base:latest \
         --build-arg TOOLCHAIN_IMAGE=kiln/toolchain:latest -f "$root/infra/docker/worker.Dockerfile" \
@@ -548,9 +549,14 @@ push() {
   log "pushed $local_ref as $remote"
 }
 
+# missing_images: the add-ons' images (kiln's own are the render's to name) must be in containerd before `up` applies.
 missing_images() {
-  local line missing=()
-  while IFS= read -r line; do in_containerd "${line#*=}" || missing+=("${line#*=}"); done < <(image_refs | head -5)
+  local ref missing=()
+  for ref in "kiln/k8s-pause:$K8S_VERSION" "kiln/k8s-coredns:$COREDNS_VERSION" \
+             "kiln/k8s-metrics-server:$METRICS_SERVER_VERSION" "kiln/k8s-keda:$KEDA_VERSION" \
+             "kiln/k8s-keda-adapter:$KEDA_VERSION"; do
+    in_containerd "$ref" || missing+=("$ref")
+  done
   ((${#missing[@]} == 0)) || die "images not in the cluster's containerd: ${missing[*]} (run '$0 images')"
 }
 

@@ -130,8 +130,11 @@ def _scaled_object(stage: str, sv: StageValues, values: Values) -> Manifest:
         "maxReplicaCount": sv.max_workers, "pollingInterval": values.polling_interval_s,
         "triggers": [{"type": "metrics-api", "metricType": "AverageValue",
                       "metadata": {"url": url, "valueLocation": "desired", "targetValue": "1"}},
+                     # The worker's CPU alone: the engine sidecar requests none (its sandboxes have their
+                     # own limits), and a pod's utilization with an unrequested container is undefined -- the HPA
+                     # then never scales down.
                      {"type": "cpu", "metricType": "Utilization",
-                      "metadata": {"value": str(values.cpu_target_percent)}}]}
+                      "metadata": {"value": str(values.cpu_target_percent), "containerName": "worker"}}]}
     if values.scale_down_window_s is not None:
         spec["advanced"] = {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {
             "stabilizationWindowSeconds": values.scale_down_window_s}}}}
