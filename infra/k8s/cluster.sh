@@ -410,7 +410,9 @@ clusterCIDR: "$POD_CIDR"
 hostnameOverride: $NODE_NAME
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
-conntrack: {maxPerCore: 0}
+# Host-wide settings stay as they are: no conntrack table size or timeouts, no route_localnet for localhost NodePorts.
+conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+iptables: {localhostNodePorts: false}
 EOF
   start kube-proxy "$BIN/kube-proxy" --config "$RUN/kube-proxy.yaml"
   wait_for "node $NODE_NAME Ready" 180 node_ready
