@@ -7,12 +7,16 @@ apply`` with values that shrink the pods' requests to fit 2 CPUs. Then, each pha
   jobs submitted around the deletion are all answered (``k8s_replay_s``, ``k8s_lost_jobs``).
 - ``limits``: an exec sandbox started by an exec pod's engine sidecar, with a memory bomb, a (bounded) fork bomb and
   a CPU spinner against its --memory, --pids-limit and --cpus (``k8s_sandbox_*``: 1 enforced, 0 not).
+- ``chain``: a repository served by ``git daemon`` on the bridge ingested (Saucer), built into an image (build pod,
+  its engine sidecar, pushed to the registry), its tests run in an exec session on that image, and patches scored
+  through the verify stage (the demo's calc repository and candidate patches).
 - ``scale``: a queue on the exec stage; KEDA (through the autoscaler's /keda/exec) raises its Ready replicas from 1
   to ``--scale-to`` and, once the queue drained, brings them back (``k8s_scale_up_s``, ``k8s_scale_down_s``).
 
-    python -m bench.k8s [--phases up,apply,jobs,replay,limits,scale] [--down]
+    python -m bench.k8s [--phases up,apply,jobs,replay,limits,chain,scale] [--down]
 
-Ports: Kafka 59092 (pods reach its NODES listener at <bridge>:59095), S3 59570, registry 59500 (on the bridge).
+Ports: Kafka 59092 (pods reach its NODES listener at <bridge>:59095), S3 59570, registry 59500, git daemon 59600 (on
+the bridge).
 """
 
 from __future__ import annotations
@@ -31,23 +35,28 @@ from typing import Any
 import yaml
 
 from bench.common import console, report
+from kiln.integrations.demo.story import CANDIDATES, NAME, DemoSettings, Story
+from kiln.schemas.builder import BuildRequest
 from kiln.schemas.builtin import EchoRequest, SleepRequest
 from kiln.schemas.envelope import new_request_id
 from kiln.schemas.exec import SessionLimits
+from kiln.schemas.ingest import IngestRequest
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.client import KilnClient
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import stage_specs
+from kiln.workers.builder.client import BuilderClient
 from kiln.workers.exec.client import ExecClient
+from kiln.workers.ingest.client import SaucerClient
 from kiln.workers.lean.client import LeanClient
 from kiln.workers.verify.client import VerifyClient
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = ROOT / "infra"
 CLUSTER = INFRA / "k8s" / "cluster.sh"
-KAFKA_PORT, S3_PORT, REGISTRY_PORT = 59092, 59570, 59500
+KAFKA_PORT, S3_PORT, REGISTRY_PORT, GIT_PORT = 59092, 59570, 59500, 59600
 NS = "kiln"
-PHASES = ("up", "apply", "jobs", "replay", "limits", "scale")
+PHASES = ("up", "apply", "jobs", "replay", "limits", "chain", "scale")
 
 
 def sh(*args: str, env: dict[str, str] | None = None, stdin: str | None = None, timeout: float = 900) -> str:
@@ -91,9 +100,14 @@ def smoke_values(host: str, refs: dict[str, str], env: dict[str, str], scale_to:
     stages["sleep"].update(min_workers=2, max_workers=2, env={"KILN_SLEEP_JOURNAL": "/dev/stdout"})
     stages["exec"].update(max_workers=scale_to, env={
         "KILN_EXEC_WARM": "0", "KILN_EXEC_REGISTRY": registry,
-        "KILN_EXEC_IMAGE_PREFIXES": json.dumps(["kiln/", f"{registry}/kiln/"]),
+        "KILN_EXEC_IMAGE_PREFIXES": json.dumps(["kiln/", f"{registry}/"]),
         "KILN_EXEC_REGISTRY_USER": env.get("KILN_BUILD_REGISTRY_USER", "kiln"),
         "KILN_EXEC_REGISTRY_PASSWORD": env.get("KILN_BUILD_REGISTRY_PASSWORD", "")})
+    stages["ingest"].update(env={"KILN_INGEST_ALLOW_HOSTS": json.dumps([host])})
+    stages["build"].update(env={"KILN_BUILD_REGISTRY": registry,
+                                "KILN_BUILD_BASE_IMAGE": f"{registry}/kiln/base:latest",
+                                "KILN_BUILD_REGISTRY_USER": env.get("KILN_BUILD_REGISTRY_USER", "kiln"),
+                                "KILN_BUILD_REGISTRY_PASSWORD": env.get("KILN_BUILD_REGISTRY_PASSWORD", "")})
     stages["lean"].update(env={"KILN_LEAN_REPL": "/usr/bin/python3 /opt/kiln/fakes/lean_repl.py",
                                "KILN_LEAN_SANDBOX_READONLY": json.dumps(["/opt/kiln/fakes"])})
     return {"namespace": NS, "image": refs["worker"], "engine_image": refs["engine"],
@@ -196,7 +210,11 @@ async def replay(settings: KilnSettings, metrics: dict[str, float], notes: dict[
         metrics["k8s_lost_jobs"] = float(21 - answered)
 
 
-MEMORY_BOMB = "python3 -c \"b = bytearray(512 << 20); print('allocated 512 MiB')\""
+# Bounded bombs (this machine is shared): 512 MiB in 16 MiB steps, each step printed; at most 200 processes.
+MEMORY_BOMB = ("python3 -c \"chunks = []\nfor i in range(32):\n    chunks.append(bytearray(16 << 20))\n"
+               "    print((i + 1) * 16, flush=True)\"")
+CGROUP_PROBE = ("cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max "
+                "/sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/memory.max /sys/fs/cgroup/pids.max 2>&1")
 FORK_BOMB = ("python3 -c \"import os, time\nn = 0\ntry:\n    for _ in range(200):\n        if os.fork() == 0:\n"
              "            time.sleep(3); os._exit(0)\n        n += 1\nexcept OSError as e:\n    print('refused', e)\n"
              "print('forked', n)\"")
@@ -206,11 +224,15 @@ SPIN = "python3 -c \"import time\nt = time.time()\nwhile time.time() - t < 3: pa
 async def limits(settings: KilnSettings, session_image: str, metrics: dict[str, float], notes: dict[str, str]) -> None:
     async with KilnClient(settings, "k8s-bench-limits") as kiln:
         client = ExecClient(kiln)
+        probe = await client.run_once(session_image, CGROUP_PROBE,
+                                      limits=SessionLimits(memory_mb=64, pids=32, cpus=0.25), timeout_s=30)
         memory = await client.run_once(session_image, MEMORY_BOMB, limits=SessionLimits(memory_mb=64), timeout_s=30)
         forks = await client.run_once(session_image, FORK_BOMB, limits=SessionLimits(pids=32), timeout_s=30)
         spin = await client.run_once(session_image, SPIN, limits=SessionLimits(cpus=0.25), timeout_s=30)
     mem_out, fork_out = memory.output, forks.output
-    metrics["k8s_sandbox_memory_enforced"] = float(mem_out is not None and "allocated" not in mem_out.stdout)
+    reached = max((int(line) for line in (mem_out.stdout if mem_out else "").split() if line.isdigit()), default=0)
+    metrics["k8s_sandbox_memory_reached_mib"] = float(reached)
+    metrics["k8s_sandbox_memory_enforced"] = float(mem_out is not None and reached < 96)
     forked = next((int(w.split()[1]) for w in (fork_out.stdout if fork_out else "").splitlines()
                    if w.startswith("forked")), -1)
     metrics["k8s_sandbox_pids_forked"] = float(forked)
@@ -219,8 +241,55 @@ async def limits(settings: KilnSettings, session_image: str, metrics: dict[str, 
     share = step.cpu_s / step.duration_s if step and step.duration_s else float("nan")
     metrics["k8s_sandbox_cpu_share"] = share
     metrics["k8s_sandbox_cpu_enforced"] = float(share < 0.4)
+    notes["cgroup files in the sandbox"] = " ".join((probe.output.stdout if probe.output else "").split())[:300]
     notes["memory bomb"] = str(mem_out)[:200]
     notes["fork bomb"] = str(fork_out)[:200]
+
+
+async def chain(settings: KilnSettings, host: str, metrics: dict[str, float], notes: dict[str, str]) -> None:
+    story = Story(settings, DemoSettings(), console)  # the demo's repository, checkout and candidate patches
+    story.work = Path(os.environ.get("TMPDIR", "/tmp")) / "kiln-k8s-chain"
+    checkout = story._checkout()
+    patches = [story._patch(checkout, c) for c in CANDIDATES]
+    daemon = await asyncio.create_subprocess_exec(
+        "git", "daemon", "--reuseaddr", "--export-all", f"--listen={host}", f"--port={GIT_PORT}",
+        f"--base-path={story.work}", str(story.work), stderr=subprocess.DEVNULL)
+    steps: list[tuple[str, float]] = []
+    try:
+        async with KilnClient(settings, "k8s-bench-chain") as kiln:
+            began = time.monotonic()
+            ingested = await SaucerClient(kiln).ingest_repository(
+                IngestRequest(name=NAME, location=f"git://{host}:{GIT_PORT}/calc"))
+            steps.append(("ingest", time.monotonic() - began))
+            notes["chain ingest"] = f"{ingested.status}: {ingested.commits} commits, refs {sorted(ingested.refs)}"
+            began = time.monotonic()
+            built = await BuilderClient(kiln).build(BuildRequest(repository=NAME))
+            steps.append(("build", time.monotonic() - began))
+            notes["chain build"] = f"usable={built.usable} image={built.image} {built.failure}: {built.detail}"[:300]
+            if built.image is None:
+                return
+            began = time.monotonic()
+            execs = ExecClient(kiln)
+            session = await execs.open_session(built.image, repository=NAME)
+            try:
+                ran = await execs.run_tests(session)
+            finally:
+                await execs.close_session(session)
+            steps.append(("exec", time.monotonic() - began))
+            tests = ran.tests
+            notes["chain exec"] = f"tests passed {tests and tests.passed} failed {tests and tests.failed}"
+            began = time.monotonic()
+            task = RolloutTask(task_id="calc-mul", prompt="Fix calc.mul.", verifier="tests",
+                               check={"image": built.image})
+            verdicts = await VerifyClient(kiln).verify(task, patches)
+            steps.append(("verify", time.monotonic() - began))
+            notes["chain verify"] = ", ".join(f"{c.label}: {v.reward:.2f}" for c, v in
+                                              zip(CANDIDATES, verdicts, strict=True))[:300]
+    finally:
+        daemon.terminate()
+        await daemon.wait()
+        for name, seconds in steps:
+            metrics[f"k8s_chain_{name}_s"] = seconds
 
 
 async def scale(settings: KilnSettings, session_image: str, scale_to: int, metrics: dict[str, float],
@@ -229,7 +298,7 @@ async def scale(settings: KilnSettings, session_image: str, scale_to: int, metri
     async with KilnClient(settings, "k8s-bench-scale") as kiln:
         client = ExecClient(kiln)
         began = time.monotonic()
-        queue = [asyncio.ensure_future(client.run_once(session_image, "sleep 6", timeout_s=60)) for _ in range(60)]
+        queue = [asyncio.ensure_future(client.run_once(session_image, "sleep 5", timeout_s=60)) for _ in range(45)]
         try:
             metrics["k8s_scale_up_s"] = await wait_until(
                 f"exec at {scale_to} Ready replicas", lambda: ready_replicas("kiln-worker-exec") >= scale_to, 900)
@@ -289,6 +358,7 @@ def main() -> None:
             "jobs": lambda: jobs(settings, session_image, metrics, notes),
             "replay": lambda: replay(settings, metrics, notes),
             "limits": lambda: limits(settings, session_image, metrics, notes),
+            "chain": lambda: chain(settings, host, metrics, notes),
             "scale": lambda: scale(settings, session_image, args.scale_to, metrics, notes)}
         for name, phase in runs.items():
             if name in phases:

@@ -597,6 +597,7 @@ down() {
   while IFS= read -r mount; do umount -l "$mount" 2>/dev/null || true; done \
     < <(findmnt -rn -o TARGET | grep -E "^($RUN/|$CONTAINERD_STATE/)" | sort -r)
   rm -rf --one-file-system "$RUN/etcd" "$RUN/kubelet" "$CONTAINERD_STATE"
+  rm -rf /var/log/pods/{kiln,keda,kube-system}_* /var/log/containers/*_{kiln,keda,kube-system}_*  # the kubelet's logs
   ip link delete "$BRIDGE" 2>/dev/null || true
   log "cluster down (binaries, images and certificates kept)"
 }
