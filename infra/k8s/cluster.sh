@@ -12,6 +12,7 @@
 #                             pause image, CoreDNS, metrics-server, KEDA's two, the engine sidecar (KILN_K8S_ENGINE:
 #                             rootful, default, or rootless) and kiln's worker image (+ bubblewrap and the fake Lean
 #                             REPL, which says it is one); skipped when containerd has the tag. Prints name=ref lines.
+#   cluster.sh refs           the name=ref lines `images` would print, without building or importing
 #   cluster.sh control-plane  etcd + kube-apiserver (+ KEDA's CRDs): enough for `kubectl apply --dry-run=server`
 #   cluster.sh up             the control plane, controller manager, scheduler, containerd, kubelet, kube-proxy,
 #                             then CoreDNS, metrics-server and KEDA; waits until the node is Ready and each is
@@ -466,9 +467,11 @@ EOF
 # --- images -------------------------------------------------------------------------------------------------------
 
 worker_tag() {
-  # The worker image's inputs: the tracked source of the checkout and the Dockerfiles (as infra/docker tags do).
-  (cd "$INFRA_DIR/.." && git ls-files -z | xargs -0 sha256sum 2>/dev/null; sha256sum "$HERE/k8s-worker.Dockerfile") \
-    | sha256sum | cut -c1-12
+  # The worker image's inputs: the checkout's tracked files (index and uncommitted changes) but those no image takes
+  # (.dockerignore's tests and bench, the docs, infra but the worker's Dockerfile), and this layer's Dockerfile.
+  local paths=(. ':!tests' ':!bench' ':!docs' ':!infra' infra/docker/worker.Dockerfile)
+  (cd "$INFRA_DIR/.." && git ls-files -s -- "${paths[@]}" && git diff HEAD -- "${paths[@]}" \
+    && cat "$HERE/k8s-worker.Dockerfile" tests/fakes/lean_repl.py) | sha256sum | cut -c1-12
 }
 engine_tag() { sha256sum "$HERE/engine-$ENGINE_MODE.Dockerfile" "$HERE/engine-entrypoint.sh" | sha256sum | cut -c1-12; }
 
@@ -625,8 +628,9 @@ case "${1:-}" in
   down) down ;;
   status) status ;;
   kubectl) shift; kubectl_ "$@" ;;
+  refs) image_refs ;;
   push) [[ $# == 3 ]] || die "usage: $0 push LOCAL_REF REMOTE_REF"; push "$2" "$3" ;;
   env) print_env ;;
   versions) versions ;;
-  *) echo "usage: $0 install|versions|images|control-plane|up|down|status|kubectl ARGS…|push LOCAL REMOTE|env" >&2; exit 2 ;;
+  *) echo "usage: $0 install|versions|images|refs|control-plane|up|down|status|kubectl ARGS…|push LOCAL REMOTE|env" >&2; exit 2 ;;
 esac
