@@ -27,6 +27,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -38,7 +39,6 @@ from bench.common import console, report
 from kiln.integrations.demo.story import CANDIDATES, NAME, DemoSettings, Story
 from kiln.schemas.builder import BuildRequest
 from kiln.schemas.builtin import EchoRequest, SleepRequest
-from kiln.schemas.envelope import new_request_id
 from kiln.schemas.exec import SessionLimits
 from kiln.schemas.ingest import IngestRequest
 from kiln.schemas.rl import RolloutTask
@@ -56,6 +56,7 @@ INFRA = ROOT / "infra"
 CLUSTER = INFRA / "k8s" / "cluster.sh"
 KAFKA_PORT, S3_PORT, REGISTRY_PORT, GIT_PORT = 59092, 59570, 59500, 59600
 NS = "kiln"
+METRICS_PORT = 9400  # the render's default
 PHASES = ("up", "apply", "jobs", "replay", "limits", "chain", "scale")
 
 
@@ -97,7 +98,7 @@ def smoke_values(host: str, refs: dict[str, str], env: dict[str, str], scale_to:
     registry = f"{host}:{REGISTRY_PORT}"
     stages: dict[str, Any] = {kind: {"slots": 1, "cpu": "100m", "memory_per_slot_mib": 512, "max_workers": 1}
                               for kind in stage_specs()}
-    stages["sleep"].update(min_workers=2, max_workers=2, env={"KILN_SLEEP_JOURNAL": "/dev/stdout"})
+    stages["sleep"].update(min_workers=2, max_workers=2)
     stages["exec"].update(max_workers=scale_to, env={
         "KILN_EXEC_WARM": "0", "KILN_EXEC_REGISTRY": registry,
         "KILN_EXEC_IMAGE_PREFIXES": json.dumps(["kiln/", f"{registry}/"]),
@@ -173,22 +174,29 @@ async def jobs(settings: KilnSettings, session_image: str, metrics: dict[str, fl
                 notes[f"job {name}"] = f"FAILED: {type(e).__name__}: {e}"[:300]
 
 
-def pod_that_started(request_id: str) -> str | None:
-    for pod in kubectl("-n", NS, "get", "pods", "-l", "app.kubernetes.io/name=kiln-worker-sleep", "-o",
-                       "name").split():
-        if f"start {request_id}" in kubectl("-n", NS, "logs", pod, "-c", "worker"):
-            return pod.removeprefix("pod/")
+def busy_sleep_pod() -> str | None:
+    """The sleep pod running a job now: its worker's ``kiln_busy_slots`` (read from its pod IP, as Prometheus does)."""
+    listing = kubectl("-n", NS, "get", "pods", "-l", "app.kubernetes.io/name=kiln-worker-sleep", "-o",
+                      'jsonpath={range .items[*]}{.metadata.name} {.status.podIP}{"\\n"}{end}')
+    for line in listing.splitlines():
+        name, _, ip = line.partition(" ")
+        try:
+            with urllib.request.urlopen(f"http://{ip}:{METRICS_PORT}/metrics", timeout=5) as page:
+                text = page.read().decode()
+        except OSError:
+            continue
+        if any(row.startswith("kiln_busy_slots") and float(row.split()[-1]) >= 1 for row in text.splitlines()):
+            return name
     return None
 
 
 async def replay(settings: KilnSettings, metrics: dict[str, float], notes: dict[str, str]) -> None:
     async with KilnClient(settings, "k8s-bench-replay") as kiln:
-        rid = new_request_id()
-        victim_job = await kiln.submit("sleep", SleepRequest(seconds=20, tag="preempted"), request_id=rid)
+        victim_job = await kiln.submit("sleep", SleepRequest(seconds=20, tag="preempted"))
         pods: list[str | None] = [None]
 
         def started() -> bool:
-            pods[0] = pod_that_started(rid)
+            pods[0] = busy_sleep_pod()
             return pods[0] is not None
 
         await wait_until("the long job started", started, 120)
