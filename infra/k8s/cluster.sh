@@ -375,6 +375,8 @@ up() {
     --authentication-kubeconfig "$RUN/scheduler.kubeconfig" --authorization-kubeconfig "$RUN/scheduler.kubeconfig" \
     --bind-address 127.0.0.1 --leader-elect=false
   containerd_up
+  # A kubelet starting on a fresh cluster owns no container: any left by an earlier run (a crash) goes first.
+  pid_alive "$RUN/kubelet.pid" || remove_containers
   mkdir -p "$RUN/kubelet/root"
   # Pods resolve cluster names through CoreDNS; its upstream is this file (no search path of the host's).
   grep '^nameserver' /etc/resolv.conf >"$RUN/resolv.conf" 2>/dev/null || echo "nameserver 127.0.0.1" >"$RUN/resolv.conf"
@@ -565,6 +567,15 @@ missing_images() {
   ((${#missing[@]} == 0)) || die "images not in the cluster's containerd: ${missing[*]} (run '$0 images')"
 }
 
+# remove_containers: every task killed and every container of the cluster's containerd removed (images kept).
+remove_containers() {
+  local id
+  for id in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true; done
+  sleep 1
+  for id in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks delete -f "$id" >/dev/null 2>&1 || true; done
+  for id in $(ctr_ containers ls -q 2>/dev/null); do ctr_ containers delete "$id" >/dev/null 2>&1 || true; done
+}
+
 # --- down / status ------------------------------------------------------------------------------------------------
 
 down() {
@@ -579,13 +590,7 @@ down() {
   local name
   for name in kube-controller-manager kube-scheduler kubelet kube-proxy; do stop_pidfile "$RUN/$name.pid" "$name"; done
   [[ -x $BIN/kube-proxy ]] && "$BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
-  if containerd_ready; then
-    local task
-    for task in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks kill -s SIGKILL "$task" >/dev/null 2>&1 || true; done
-    sleep 1
-    for task in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks delete -f "$task" >/dev/null 2>&1 || true; done
-    for task in $(ctr_ containers ls -q 2>/dev/null); do ctr_ containers delete "$task" >/dev/null 2>&1 || true; done
-  fi
+  containerd_ready && remove_containers
   stop_pidfile "$RUN/containerd.pid" containerd
   stop_pidfile "$RUN/kube-apiserver.pid" kube-apiserver
   stop_pidfile "$RUN/etcd.pid" etcd
