@@ -361,7 +361,11 @@ def main() -> None:
     cluster("push", "kiln/base:latest", session_image, env=push_env)
     try:
         if "apply" in phases:
-            apply(host, refs, env, args.scale_to, metrics)
+            try:
+                apply(host, refs, env, args.scale_to, metrics)
+            except RuntimeError as e:  # what did not come up is reported; the phases show what still works
+                notes["phase apply"] = f"FAILED: {e}"[:400]
+                console.print(kubectl("get", "pods", "-A", "-o", "wide"))
         runs: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
             "jobs": lambda: jobs(settings, session_image, metrics, notes),
             "replay": lambda: replay(settings, metrics, notes),
