@@ -25,6 +25,7 @@ from kiln.streams.stage import StageSpec
 Manifest = dict[str, Any]
 STATS_PORT, AUTOSCALER_PORT, SAUCER_PORT = 8600, 8800, 8700
 ENGINE_SOCKET_DIR = "/run/kiln-engine"
+EXEC_DIRS = "/run/kiln"  # the exec stage's liveness locks (run/kiln/exec) and its label seal's secret
 
 
 def _meta(name: str, values: Values, **labels: str) -> dict[str, Any]:
@@ -44,12 +45,14 @@ def _env(values: Values, **extra: str) -> list[dict[str, Any]]:
 def _container(name: str, values: Values, args: list[str], port: int, probe_path: str, *, cpu: str, memory: str,
                env: dict[str, str] | None = None) -> dict[str, Any]:
     probe = {"httpGet": {"path": probe_path, "port": port}, "periodSeconds": 10, "failureThreshold": 3}
+    limits = {"cpu": cpu, "memory": memory} if values.cpu_limits else {"memory": memory}
     return {
-        "name": name, "image": values.image, "args": args, "env": _env(values, **(env or {})),
+        "name": name, "image": values.image, "imagePullPolicy": values.image_pull_policy, "args": args,
+        "env": _env(values, **values.env, **(env or {})),
         "envFrom": [{"secretRef": {"name": values.s3_secret, "optional": True}}],
         "ports": [{"name": "http", "containerPort": port}],
         "readinessProbe": probe, "livenessProbe": {**probe, "initialDelaySeconds": 30},
-        "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"cpu": cpu, "memory": memory}},
+        "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": limits},
         "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False,
                             "capabilities": {"drop": ["ALL"]}},
     }
@@ -60,22 +63,24 @@ def _pod_annotations(port: int) -> dict[str, str]:
 
 
 def _engine(values: Values) -> dict[str, Any]:
-    return {"name": "engine", "image": values.engine_image,
+    mounts = [{"name": "engine-socket", "mountPath": ENGINE_SOCKET_DIR}, {"name": "exec-dirs", "mountPath": EXEC_DIRS}]
+    if values.engine_rootful:  # its images and containers on an emptyDir: overlay2 does not stack on overlay
+        mounts.append({"name": "engine-data", "mountPath": "/var/lib/docker"})
+    return {"name": "engine", "image": values.engine_image, "imagePullPolicy": values.image_pull_policy,
             "env": [{"name": "DOCKER_HOST", "value": f"unix://{ENGINE_SOCKET_DIR}/docker.sock"}],
-            "args": ["--host", f"unix://{ENGINE_SOCKET_DIR}/docker.sock"],
-            "securityContext": {"privileged": True, "runAsUser": 1000},
-            "volumeMounts": [{"name": "engine-socket", "mountPath": ENGINE_SOCKET_DIR},
-                             {"name": "exec-dirs", "mountPath": "/run/kiln/exec"}]}
+            "args": ["--host", f"unix://{ENGINE_SOCKET_DIR}/docker.sock", *values.engine_args],
+            "securityContext": {"privileged": True, "runAsUser": 0 if values.engine_rootful else 1000},
+            "volumeMounts": mounts}
 
 
 def worker_pod(stage: str, sv: StageValues, values: Values, *, spare: bool = False) -> dict[str, Any]:
-    cpu = "1" if spare else str(sv.slots)
+    cpu = sv.cpu or ("1" if spare else str(sv.slots))
     args = ["worker", stage] if spare else ["worker", stage, "--slots", str(sv.slots)]
-    extra = {"KILN_CPU_FRACTION": f"{values.spare_cpu.cpu_fraction:g}"} if spare else {}
+    extra = {**sv.env, **({"KILN_CPU_FRACTION": f"{values.spare_cpu.cpu_fraction:g}"} if spare else {})}
     memory = f"{sv.memory_per_slot_mib * (1 if spare else sv.slots)}Mi"
     worker = _container("worker", values, args, values.metrics_port, "/healthz", cpu=cpu, memory=memory, env=extra)
     if spare:
-        del worker["resources"]["limits"]["cpu"]  # it may use its fraction of the node's idle CPUs
+        worker["resources"]["limits"].pop("cpu", None)  # it may use its fraction of the node's idle CPUs
     spec: dict[str, Any] = {"terminationGracePeriodSeconds": int(values.grace_s) + 60, "containers": [worker],
                             "automountServiceAccountToken": False}
     if spare:
@@ -90,10 +95,12 @@ def worker_pod(stage: str, sv: StageValues, values: Values, *, spare: bool = Fal
     if sv.container_engine:
         worker["env"].append({"name": "DOCKER_HOST", "value": f"unix://{ENGINE_SOCKET_DIR}/docker.sock"})
         worker["volumeMounts"] = [{"name": "engine-socket", "mountPath": ENGINE_SOCKET_DIR},
-                                  {"name": "exec-dirs", "mountPath": "/run/kiln/exec"}]
+                                  {"name": "exec-dirs", "mountPath": EXEC_DIRS}]
         spec["containers"].append(_engine(values))
         spec["shareProcessNamespace"] = True
         spec["volumes"] = [{"name": "engine-socket", "emptyDir": {}}, {"name": "exec-dirs", "emptyDir": {}}]
+        if values.engine_rootful:
+            spec["volumes"].append({"name": "engine-data", "emptyDir": {}})
         spec["nodeSelector"] = {**spec.get("nodeSelector", {}), **values.sandbox_label}
         spec.setdefault("tolerations", []).extend({"key": k, "operator": "Equal", "value": v, "effect": "NoSchedule"}
                                                   for k, v in values.sandbox_label.items())
@@ -117,19 +124,27 @@ def _service(name: str, port: int, values: Values) -> Manifest:
 
 
 def _scaled_object(stage: str, sv: StageValues, values: Values) -> Manifest:
+    url = f"http://kiln-autoscaler.{values.namespace}.svc:{AUTOSCALER_PORT}/keda/{stage}"
+    spec: dict[str, Any] = {
+        "scaleTargetRef": {"name": f"kiln-worker-{stage}"}, "minReplicaCount": sv.min_workers,
+        "maxReplicaCount": sv.max_workers, "pollingInterval": values.polling_interval_s,
+        "triggers": [{"type": "metrics-api", "metricType": "AverageValue",
+                      "metadata": {"url": url, "valueLocation": "desired", "targetValue": "1"}},
+                     # The worker's CPU alone: the engine sidecar requests none (its sandboxes have their
+                     # own limits), and a pod's utilization with an unrequested container is undefined -- the HPA
+                     # then never scales down.
+                     {"type": "cpu", "metricType": "Utilization",
+                      "metadata": {"value": str(values.cpu_target_percent), "containerName": "worker"}}]}
+    if values.scale_down_window_s is not None:
+        spec["advanced"] = {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {
+            "stabilizationWindowSeconds": values.scale_down_window_s}}}}
     return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": _meta(f"kiln-worker-{stage}", values),
-            "spec": {"scaleTargetRef": {"name": f"kiln-worker-{stage}"}, "minReplicaCount": sv.min_workers,
-                     "maxReplicaCount": sv.max_workers, "pollingInterval": 30,
-                     "triggers": [
-                         {"type": "metrics-api", "metricType": "AverageValue", "metadata": {
-                             "url": f"http://kiln-autoscaler.{values.namespace}.svc:{AUTOSCALER_PORT}/keda/{stage}",
-                             "valueLocation": "desired", "targetValue": "1"}},
-                         {"type": "cpu", "metricType": "Utilization",
-                          "metadata": {"value": str(values.cpu_target_percent)}}]}}
+            "spec": spec}
 
 
 def _service_deployment(name: str, args: list[str], port: int, probe: str, values: Values) -> list[Manifest]:
-    container = _container(name.removeprefix("kiln-"), values, args, port, probe, cpu="500m", memory="1Gi")
+    container = _container(name.removeprefix("kiln-"), values, args, port, probe, cpu=values.service_cpu,
+                           memory=f"{values.service_memory_mib}Mi")
     pod = {"metadata": {"labels": {}, "annotations": _pod_annotations(port)},
            "spec": {"containers": [container], "automountServiceAccountToken": False}}
     return [_workload("Deployment", name, pod, values, replicas=1), _service(name, port, values)]
@@ -164,7 +179,8 @@ def _prometheus(values: Values) -> Manifest:
 def render(values: Values, specs: list[StageSpec]) -> list[Manifest]:
     """Every object of a deployment running the stages of ``specs`` (the registered ones), each stage's pods as its
     spec asks (``StageSpec.deployment``) unless the values say otherwise."""
-    out: list[Manifest] = []
+    out: list[Manifest] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": values.namespace, "labels": {"app.kubernetes.io/part-of": "kiln"}}}]
     by_kind = {s.kind: s for s in specs}
     stages = sorted(by_kind)
     for stage in stages:
@@ -183,6 +199,7 @@ def render(values: Values, specs: list[StageSpec]) -> list[Manifest]:
     out += _service_deployment("kiln-autoscaler", ["autoscale", "run", *stages, "--backend", "keda",
                                                    "--stats-url", f"http://kiln-stats.{values.namespace}.svc:"
                                                    f"{STATS_PORT}", "--goal-minutes", f"{values.goal_minutes:g}",
+                                                   "--tick-s", f"{values.autoscaler_tick_s:g}",
                                                    "--host", "0.0.0.0", "--port", str(AUTOSCALER_PORT), *slots_of],
                                AUTOSCALER_PORT, "/healthz", values)
     out += _service_deployment("kiln-stats", ["stats", "serve"], STATS_PORT, "/healthz", values)

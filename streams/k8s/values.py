@@ -3,6 +3,8 @@ memory, a container engine, spare CPUs) come from its spec (``StageSpec.deployme
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.streams.stage import Deployment, StageSpec
@@ -21,6 +23,10 @@ class StageValues(_Strict):
     max_workers: int = Field(Deployment.max_workers, ge=1)
     container_engine: bool = Field(Deployment.container_engine, description="Builds or runs containers (build, "
                                    "exec): gets a rootless engine sidecar and the sandbox node pool.")
+    cpu: str | None = Field(None, description="CPU of each pod (a Kubernetes quantity, e.g. 100m); unset: one per "
+                                              "slot.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment of the stage's workers (its "
+                                                                  "KILN_<STAGE>_* settings).")
 
 
 class SpareCpu(_Strict):
@@ -37,6 +43,17 @@ class Values(_Strict):
     namespace: str = "kiln"
     image: str = "kiln/kiln:latest"
     engine_image: str = Field("docker:28-dind-rootless", description="The per-pod container engine.")
+    engine_rootful: bool = Field(False, description="The engine runs as root (privileged, its data on an emptyDir). "
+                                 "Only for cgroup-v1 nodes, where a rootless engine runs without cgroups and cannot "
+                                 "limit a sandbox's memory, pids or CPU; an escape from it is root on the node.")
+    engine_args: list[str] = Field(default_factory=list, description="Extra arguments of the engine's dockerd, "
+                                   "e.g. --insecure-registry for the registry sessions pull from.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment of every kiln container.")
+    cpu_limits: bool = Field(True, description="Limit each pod to the CPUs it requests (Guaranteed QoS). Off: "
+                             "requests only, for a node shared with other work.")
+    service_cpu: str = Field("500m", description="CPU of the autoscaler, stats and Saucer pods.")
+    service_memory_mib: int = Field(1024, ge=64)
     bootstrap_servers: str = "kafka.kiln.svc:9092"
     blob_store: str = "s3://kiln/blobs"
     s3_endpoint: str | None = None
@@ -51,6 +68,10 @@ class Values(_Strict):
                                                        "the only destinations engine pods may reach.")
     control_plane_ports: list[int] = Field(default_factory=lambda: [9092, 9000, 5000, 3128])
     goal_minutes: float = 5.0
+    autoscaler_tick_s: float = Field(60.0, gt=0, description="Seconds between the autoscaler's decisions.")
+    polling_interval_s: int = Field(30, ge=1, description="How often KEDA reads each ScaledObject's triggers.")
+    scale_down_window_s: int | None = Field(None, ge=0, description="The HPA's scale-down stabilization window; "
+                                            "unset: Kubernetes' default (300 s).")
     cpu_target_percent: int = Field(90, ge=1, le=100)
     stages: dict[str, StageValues] = Field(default_factory=dict, description="Per-stage choices over each stage's "
                                            "own (StageSpec.deployment); a field not named keeps the stage's.")

@@ -145,3 +145,35 @@ def test_each_stage_states_its_pods_and_values_override_a_field() -> None:
     assert docs[("ScaledObject", "kiln-worker-exec")]["spec"]["maxReplicaCount"] == 40
     assert ("DaemonSet", "kiln-spare-lean") not in docs
     assert "kiln-spare-lean" in {d["metadata"]["name"] for d in _manifests(Values())}
+
+
+def test_the_options_a_one_node_cluster_needs() -> None:
+    """What `bench/k8s.py` sets to fit 2 CPUs on a cgroup-v1 node: the namespace comes first; a rootful engine is
+    root only in the engine sidecar (privileged, its data on an emptyDir), still only on the sandbox pool; requests
+    without CPU limits; KEDA's polling and the HPA's scale-down window; per-stage environment."""
+    values = Values(engine_rootful=True, engine_args=["--insecure-registry", "10.244.0.1:59500"], cpu_limits=False,
+                    image_pull_policy="Never", polling_interval_s=10, scale_down_window_s=30, autoscaler_tick_s=10,
+                    stages={"exec": {"cpu": "100m", "env": {"KILN_EXEC_WARM": "0"}}})
+    docs = _manifests(values)
+    assert docs[0] == {"apiVersion": "v1", "kind": "Namespace",
+                       "metadata": {"name": "kiln", "labels": {"app.kubernetes.io/part-of": "kiln"}}}
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    pod = by_name[("Deployment", "kiln-worker-exec")]["spec"]["template"]["spec"]
+    worker, engine = pod["containers"]
+    assert engine["securityContext"] == {"privileged": True, "runAsUser": 0}
+    assert engine["args"][-2:] == ["--insecure-registry", "10.244.0.1:59500"]
+    assert {"name": "engine-data", "mountPath": "/var/lib/docker"} in engine["volumeMounts"]
+    assert {"name": "engine-data", "emptyDir": {}} in pod["volumes"]
+    assert pod["nodeSelector"].items() >= values.sandbox_label.items()
+    assert worker["resources"] == {"requests": {"cpu": "100m", "memory": "8192Mi"}, "limits": {"memory": "8192Mi"}}
+    assert {"name": "KILN_EXEC_WARM", "value": "0"} in worker["env"] and worker["imagePullPolicy"] == "Never"
+    assert all(c["securityContext"]["runAsUser"] == 1000 for d in docs if d["kind"] in ("Deployment", "DaemonSet")
+               for c in d["spec"]["template"]["spec"]["containers"] if c["name"] != "engine")
+    scaled = by_name[("ScaledObject", "kiln-worker-exec")]["spec"]
+    assert scaled["pollingInterval"] == 10
+    assert scaled["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"] == {
+        "stabilizationWindowSeconds": 30}
+    assert scaled["triggers"][1]["metadata"]["containerName"] == "worker"
+    autoscaler = by_name[("Deployment", "kiln-autoscaler")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert autoscaler[autoscaler.index("--tick-s") + 1] == "10"
+    assert "advanced" not in next(d for d in _manifests(Values()) if d["kind"] == "ScaledObject")["spec"]

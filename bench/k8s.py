@@ -1,0 +1,394 @@
+"""kiln on a real Kubernetes node (issue 48): the one-node cluster of ``infra/k8s/cluster.sh`` (k8s v1.32 from its Go
+modules, containerd, KEDA), kiln's Kafka, S3 and registry on the pods' bridge, and ``kiln k8s render | kubectl
+apply`` with values that shrink the pods' requests to fit 2 CPUs. Then, each phase timed and reported:
+
+- ``jobs``: a job of each stage answered from the pods (echo, Lean on the fake REPL, verify, exec).
+- ``replay``: a sleep worker's pod force-deleted mid-job (preemption): its job replays on the other pod, and 20
+  jobs submitted around the deletion are all answered (``k8s_replay_s``, ``k8s_lost_jobs``).
+- ``limits``: an exec sandbox started by an exec pod's engine sidecar, with a memory bomb, a (bounded) fork bomb and
+  a CPU spinner against its --memory, --pids-limit and --cpus (``k8s_sandbox_*``: 1 enforced, 0 not).
+- ``chain``: a repository served by ``git daemon`` on the bridge ingested (Saucer), built into an image (build pod,
+  its engine sidecar, pushed to the registry), its tests run in an exec session on that image, and patches scored
+  through the verify stage (the demo's calc repository and candidate patches).
+- ``scale``: a queue on the exec stage; KEDA (through the autoscaler's /keda/exec) raises its Ready replicas from 1
+  to ``--scale-to`` and, once the queue drained, brings them back (``k8s_scale_up_s``, ``k8s_scale_down_s``).
+
+    python -m bench.k8s [--phases up,apply,jobs,replay,limits,chain,scale] [--down]
+
+Ports: Kafka 59092 (pods reach its NODES listener at <bridge>:59095), S3 59570, registry 59500, git daemon 59600 (on
+the bridge).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.common import console, report
+from kiln.integrations.demo.story import CANDIDATES, NAME, DemoSettings, Story
+from kiln.schemas.builder import BuildRequest
+from kiln.schemas.builtin import EchoRequest, SleepRequest
+from kiln.schemas.exec import SessionLimits
+from kiln.schemas.ingest import IngestRequest
+from kiln.schemas.rl import RolloutTask
+from kiln.streams.client import KilnClient
+from kiln.streams.settings import KilnSettings
+from kiln.streams.stage import stage_specs
+from kiln.workers.builder.client import BuilderClient
+from kiln.workers.exec.client import ExecClient
+from kiln.workers.ingest.client import SaucerClient
+from kiln.workers.lean.client import LeanClient
+from kiln.workers.verify.client import VerifyClient
+
+ROOT = Path(__file__).resolve().parents[1]
+INFRA = ROOT / "infra"
+CLUSTER = INFRA / "k8s" / "cluster.sh"
+KAFKA_PORT, S3_PORT, REGISTRY_PORT, GIT_PORT = 59092, 59570, 59500, 59600
+NS = "kiln"
+METRICS_PORT = 9400  # the render's default
+PHASES = ("up", "apply", "jobs", "replay", "limits", "chain", "scale")
+
+
+def sh(*args: str, env: dict[str, str] | None = None, stdin: str | None = None, timeout: float = 900) -> str:
+    done = subprocess.run(list(args), input=stdin, capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, **(env or {})})
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:4])} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def cluster(*args: str, **kw: Any) -> str:
+    return sh("bash", str(CLUSTER), *args, **kw)
+
+
+def kubectl(*args: str, **kw: Any) -> str:
+    return cluster("kubectl", *args, **kw)
+
+
+def assignments(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def services(host: str) -> dict[str, str]:
+    """Kafka, S3 and the registry, each listening where the pods reach it (the bridge address); their env."""
+    kafka = {"KILN_KAFKA_PORT": str(KAFKA_PORT), "KILN_KAFKA_NODES_ADDRESS": host}
+    s3 = {"KILN_S3_PORT": str(S3_PORT), "KILN_S3_ADDRESS": host}
+    registry = {**s3, "KILN_REGISTRY_PORT": str(REGISTRY_PORT), "KILN_REGISTRY_ADDRESS": host}
+    sh("bash", str(INFRA / "kafka/kafka.sh"), "start", env=kafka)
+    sh("bash", str(INFRA / "s3/s3.sh"), "start", env=s3)
+    sh("bash", str(INFRA / "registry/registry.sh"), "start", env=registry)
+    return {**assignments(sh("bash", str(INFRA / "s3/s3.sh"), "env", env=s3)),
+            **assignments(sh("bash", str(INFRA / "registry/registry.sh"), "env", env=registry))}
+
+
+def smoke_values(host: str, refs: dict[str, str], env: dict[str, str], scale_to: int) -> dict[str, Any]:
+    """Every stage's pods at 100m CPU (requests only) and 512 MiB, exec up to ``scale_to``; KEDA and the autoscaler
+    polled every 10 s, a 30 s scale-down window; the rootful engine (this node is cgroup v1)."""
+    registry = f"{host}:{REGISTRY_PORT}"
+    stages: dict[str, Any] = {kind: {"slots": 1, "cpu": "100m", "memory_per_slot_mib": 512, "max_workers": 1}
+                              for kind in stage_specs()}
+    stages["sleep"].update(min_workers=2, max_workers=2)
+    stages["exec"].update(max_workers=scale_to, env={
+        "KILN_EXEC_WARM": "0", "KILN_EXEC_REGISTRY": registry,
+        "KILN_EXEC_IMAGE_PREFIXES": json.dumps(["kiln/", f"{registry}/"]),
+        "KILN_EXEC_REGISTRY_USER": env.get("KILN_BUILD_REGISTRY_USER", "kiln"),
+        "KILN_EXEC_REGISTRY_PASSWORD": env.get("KILN_BUILD_REGISTRY_PASSWORD", "")})
+    stages["ingest"].update(env={"KILN_INGEST_ALLOW_HOSTS": json.dumps([host])})
+    stages["build"].update(env={"KILN_BUILD_REGISTRY": registry,
+                                "KILN_BUILD_BASE_IMAGE": f"{registry}/kiln/base:latest",
+                                "KILN_BUILD_REGISTRY_USER": env.get("KILN_BUILD_REGISTRY_USER", "kiln"),
+                                "KILN_BUILD_REGISTRY_PASSWORD": env.get("KILN_BUILD_REGISTRY_PASSWORD", "")})
+    stages["lean"].update(env={"KILN_LEAN_REPL": "/usr/bin/python3 /opt/kiln/fakes/lean_repl.py",
+                               "KILN_LEAN_SANDBOX_READONLY": json.dumps(["/opt/kiln/fakes"])})
+    return {"namespace": NS, "image": refs["worker"], "engine_image": refs["engine"],
+            "engine_rootful": "rootful" in refs["engine"], "engine_args": ["--insecure-registry", registry],
+            "image_pull_policy": "Never", "cpu_limits": False, "service_cpu": "50m", "service_memory_mib": 512,
+            "bootstrap_servers": f"{host}:{KAFKA_PORT + 3}", "s3_endpoint": env["KILN_S3_ENDPOINT"],
+            "control_plane_cidrs": [f"{host}/32"], "control_plane_ports": [KAFKA_PORT + 3, S3_PORT, REGISTRY_PORT],
+            "goal_minutes": 0.5, "autoscaler_tick_s": 10, "polling_interval_s": 10, "scale_down_window_s": 30,
+            "stages": stages}
+
+
+def ready_replicas(deployment: str) -> int:
+    out = kubectl("-n", NS, "get", "deploy", deployment, "-o", "jsonpath={.status.readyReplicas}")
+    return int(out or 0)
+
+
+async def wait_until(what: str, check: Any, timeout_s: float, every_s: float = 2.0) -> float:
+    began = time.monotonic()
+    while not await asyncio.to_thread(check):
+        if time.monotonic() - began > timeout_s:
+            raise RuntimeError(f"{what}: not after {timeout_s:g} s")
+        await asyncio.sleep(every_s)
+    return time.monotonic() - began
+
+
+# ---- phases ------------------------------------------------------------------------------------------------------
+
+
+def apply(host: str, refs: dict[str, str], env: dict[str, str], scale_to: int, metrics: dict[str, float]) -> None:
+    values = smoke_values(host, refs, env, scale_to)
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / "kiln-k8s-values.yaml"
+    path.write_text(yaml.safe_dump(values, sort_keys=False))
+    rendered = sh(str(ROOT / ".venv/bin/kiln"), "k8s", "render", str(path))
+    began = time.monotonic()
+    kubectl("apply", "-f", "-", stdin=rendered.split("---\n", 1)[0])  # the namespace, then its secrets, then all
+    for name, data in (("kiln-s3", {"KILN_S3_ACCESS_KEY": env["KILN_S3_ACCESS_KEY"],
+                                    "KILN_S3_SECRET_KEY": env["KILN_S3_SECRET_KEY"]}),
+                       ("kiln-saucer", {"token": uuid.uuid4().hex})):
+        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NS},
+                  "stringData": data}
+        kubectl("apply", "-f", "-", stdin=json.dumps(secret))
+    console.print(kubectl("apply", "-f", "-", stdin=rendered))
+    kubectl("-n", NS, "wait", "--for=condition=Available", "deploy", "--all", "--timeout=900s", timeout=960)
+    metrics["k8s_deployments_available_s"] = time.monotonic() - began
+    metrics["k8s_deployments_available"] = float(len(kubectl("-n", NS, "get", "deploy", "-o", "name").split()))
+    kubectl("-n", NS, "rollout", "status", "ds/kiln-spare-lean", "--timeout=300s", timeout=360)
+
+
+async def jobs(settings: KilnSettings, session_image: str, metrics: dict[str, float], notes: dict[str, str]) -> None:
+    async with KilnClient(settings, "k8s-bench-jobs") as kiln:
+        for name, job in (
+                ("echo", kiln.call("echo", EchoRequest(data="k8s"))),
+                ("lean", LeanClient(kiln).run_code("theorem t : p \u2192 p := by\n  intro h\n  exact h")),
+                ("verify", VerifyClient(kiln).verify(RolloutTask(task_id="k8s", prompt="2+2", answer="4"), ["4"])),
+                ("exec", ExecClient(kiln).run_once(session_image, "echo from-the-sandbox; id -u"))):
+            began = time.monotonic()
+            try:
+                result = await asyncio.wait_for(job, 300)
+                metrics[f"k8s_job_{name}_s"] = time.monotonic() - began
+                notes[f"job {name}"] = str(result)[:160]
+            except Exception as e:  # a stage that failed is reported, the others still run
+                metrics[f"k8s_job_{name}_s"] = float("nan")
+                notes[f"job {name}"] = f"FAILED: {type(e).__name__}: {e}"[:300]
+
+
+def busy_sleep_pod() -> str | None:
+    """The sleep pod running a job now: its worker's ``kiln_busy_slots`` (read from its pod IP, as Prometheus does)."""
+    listing = kubectl("-n", NS, "get", "pods", "-l", "app.kubernetes.io/name=kiln-worker-sleep", "-o",
+                      'jsonpath={range .items[*]}{.metadata.name} {.status.podIP}{"\\n"}{end}')
+    for line in listing.splitlines():
+        name, _, ip = line.partition(" ")
+        try:
+            with urllib.request.urlopen(f"http://{ip}:{METRICS_PORT}/metrics", timeout=5) as page:
+                text = page.read().decode()
+        except OSError:
+            continue
+        if any(row.startswith("kiln_busy_slots") and float(row.split()[-1]) >= 1 for row in text.splitlines()):
+            return name
+    return None
+
+
+async def replay(settings: KilnSettings, metrics: dict[str, float], notes: dict[str, str]) -> None:
+    async with KilnClient(settings, "k8s-bench-replay") as kiln:
+        victim_job = await kiln.submit("sleep", SleepRequest(seconds=20, tag="preempted"))
+        pods: list[str | None] = [None]
+
+        def started() -> bool:
+            pods[0] = busy_sleep_pod()
+            return pods[0] is not None
+
+        await wait_until("the long job started", started, 120)
+        others = [await kiln.submit("sleep", SleepRequest(seconds=1, tag=f"bg{i}"), key=f"bg{i}") for i in range(20)]
+        deleted = time.monotonic()
+        kubectl("-n", NS, "delete", "pod", str(pods[0]), "--grace-period=0", "--force")
+        answered = 0
+        try:
+            envelope = await asyncio.wait_for(victim_job, 600)
+            metrics["k8s_replay_s"] = time.monotonic() - deleted
+            result = kiln.result_of(envelope)
+            answered += envelope.status == "ok"
+            notes["replayed job"] = f"deleted pod {pods[0]}; answered by {result.worker} attempt {result.attempt}"
+        except Exception as e:
+            metrics["k8s_replay_s"] = float("nan")
+            notes["replayed job"] = f"FAILED: {type(e).__name__}: {e}"[:300]
+        done = await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), 600)
+        answered += sum(1 for r in done if not isinstance(r, BaseException) and r.status == "ok")
+        metrics["k8s_lost_jobs"] = float(21 - answered)
+
+
+# Bounded bombs (this machine is shared): 512 MiB in 16 MiB steps, each step printed; at most 200 processes.
+MEMORY_BOMB = ("python3 -c \"chunks = []\nfor i in range(32):\n    chunks.append(bytearray(16 << 20))\n"
+               "    print((i + 1) * 16, flush=True)\"")
+CGROUP_PROBE = ("cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max "
+                "/sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/memory.max /sys/fs/cgroup/pids.max 2>&1")
+FORK_BOMB = ("python3 -c \"import os, time\nn = 0\ntry:\n    for _ in range(200):\n        if os.fork() == 0:\n"
+             "            time.sleep(3); os._exit(0)\n        n += 1\nexcept OSError as e:\n    print('refused', e)\n"
+             "print('forked', n)\"")
+SPIN = "python3 -c \"import time\nt = time.time()\nwhile time.time() - t < 3: pass\""
+
+
+async def limits(settings: KilnSettings, session_image: str, metrics: dict[str, float], notes: dict[str, str]) -> None:
+    async with KilnClient(settings, "k8s-bench-limits") as kiln:
+        client = ExecClient(kiln)
+        probe = await client.run_once(session_image, CGROUP_PROBE,
+                                      limits=SessionLimits(memory_mb=64, pids=32, cpus=0.25), timeout_s=30)
+        memory = await client.run_once(session_image, MEMORY_BOMB, limits=SessionLimits(memory_mb=64), timeout_s=30)
+        forks = await client.run_once(session_image, FORK_BOMB, limits=SessionLimits(pids=32), timeout_s=30)
+        spin = await client.run_once(session_image, SPIN, limits=SessionLimits(cpus=0.25), timeout_s=30)
+    mem_out, fork_out = memory.output, forks.output
+    reached = max((int(line) for line in (mem_out.stdout if mem_out else "").split() if line.isdigit()), default=0)
+    metrics["k8s_sandbox_memory_reached_mib"] = float(reached)
+    metrics["k8s_sandbox_memory_enforced"] = float(mem_out is not None and reached < 96)
+    forked = next((int(w.split()[1]) for w in (fork_out.stdout if fork_out else "").splitlines()
+                   if w.startswith("forked")), -1)
+    metrics["k8s_sandbox_pids_forked"] = float(forked)
+    metrics["k8s_sandbox_pids_enforced"] = float(0 <= forked < 32)
+    step = spin.steps[0] if spin.steps else None
+    share = step.cpu_s / step.duration_s if step and step.duration_s else float("nan")
+    metrics["k8s_sandbox_cpu_share"] = share
+    metrics["k8s_sandbox_cpu_enforced"] = float(share < 0.4)
+    notes["cgroup files in the sandbox"] = " ".join((probe.output.stdout if probe.output else "").split())[:300]
+    notes["memory bomb"] = str(mem_out)[:200]
+    notes["fork bomb"] = str(fork_out)[:200]
+
+
+async def chain(settings: KilnSettings, host: str, metrics: dict[str, float], notes: dict[str, str]) -> None:
+    story = Story(settings, DemoSettings(), console)  # the demo's repository, checkout and candidate patches
+    story.work = Path(os.environ.get("TMPDIR", "/tmp")) / "kiln-k8s-chain"
+    checkout = story._checkout()
+    patches = [story._patch(checkout, c) for c in CANDIDATES]
+    daemon = await asyncio.create_subprocess_exec(
+        "git", "daemon", "--reuseaddr", "--export-all", f"--listen={host}", f"--port={GIT_PORT}",
+        f"--base-path={story.work}", str(story.work), stderr=subprocess.DEVNULL)
+    steps: list[tuple[str, float]] = []
+    try:
+        async with KilnClient(settings, "k8s-bench-chain") as kiln:
+            began = time.monotonic()
+            ingested = await SaucerClient(kiln).ingest_repository(
+                IngestRequest(name=NAME, location=f"git://{host}:{GIT_PORT}/calc"))
+            steps.append(("ingest", time.monotonic() - began))
+            notes["chain ingest"] = f"{ingested.status}: {ingested.commits} commits, refs {sorted(ingested.refs)}"
+            began = time.monotonic()
+            built = await BuilderClient(kiln).build(BuildRequest(repository=NAME))
+            steps.append(("build", time.monotonic() - began))
+            notes["chain build"] = f"usable={built.usable} image={built.image} {built.failure}: {built.detail}"[:300]
+            if built.image is None:
+                return
+            began = time.monotonic()
+            execs = ExecClient(kiln)
+            session = await execs.open_session(built.image, repository=NAME)
+            try:
+                ran = await execs.run_tests(session)
+            finally:
+                await execs.close_session(session)
+            steps.append(("exec", time.monotonic() - began))
+            tests = ran.tests
+            notes["chain exec"] = f"tests passed {tests and tests.passed} failed {tests and tests.failed}"
+            began = time.monotonic()
+            task = RolloutTask(task_id="calc-mul", prompt="Fix calc.mul.", verifier="tests",
+                               check={"image": built.image})
+            verdicts = await VerifyClient(kiln).verify(task, patches)
+            steps.append(("verify", time.monotonic() - began))
+            notes["chain verify"] = ", ".join(f"{c.label}: {v.reward:.2f}" for c, v in
+                                              zip(CANDIDATES, verdicts, strict=True))[:300]
+    finally:
+        daemon.terminate()
+        await daemon.wait()
+        for name, seconds in steps:
+            metrics[f"k8s_chain_{name}_s"] = seconds
+
+
+async def scale(settings: KilnSettings, session_image: str, scale_to: int, metrics: dict[str, float],
+                notes: dict[str, str]) -> None:
+    await wait_until("exec at 1 Ready replica", lambda: ready_replicas("kiln-worker-exec") == 1, 600)
+    async with KilnClient(settings, "k8s-bench-scale") as kiln:
+        client = ExecClient(kiln)
+        began = time.monotonic()
+        queue = [asyncio.ensure_future(client.run_once(session_image, "sleep 5", timeout_s=60)) for _ in range(45)]
+        try:
+            metrics["k8s_scale_up_s"] = await wait_until(
+                f"exec at {scale_to} Ready replicas", lambda: ready_replicas("kiln-worker-exec") >= scale_to, 900)
+        except RuntimeError as e:
+            metrics["k8s_scale_up_s"] = float("nan")
+            notes["scale up"] = str(e)
+        hpa = kubectl("-n", NS, "get", "hpa", "keda-hpa-kiln-worker-exec", "-o", "json")
+        status = json.loads(hpa)["status"]
+        notes["HPA made by KEDA"] = f"desired {status.get('desiredReplicas')} current {status.get('currentReplicas')}"
+        results = await asyncio.gather(*queue, return_exceptions=True)
+        drained = time.monotonic()
+        metrics["k8s_scale_queue_s"] = drained - began
+        metrics["k8s_scale_jobs_failed"] = float(sum(1 for r in results if isinstance(r, BaseException)))
+    try:
+        metrics["k8s_scale_down_s"] = await wait_until(
+            "exec back to 1 Ready replica", lambda: ready_replicas("kiln-worker-exec") == 1, 900)
+    except RuntimeError as e:
+        metrics["k8s_scale_down_s"] = float("nan")
+        notes["scale down"] = str(e)
+
+
+# ---- main --------------------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--phases", default=",".join(PHASES))
+    parser.add_argument("--scale-to", type=int, default=3)
+    parser.add_argument("--down", action="store_true", help="Tear the cluster and its services down at the end.")
+    args = parser.parse_args()
+    phases = args.phases.split(",")
+    metrics: dict[str, float] = {}
+    notes: dict[str, str] = {}
+    if "up" in phases:
+        began = time.monotonic()
+        refs = assignments(cluster("images", timeout=3600))
+        metrics["k8s_images_s"] = time.monotonic() - began
+        began = time.monotonic()
+        cluster("up", timeout=1200)
+        metrics["k8s_up_s"] = time.monotonic() - began
+    refs = assignments(cluster("images", timeout=3600))
+    host = assignments(cluster("env"))["KILN_K8S_HOST_ADDRESS"]
+    env = services(host)
+    os.environ.update({"KILN_BOOTSTRAP_SERVERS": f"127.0.0.1:{KAFKA_PORT}", "KILN_BLOB_STORE": "s3://kiln/blobs",
+                       **{k: v for k, v in env.items() if k.startswith("KILN_S3_")}})
+    sh(str(ROOT / ".venv/bin/kiln"), "init")
+    settings = KilnSettings()
+    # The exec sessions' image, in the registry the exec pods' engines pull from.
+    session_image = f"{host}:{REGISTRY_PORT}/kiln/base:latest"
+    push_env = {"KILN_K8S_PUSH_USER": env["KILN_BUILD_REGISTRY_USER"],
+                "KILN_K8S_PUSH_PASSWORD": env["KILN_BUILD_REGISTRY_PASSWORD"]}
+    cluster("push", "kiln/base:latest", session_image, env=push_env)
+    try:
+        if "apply" in phases:
+            try:
+                apply(host, refs, env, args.scale_to, metrics)
+            except RuntimeError as e:  # what did not come up is reported; the phases show what still works
+                notes["phase apply"] = f"FAILED: {e}"[:400]
+                console.print(kubectl("get", "pods", "-A", "-o", "wide"))
+        runs: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+            "jobs": lambda: jobs(settings, session_image, metrics, notes),
+            "replay": lambda: replay(settings, metrics, notes),
+            "limits": lambda: limits(settings, session_image, metrics, notes),
+            "chain": lambda: chain(settings, host, metrics, notes),
+            "scale": lambda: scale(settings, session_image, args.scale_to, metrics, notes)}
+        for name, phase in runs.items():
+            if name in phases:
+                began = time.monotonic()
+                try:
+                    asyncio.run(phase())
+                except Exception as e:
+                    notes[f"phase {name}"] = f"FAILED: {type(e).__name__}: {e}"[:400]
+                metrics[f"k8s_phase_{name}_s"] = time.monotonic() - began
+    finally:
+        report("kiln on Kubernetes (one node, this machine)", metrics, notes)
+        if args.down:
+            cluster("down", timeout=600)
+            for script, env_ in (("kafka/kafka.sh", {"KILN_KAFKA_PORT": str(KAFKA_PORT)}),
+                                 ("registry/registry.sh", {"KILN_REGISTRY_PORT": str(REGISTRY_PORT)}),
+                                 ("s3/s3.sh", {"KILN_S3_PORT": str(S3_PORT)})):
+                subprocess.run(["bash", str(INFRA / script), "stop"], env={**os.environ, **env_}, check=False)
+
+
+if __name__ == "__main__":
+    main()
