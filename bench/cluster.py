@@ -121,9 +121,9 @@ class Cluster:
         return subprocess.run(["bash", str(KAFKA), *args], env=self.env, check=True, stdout=subprocess.PIPE,
                               text=True, timeout=900).stdout
 
-    def signal(self, node: int, sig: signal.Signals) -> None:
+    def pid(self, node: int) -> int:
         pids = self.sh("pids").split()
-        os.kill(dict(zip(map(int, pids[0::2]), map(int, pids[1::2]), strict=True))[node], sig)
+        return dict(zip(map(int, pids[0::2]), map(int, pids[1::2]), strict=True))[node]
 
 
 @dataclass
@@ -161,12 +161,15 @@ class Faults:
         (node, led), *_ = self.leaders().most_common(1)
         return node, f"leads {led} of the storm's partitions"
 
-    def coordinator(self, group: str) -> int | None:
-        try:
-            return int(self.admin.describe_consumer_groups([group])[group].result(10).coordinator.id)
-        except Exception as e:
-            console.print(f"[yellow]coordinator of {group} not found ({e}); the node leading the most instead")
-            return None
+    def coordinator(self, group: str) -> int:
+        """The node coordinating ``group``: the leader of its partition of ``__consumer_offsets`` (the group id's
+        Java hash code, as the broker picks it)."""
+        offsets = self.admin.list_topics("__consumer_offsets", timeout=10).topics["__consumer_offsets"].partitions
+        code, units = 0, group.encode("utf-16-be")
+        for i in range(0, len(units), 2):
+            code = (31 * code + int.from_bytes(units[i:i + 2], "big")) & 0xFFFFFFFF
+        signed = code - (1 << 32) if code >= 1 << 31 else code
+        return int(offsets[(0 if signed == -(1 << 31) else abs(signed)) % len(offsets)].leader)
 
     def whole(self) -> bool:
         brokers, parts = self._partitions()
@@ -203,33 +206,40 @@ class Faults:
         for i in range(args.broker_kills):
             await self.until_whole()
             await asyncio.sleep(max(0.0, started + args.warmup_s + i * args.broker_kill_every - time.monotonic()))
-            node, why = await asyncio.to_thread(self.most_leaders)
             if i % 2:
                 group = self.groups[(i // 2) % len(self.groups)]
-                coordinator = await asyncio.to_thread(self.coordinator, group)
-                if coordinator is not None:
-                    node, why = coordinator, f"coordinator of group {group}"
-            self._fault("kill", node, why)
-            await asyncio.to_thread(self.cluster.signal, node, signal.SIGKILL)
+                node, why = await asyncio.to_thread(self.coordinator, group), f"coordinator of group {group}"
+            else:
+                node, why = await asyncio.to_thread(self.most_leaders)
+            await self._signal("kill", node, why, signal.SIGKILL)
             await asyncio.sleep(args.down_s)
             await asyncio.to_thread(self.cluster.sh, "start-node", str(node))
-        for node in nodes:
+        for node in nodes if args.rolling_restart else []:
             await self.until_whole()
             self._fault("restart", node, "rolling restart")
             await asyncio.to_thread(self.cluster.sh, "stop-node", str(node))
             await asyncio.to_thread(self.cluster.sh, "start-node", str(node))
         await self.until_whole()
+        if args.pause:
+            node, why = await asyncio.to_thread(self.most_leaders)
+            pid = await self._signal("pause", node, f"{why}; SIGSTOP for "
+                                     f"{self.session_timeout_s + args.pause_extra_s:g} s", signal.SIGSTOP)
+            try:
+                await asyncio.sleep(self.session_timeout_s + args.pause_extra_s)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            await self.until_whole()
+        if not args.lose_one:
+            return
         node, why = await asyncio.to_thread(self.most_leaders)
-        self._fault("pause", node, f"{why}; SIGSTOP for {self.session_timeout_s + args.pause_extra_s:g} s")
-        await asyncio.to_thread(self.cluster.signal, node, signal.SIGSTOP)
-        try:
-            await asyncio.sleep(self.session_timeout_s + args.pause_extra_s)
-        finally:
-            await asyncio.to_thread(self.cluster.signal, node, signal.SIGCONT)
-        await self.until_whole()
-        node, why = await asyncio.to_thread(self.most_leaders)
-        self._fault("lost", node, f"{why}; never restarted")
-        await asyncio.to_thread(self.cluster.signal, node, signal.SIGKILL)
+        await self._signal("lost", node, f"{why}; never restarted", signal.SIGKILL)
+
+    async def _signal(self, kind: str, node: int, why: str, sig: signal.Signals) -> int:
+        """Send ``sig`` to ``node`` as a fault; its pid."""
+        pid = await asyncio.to_thread(self.cluster.pid, node)
+        self._fault(kind, node, why)
+        os.kill(pid, sig)
+        return pid
 
 
 class ClusterStorm(Storm):
@@ -454,7 +464,8 @@ async def _storm(args: argparse.Namespace, cluster: Cluster) -> dict[str, float]
         storm = ClusterStorm(settings, args, journal, Ports(args.metrics_ports, args.metrics_ports + 499),
                              Path(tmp) / "locks")
         try:
-            for stage, count in (("sleep", args.workers), ("exec", args.exec_workers), ("verify", 1)):
+            for stage, count in (("sleep", args.workers), ("exec", args.exec_workers),
+                                 ("verify", 1 if args.exec_workers else 0)):
                 for _ in range(count):
                     storm.spawn(stage)
             for w in storm.workers:
@@ -471,19 +482,21 @@ async def _load(args: argparse.Namespace, settings: KilnSettings, storm: Cluster
                            max_in_flight=100_000) for c in "ab"]
     exec_kiln, verify_kiln = CountedClient(storm, "exec"), CountedClient(storm, "verify")
     execs = ExecClient(exec_kiln)
+    supervisor: asyncio.Task[None] | None = None
     try:
-        # The paths work before anything fails (and the sandbox image is there).
-        await asyncio.wait_for(execs.run_once(IMAGE, "true"), 300)
-        await asyncio.wait_for(VerifyClient(verify_kiln).verify_batch(*addition_batch(2, 2, 0)), 300)
+        if args.exec_workers:  # the paths work before anything fails (and the sandbox image is there)
+            await asyncio.wait_for(execs.run_once(IMAGE, "true"), 300)
+            await asyncio.wait_for(VerifyClient(verify_kiln).verify_batch(*addition_batch(2, 2, 0)), 300)
         started = time.monotonic()
         storm.next_exec_kill = started + args.exec_kill_every
         stop_load, stop_supervising = asyncio.Event(), asyncio.Event()
         supervisor = asyncio.create_task(storm.supervise(float("inf"), stop_supervising))
         loads = [asyncio.create_task(storm.sleep_load(c, f"sleep-{name}", stop_load, seed))
                  for seed, (name, c) in enumerate(zip("ab", sleepers, strict=True))]
-        loads.append(asyncio.create_task(storm.run_once_load(exec_kiln, stop_load)))
-        loads += [asyncio.create_task(storm.session_load(execs, i, stop_load)) for i in range(args.sessions)]
-        loads.append(asyncio.create_task(storm.verify_load(VerifyClient(verify_kiln), stop_load)))
+        if args.exec_workers:
+            loads.append(asyncio.create_task(storm.run_once_load(exec_kiln, stop_load)))
+            loads += [asyncio.create_task(storm.session_load(execs, i, stop_load)) for i in range(args.sessions)]
+            loads.append(asyncio.create_task(storm.verify_load(VerifyClient(verify_kiln), stop_load)))
         # Whose coordinator goes: the workers' groups, and a client's (the group reading its results).
         groups = [group_of(settings, stage) for stage in STAGE_TOPICS] + [f"kiln-client.{sleepers[0].client_id}"]
         faults = Faults(cluster, settings, topics, groups, args, session_timeout_s)
@@ -514,6 +527,8 @@ async def _load(args: argparse.Namespace, settings: KilnSettings, storm: Cluster
         for watcher in faults.watchers:
             await watcher
     finally:
+        if supervisor is not None:
+            supervisor.cancel()  # (done already, unless the storm failed half-way: then no worker is replaced)
         for client in (*sleepers, exec_kiln, verify_kiln):
             await client.close()
     return _figures(settings, storm, faults.log, started, load_end, bound_s, wall_offset)
@@ -605,6 +620,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--broker-kills", type=int, default=8)
     parser.add_argument("--broker-kill-every", type=float, default=22)
     parser.add_argument("--down-s", type=float, default=5, help="a killed node's time down before its restart")
+    parser.add_argument("--rolling-restart", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--pause", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--lose-one", action=argparse.BooleanOptionalAction, default=True,
+                        help="a node SIGKILLed for good at the end")
     parser.add_argument("--pause-extra-s", type=float, default=5, help="a pause's length past the session timeout")
     parser.add_argument("--tail-s", type=float, default=30, help="load on two brokers after one is lost for good")
     parser.add_argument("--whole-patience-s", type=float, default=240)
@@ -613,7 +632,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--exec-kill-every", type=float, default=60, help="of those, an exec worker this often")
     parser.add_argument("--workers", type=int, default=3, help="sleep workers")
     parser.add_argument("--slots", type=int, default=4, help="a sleep worker's slots")
-    parser.add_argument("--exec-workers", type=int, default=2)
+    parser.add_argument("--exec-workers", type=int, default=2, help="0: sleep jobs only (no exec, no verify)")
     parser.add_argument("--exec-slots", type=int, default=4)
     parser.add_argument("--rate", type=float, default=10, help="sleep requests per second, per sleep client")
     parser.add_argument("--exec-rate", type=float, default=2, help="run_once calls per second")
