@@ -29,7 +29,7 @@ whole before it, so two or more brokers alive after it), the longest stretch unt
 in which no client received a result of any request; ``cluster_stall_bound_s``: the broker session timeout plus
 the controller's election time (``controller.quorum.fetch.timeout.ms`` + ``controller.quorum.election.timeout.ms``,
 a new active controller when the dead node was it), read from the cluster. With them: the same stretch per client
-(``cluster_client_stall_s_max``), in the sleep workers' own journal (``cluster_worker_stall_s_max``), after the
+(the worse of the two sleep clients: ``cluster_sleep_client_stall_s_max``), in the sleep workers' own journal (``cluster_worker_stall_s_max``), after the
 rolling restart's stops and the pause, how long the dead node still led partitions (``cluster_leaders_moved_s_max``),
 wrong answers (aim 0), sessions lost to exec worker kills, and the settings that decide the stall (``SETTING``
 lines: the brokers', and what kiln's workers and clients run with).
@@ -472,7 +472,7 @@ async def _storm(args: argparse.Namespace, cluster: Cluster) -> dict[str, float]
                 await asyncio.to_thread(w.wait_assigned, 300)
             metrics = await _load(args, settings, storm, cluster, topics, session_timeout_s, bound_s, wall_offset)
         finally:
-            WorkerProcess.stop_all(storm.workers, 20)
+            WorkerProcess.stop_all(storm.workers, 60)
     return metrics
 
 
@@ -555,9 +555,10 @@ def _figures(settings: KilnSettings, storm: ClusterStorm, faults: list[Fault], s
             ends.append(float(wall) - wall_offset)
     extra_starts = sum(starts.values()) - len(starts)
     delivered_at = [t for t, _ in storm.deliveries]
-    by_client: defaultdict[str, list[float]] = defaultdict(list)
+    by_client: defaultdict[str, list[float]] = defaultdict(list)  # the open-loop sleep clients
     for t, client in storm.deliveries:
-        by_client[client].append(t)
+        if client.startswith("sleep-"):
+            by_client[client].append(t)
     stalls: dict[str, list[float]] = defaultdict(list)
     for fault, after in zip(faults, [*faults[1:], None], strict=True):
         end = after.at if after is not None else load_end
@@ -570,7 +571,7 @@ def _figures(settings: KilnSettings, storm: ClusterStorm, faults: list[Fault], s
         stalls[f"{group} worker"].append(worker_stall)
         moved = f"{fault.leaders_moved_s:.1f} s" if fault.leaders_moved_s is not None else "never seen"
         console.print(f"{fault.kind} node {fault.node} at +{fault.at - started:.1f} s ({fault.why}): leaders moved "
-                      f"after {moved}; stall {stall:.2f} s (a client's {worst_client:.2f} s, the sleep workers' "
+                      f"after {moved}; stall {stall:.2f} s (a sleep client's {worst_client:.2f} s, the sleep workers' "
                       f"{worker_stall:.2f} s)")
     for line in storm.wrong[:10]:
         console.print(f"[red]wrong answer:[/] {line}")
@@ -589,11 +590,11 @@ def _figures(settings: KilnSettings, storm: ClusterStorm, faults: list[Fault], s
         "cluster_stall_s_p50": round(percentile(kills, 0.5), 2),
         "cluster_stall_s_max": round(max(kills, default=float("nan")), 2),
         "cluster_stall_bound_s": round(bound_s, 2),
-        "cluster_client_stall_s_max": round(max(stalls["kill client"], default=float("nan")), 2),
+        "cluster_sleep_client_stall_s_max": round(max(stalls["kill client"], default=float("nan")), 2),
         "cluster_worker_stall_s_max": round(max(stalls["kill worker"], default=float("nan")), 2),
         "cluster_rolling_stall_s_max": round(max(stalls["restart"], default=float("nan")), 2),
         "cluster_pause_stall_s": round(max(stalls["pause"], default=float("nan")), 2),
-        "cluster_pause_client_stall_s": round(max(stalls["pause client"], default=float("nan")), 2),
+        "cluster_pause_sleep_client_stall_s": round(max(stalls["pause client"], default=float("nan")), 2),
         "cluster_leaders_moved_s_max": round(max(moved_s, default=float("nan")), 2),
         "cluster_broker_kills": float(len(kills)),
         "cluster_wrong_answers": float(len(storm.wrong)),
