@@ -28,11 +28,12 @@ extra starts ÷ sleep workers killed), ``cluster_stall_s_p50`` / ``_max``: after
 whole before it, so two or more brokers alive after it), the longest stretch until the next fault (or the end)
 in which no client received a result of any request; ``cluster_stall_bound_s``: the broker session timeout plus
 the controller's election time (``controller.quorum.fetch.timeout.ms`` + ``controller.quorum.election.timeout.ms``,
-a new active controller when the dead node was it), read from the cluster. With them: the same stretch per client
-(the worse of the two sleep clients: ``cluster_sleep_client_stall_s_max``), in the sleep workers' own journal (``cluster_worker_stall_s_max``), after the
-rolling restart's stops and the pause, how long the dead node still led partitions (``cluster_leaders_moved_s_max``),
-wrong answers (aim 0), sessions lost to exec worker kills, and the settings that decide the stall (``SETTING``
-lines: the brokers', and what kiln's workers and clients run with).
+a new active controller when the dead node was it), read from the cluster. With them: the same stretch for the worse
+of the two sleep clients (``cluster_sleep_client_stall_s_max``) and in the sleep workers' own journal (jobs ending:
+``cluster_worker_stall_s_max``); the stretches after the rolling restart's stops and after the pause; how long a dead
+node still led partitions (``cluster_leaders_moved_s_max``); wrong answers (aim 0); sessions lost to exec worker
+kills; and the settings that decide the stall (``SETTING`` lines: the brokers', and what kiln's workers and clients
+run with).
 
 Usage: python -m bench.cluster [--broker-kills 8] [--broker-kill-every 22] [--seconds 300] [--port 39092]
 """
