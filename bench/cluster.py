@@ -579,6 +579,10 @@ def _figures(settings: KilnSettings, storm: ClusterStorm, faults: list[Fault], s
     if storm.errors:
         console.print(f"answered with an error: {dict(storm.errors)}")
     kills = stalls["kill"]
+    if kills:
+        console.print(f"stall after a broker kill: max {max(kills):.2f} s, "
+                      f"{'within' if max(kills) <= bound_s else '[red]over[/]'} the bound {bound_s:g} s (broker "
+                      "session timeout + the controller's fetch and election timeouts)")
     moved_s = [f.leaders_moved_s for f in faults if f.kind in ("kill", "lost") and f.leaders_moved_s is not None]
     return {
         "cluster_lost_results": float(len(lost)),
