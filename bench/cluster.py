@@ -67,6 +67,7 @@ from bench.verify import batch as addition_batch
 from kiln.schemas.envelope import ResultEnvelope, new_request_id
 from kiln.streams import admin, codec
 from kiln.streams.client import KilnClient
+from kiln.streams.console import log_file, route_kafka_logs
 from kiln.streams.errors import InfraError, KilnError, RequestFailed
 from kiln.streams.processes import WorkerProcess
 from kiln.streams.replay import read_topic
@@ -443,6 +444,8 @@ async def _storm(args: argparse.Namespace, cluster: Cluster) -> dict[str, float]
     tag = uuid.uuid4().hex[:8]
     settings = KilnSettings(bootstrap_servers=cluster.sh("bootstrap").strip(), topic_prefix=f"cluster-{tag}.",
                             cache=Path(os.environ.get("KILN_CACHE", Path.home() / ".cache/kiln")) / "cluster")
+    route_kafka_logs(settings, verbose=False)  # the kills' connection errors, by the hundred: to the log file
+    console.print(f"librdkafka's lines: {log_file(settings)}")
     if admin.wait_for_broker(settings) != args.brokers:
         raise InfraError(f"the cluster at {settings.bootstrap_servers} has not {args.brokers} brokers")
     wanted = {RESULTS, "kiln.heartbeats", *STAGE_TOPICS.values(), *(f"{t}.dlq" for t in STAGE_TOPICS.values())}
