@@ -477,8 +477,9 @@ async def _storm(args: argparse.Namespace, cluster: Cluster) -> dict[str, float]
             metrics = await _load(args, settings, storm, cluster, topics, session_timeout_s, bound_s, wall_offset)
         finally:
             WorkerProcess.stop_all(storm.workers, 60)
-    failed = await asyncio.to_thread(admin.delete_topics, settings, sorted(topics))  # the data stays: a next start
-    if failed:  # loads every log
+    # The cluster's data stays for its next start, which loads every log it holds: not the storm's.
+    failed = await asyncio.to_thread(admin.delete_topics, settings, sorted(topics))
+    if failed:
         console.print(f"[yellow]topics not deleted:[/] {failed}")
     return metrics
 
