@@ -574,7 +574,7 @@ def _figures(settings: KilnSettings, storm: ClusterStorm, faults: list[Fault], s
     for fault, after in zip(faults, [*faults[1:], None], strict=True):
         end = after.at if after is not None else load_end
         stall = longest_gap(delivered_at, fault.at, end)
-        worst_client = max(longest_gap(times, fault.at, end) for times in by_client.values())
+        worst_client = max((longest_gap(times, fault.at, end) for times in by_client.values()), default=end - fault.at)
         worker_stall = longest_gap(ends, fault.at, end)
         group = "kill" if fault.kind in ("kill", "lost") else fault.kind
         stalls[group].append(stall)
