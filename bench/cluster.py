@@ -57,6 +57,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -581,9 +582,10 @@ def _figures(settings: KilnSettings, storm: ClusterStorm, faults: list[Fault], s
         stalls[f"{group} client"].append(worst_client)
         stalls[f"{group} worker"].append(worker_stall)
         moved = f"{fault.leaders_moved_s:.1f} s" if fault.leaders_moved_s is not None else "never seen"
-        console.print(f"{fault.kind} node {fault.node} at +{fault.at - started:.1f} s ({fault.why}): leaders moved "
-                      f"after {moved}; stall {stall:.2f} s (a sleep client's {worst_client:.2f} s, the sleep workers' "
-                      f"{worker_stall:.2f} s)")
+        wall = datetime.fromtimestamp(fault.at + wall_offset, UTC).strftime("%H:%M:%S.%f")[:-3]
+        console.print(f"{fault.kind} node {fault.node} at +{fault.at - started:.1f} s ({wall} UTC; {fault.why}): "
+                      f"leaders moved after {moved}; stall {stall:.2f} s (a sleep client's {worst_client:.2f} s, the "
+                      f"sleep workers' {worker_stall:.2f} s)")
     for line in storm.wrong[:10]:
         console.print(f"[red]wrong answer:[/] {line}")
     if storm.errors:
