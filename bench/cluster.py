@@ -152,14 +152,25 @@ class Faults:
         self.log: list[Fault] = []
         self.watchers: list[asyncio.Task[None]] = []
 
+    def _metadata(self) -> Any:
+        """The cluster's metadata, asked again when the broker asked does not answer (it may be the one paused)."""
+        failures = 0
+        while True:
+            try:
+                return self.admin.list_topics(timeout=10)
+            except Exception as e:
+                failures += 1
+                if failures == 5:
+                    raise InfraError(f"no metadata from the cluster: {e}") from e
+
     def _partitions(self) -> tuple[int, list[Any]]:
-        md = self.admin.list_topics(timeout=10)
+        md = self._metadata()
         parts = [p for name, t in md.topics.items() if name in self.topics or name.startswith("__")
                  for p in t.partitions.values()]
         return len(md.brokers), parts
 
     def leaders(self) -> Counter[int]:
-        md = self.admin.list_topics(timeout=10)
+        md = self._metadata()
         return Counter(p.leader for name in self.topics if name in md.topics
                        for p in md.topics[name].partitions.values())
 
@@ -170,7 +181,7 @@ class Faults:
     def coordinator(self, group: str) -> int:
         """The node coordinating ``group``: the leader of its partition of ``__consumer_offsets`` (the group id's
         Java hash code, as the broker picks it)."""
-        offsets = self.admin.list_topics("__consumer_offsets", timeout=10).topics["__consumer_offsets"].partitions
+        offsets = self._metadata().topics["__consumer_offsets"].partitions
         code, units = 0, group.encode("utf-16-be")
         for i in range(0, len(units), 2):
             code = (31 * code + int.from_bytes(units[i:i + 2], "big")) & 0xFFFFFFFF
