@@ -127,6 +127,20 @@ class Cluster:
         return subprocess.run(["bash", str(KAFKA), *args], env=self.env, check=True, stdout=subprocess.PIPE,
                               text=True, timeout=900).stdout
 
+    def start_node(self, node: int, attempts: int = 5) -> None:
+        """Start a node again. Its port may be taken for a moment: it lies in Linux's ephemeral range here
+        (32768-60999), and a client reconnecting to the dead node on loopback can be handed that very port as its own
+        (a TCP self-connect), so the node cannot bind it; tried again."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self.sh("start-node", str(node))
+                return
+            except subprocess.CalledProcessError:
+                if attempt == attempts:
+                    raise
+                console.print(f"[yellow]node {node} did not start (attempt {attempt}); again in 2 s")
+                time.sleep(2)
+
     def pid(self, node: int) -> int:
         pids = self.sh("pids").split()
         return dict(zip(map(int, pids[0::2]), map(int, pids[1::2]), strict=True))[node]
@@ -230,12 +244,12 @@ class Faults:
                 node, why = await asyncio.to_thread(self.most_leaders)
             await self._signal("kill", node, why, signal.SIGKILL)
             await asyncio.sleep(args.down_s)
-            await asyncio.to_thread(self.cluster.sh, "start-node", str(node))
+            await asyncio.to_thread(self.cluster.start_node, node)
         for node in nodes if args.rolling_restart else []:
             await self.until_whole()
             self._fault("restart", node, "rolling restart")
             await asyncio.to_thread(self.cluster.sh, "stop-node", str(node))
-            await asyncio.to_thread(self.cluster.sh, "start-node", str(node))
+            await asyncio.to_thread(self.cluster.start_node, node)
         await self.until_whole()
         if args.pause:
             node, why = await asyncio.to_thread(self.most_leaders)
