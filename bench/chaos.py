@@ -153,25 +153,41 @@ class Storm:
                 if w.proc.poll() is not None:  # exited without being killed: the stage halted here
                     self.halts += 1
                     console.print(f"[red]worker exited by itself ({w.proc.returncode}):[/] {w.log}")
-                    self.workers.remove(w)
-                    self.spawn()
+                    self.replace(w)
             if time.monotonic() >= next_kill and time.monotonic() < kill_until and self.workers:
-                victim = rng.choice(self.workers)
+                victim = self.victim(rng)
                 victim.kill()
-                self.workers.remove(victim)
                 self.killed += 1
-                self.spawn()
+                self.replace(victim)
                 next_kill += self.args.kill_every
 
-    async def submit(self, client: KilnClient, until: float, rng: random.Random, rate: float | None = None,
-                     poison_share: float | None = None, deadline_s: float | None = None, label: str = "main") -> None:
-        """Submit open loop until ``until``; each result is recorded the moment its future resolves (so one
-        resolved while the client closes is counted too)."""
+    def victim(self, rng: random.Random) -> WorkerProcess:
+        """The worker the next kill takes (one of ``workers``, which is not empty)."""
+        return rng.choice(self.workers)
+
+    def replace(self, worker: WorkerProcess) -> None:
+        """A new worker in the place of ``worker``, which was killed or exited."""
+        self.workers.remove(worker)
+        self.spawn()
+
+    def track(self, fut: asyncio.Future[ResultEnvelope], request_id: str, label: str) -> None:
+        """Count a request just sent by client ``label``: its result is recorded the moment its future resolves (so
+        one resolved while the client closes is counted too)."""
+        self.sent.add(request_id)
+        self.origin[request_id] = label
+        self.submitted_at[request_id] = time.monotonic()
+        fut.add_done_callback(lambda f: self.record_future(f, request_id))
+
+    async def submit(self, client: KilnClient, until: float | asyncio.Event, rng: random.Random,
+                     rate: float | None = None, poison_share: float | None = None, deadline_s: float | None = None,
+                     label: str = "main") -> None:
+        """Submit open loop until ``until`` (a time, or an event set); each result is recorded the moment its future
+        resolves (so one resolved while the client closes is counted too)."""
         producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "compression.type": "zstd",
                              "message.max.bytes": 10_000_000})
-        bad = poison(self.request, self.results, FileBlobStore(self.settings.cache / "blobs"))
         share = self.args.poison_share if poison_share is None else poison_share
-        while time.monotonic() < until:
+        bad = poison(self.request, self.results, FileBlobStore(self.settings.cache / "blobs")) if share else []
+        while not until.is_set() if isinstance(until, asyncio.Event) else time.monotonic() < until:
             request_id = new_request_id()
             try:
                 fut = await client.submit("sleep", SleepRequest(seconds=rng.uniform(0.02, 0.3)), topic=self.request,
@@ -179,12 +195,9 @@ class Storm:
             except KilnError:
                 await asyncio.sleep(0.1)
                 continue
-            self.sent.add(request_id)
-            self.origin[request_id] = label
-            self.submitted_at[request_id] = time.monotonic()
+            self.track(fut, request_id, label)
             if deadline_s is not None:  # only the skewed client sends deadlines
                 self.skewed_sent.add(request_id)
-            fut.add_done_callback(lambda f, rid=request_id: self.record_future(f, rid))  # type: ignore[misc]
             if rng.random() < share:
                 value, key, headers = bad[self.poisoned % len(bad)]
                 producer.produce(self.request, value, key=key, headers=headers)
