@@ -98,8 +98,6 @@ def test_a_dead_builders_containers_are_reaped_and_no_one_elses(docker_engine: A
         if child.poll() is None:
             child.kill()
         for c in made + _under(docker_engine, f"{parent}/{dead_id}"):
-            try:
+            with contextlib.suppress(NotFound, APIError):
                 c.remove(force=True)
-            except (NotFound, APIError):
-                pass
         live.release()
