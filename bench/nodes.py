@@ -649,13 +649,9 @@ async def scenario(args: argparse.Namespace, shared: Shared, nodes: list[Node]) 
         await building
         victim = next(n for n in nodes if n.index == gathered[0])
         survivors = [n for n in nodes if n is not victim]
-        # 5. Lean requests and (--kill-build) a build in flight on the victim, calls everywhere; then it dies whole.
+        # 5. (--kill-build) a build in flight on the victim, then Lean requests on its partitions and calls
+        # everywhere; then it dies whole.
         pending: list[asyncio.Task[None]] = []
-        lean_keys = keys_on(victim, "lean", partitions, "sleeper", args.lean_requests)
-        for key in lean_keys:
-            code = f"-- fake: sleep {args.lean_s:g}\n{THEOREMS}"
-            pending.append(asyncio.create_task(tracked.run(key, _lean_ok(lean.run_code(code, key=key,
-                                                                                        timeout_s=args.lean_s + 120)))))
         builds: list[str] = []
         if args.kill_build:
             marker = f"sleep {args.build_s:g}"
@@ -667,6 +663,11 @@ async def scenario(args: argparse.Namespace, shared: Shared, nodes: list[Node]) 
             pending.append(asyncio.create_task(tracked.run(slow, _build_ok(BuilderClient(kiln).build(
                 BuildRequest(repository=slow), result_timeout_s=1800)))))
             await until(lambda: running(victim, marker), f"node {victim.index} holding an in-flight build", 600)
+        lean_keys = keys_on(victim, "lean", partitions, "sleeper", args.lean_requests)
+        for key in lean_keys:
+            code = f"-- fake: sleep {args.lean_s:g}\n{THEOREMS}"
+            pending.append(asyncio.create_task(tracked.run(key, _lean_ok(lean.run_code(code, key=key,
+                                                                                        timeout_s=args.lean_s + 120)))))
         calls = [f"answer-{i}-{uuid.uuid4().hex[:6]}" for i in range(args.calls)]
         pending += [asyncio.create_task(tracked.run(token, _answers(client.run_once(
             image, f"sleep {args.call_s}; echo {token}", timeout_s=120), token))) for token in calls]
