@@ -23,7 +23,6 @@ from kiln.workers.builder import leftovers
 from kiln.workers.common import sandbox
 from kiln.workers.exec.reaper import LivenessLock
 
-pytestmark = pytest.mark.docker
 IMAGE = "kiln/base:latest"
 
 # A builder worker in its own process: it holds its lock, starts a build's test run and is SIGKILLed during it.
@@ -51,11 +50,53 @@ def parent() -> Iterator[str]:
                 os.rmdir(directory)
 
 
+def test_a_container_names_its_builder_by_its_cgroup_parent_only(tmp_path: Path) -> None:
+    worker = f"build-{leftovers.scope(tmp_path)}-18c3-2a"
+    assert leftovers.owner({"HostConfig": {"CgroupParent": f"kiln-builds/{worker}"}}, "kiln-builds") == worker
+    assert leftovers.owner({"HostConfig": {"CgroupParent": f"kiln-node-1/builds/{worker}"}},
+                           "kiln-node-1/builds/") == worker
+    for cgroup in (f"other/{worker}", f"kiln-builds/x/{worker}", "kiln-builds/exec-18c3-2a", "kiln-builds", ""):
+        assert leftovers.owner({"HostConfig": {"CgroupParent": cgroup}}, "kiln-builds") is None, cgroup
+    assert leftovers.owner({"Config": {"Labels": {"kiln.lock": str(tmp_path / f"{worker}.lock")}}},
+                           "kiln-builds") is None  # labels (which an image can set) name no one
+
+
+def test_only_a_builder_that_let_its_lock_go_is_dead(tmp_path: Path) -> None:
+    locks = tmp_path / "locks"
+    held = LivenessLock(locks, f"build-{leftovers.scope(locks)}-1-1")
+    held.hold()
+    try:
+        let_go = locks / f"build-{leftovers.scope(locks)}-2-2.lock"
+        let_go.write_text("")
+        assert not leftovers.dead(held.path.stem, locks)
+        assert leftovers.dead(let_go.stem, locks) and not let_go.exists()
+        assert leftovers.dead(f"build-{leftovers.scope(locks)}-3-3", locks)  # no lock file at all
+        # A worker whose lock is in another directory is not judged here, whatever this one holds.
+        assert not leftovers.dead(f"build-{leftovers.scope(tmp_path / 'elsewhere')}-4-4", locks)
+    finally:
+        held.release()
+
+
+def test_a_worker_runs_its_builds_in_a_cgroup_of_its_own_while_it_holds_its_lock(tmp_path: Path) -> None:
+    worker = leftovers.BuildWorker()
+    assert worker.cgroup("kiln-builds") == "kiln-builds"
+    worker.hold(tmp_path)
+    try:
+        assert worker.cgroup("kiln-builds") == f"kiln-builds/{worker.id}"
+        assert leftovers.owner({"HostConfig": {"CgroupParent": worker.cgroup("kiln-builds")}},
+                               "kiln-builds") == worker.id
+        assert not leftovers.dead(worker.id, tmp_path)
+    finally:
+        worker.release(f"kiln-test-none-{uuid.uuid4().hex[:8]}")
+    assert worker.cgroup("kiln-builds") == "kiln-builds" and not any(tmp_path.glob("*.lock"))
+
+
 def _under(engine: Any, cgroup: str) -> list[Any]:
     return [c for c in engine.containers.list(all=True, filters={"label": "kiln.role=build-test"})
             if (c.attrs.get("HostConfig") or {}).get("CgroupParent") == cgroup]
 
 
+@pytest.mark.docker
 def test_a_dead_builders_containers_are_reaped_and_no_one_elses(docker_engine: Any, tmp_path: Path,
                                                                   parent: str) -> None:
     locks = tmp_path / "locks"
