@@ -738,8 +738,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     shared = Shared(args.kafka_port, args.brokers, args.s3_port, args.registry_port)
     await asyncio.to_thread(shared.start)
     nodes = [Node(i, shared) for i in range(1, args.nodes + 1)]
-    for n in nodes:
-        await asyncio.to_thread(n.up)
+    await asyncio.gather(*(asyncio.to_thread(n.up) for n in nodes))
     try:
         return await scenario(args, shared, nodes)
     finally:

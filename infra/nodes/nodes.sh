@@ -62,9 +62,12 @@ bridge() {
 }
 
 # The host's side: the nodes' subnet masqueraded when it leaves by another interface (the proxies' upstream), and
-# nothing forwarded from the bridge to a private range but the resolver (rebuilt from scratch each time).
+# nothing forwarded from the bridge to a private range but the resolver (rebuilt from scratch each time, under a
+# lock: nodes come up side by side).
 host_rules() {
   apt_install iptables
+  exec 8>"$KILN_RUN/nodes-host-rules.lock"
+  flock 8
   iptables -t nat -C POSTROUTING -s "$SUBNET.0/24" ! -o "$BRIDGE" -j MASQUERADE 2>/dev/null \
     || iptables -t nat -A POSTROUTING -s "$SUBNET.0/24" ! -o "$BRIDGE" -j MASQUERADE
   iptables -N "$HOST_CHAIN" 2>/dev/null || iptables -F "$HOST_CHAIN"
@@ -76,6 +79,7 @@ host_rules() {
   done
   for range in $INWARD; do iptables -A "$HOST_CHAIN" -d "$range" -j REJECT; done
   iptables -C FORWARD -i "$BRIDGE" -j "$HOST_CHAIN" 2>/dev/null || iptables -I FORWARD 1 -i "$BRIDGE" -j "$HOST_CHAIN"
+  exec 8>&-
 }
 
 unhost_rules() {
