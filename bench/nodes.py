@@ -738,8 +738,11 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     shared = Shared(args.kafka_port, args.brokers, args.s3_port, args.registry_port)
     await asyncio.to_thread(shared.start)
     nodes = [Node(i, shared) for i in range(1, args.nodes + 1)]
-    await asyncio.gather(*(asyncio.to_thread(n.up) for n in nodes))
     try:
+        # Side by side; every one finished (or failed) before anything is torn down.
+        for outcome in await asyncio.gather(*(asyncio.to_thread(n.up) for n in nodes), return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
         return await scenario(args, shared, nodes)
     finally:
         for n in nodes:
