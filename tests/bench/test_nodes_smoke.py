@@ -21,7 +21,7 @@ KAFKA_PORT = 19692  # its own broker (19292 is test_reply_outage's)
 
 async def test_a_node_lost_whole_loses_nothing_and_leaks_nothing() -> None:
     args = parser().parse_args(["--nodes", "2", "--calls", "8", "--call-s", "4", "--lean-requests", "2",
-                                "--lean-s", "8", "--no-kill-build", "--settle", "45",
+                                "--lean-s", "5", "--no-kill-build", "--settle", "45",
                                 "--kafka-port", str(KAFKA_PORT), "--s3-port", "19470", "--registry-port", "19500"])
     metrics = await run(args)
     assert metrics["nodes_pulled_by_digest"] == 2
