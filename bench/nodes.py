@@ -490,11 +490,16 @@ print(json.dumps({"direct": {"%s:%s" % tuple(t): direct(*t) for t in plan["direc
 
 def probe_plan(shared: Shared, nodes: list[Node], node: Node) -> dict[str, Any]:
     """What a sandbox on ``node`` tries: the host's broker, S3 and registry (and the broker's loopback port on the
-    host's address), the other nodes' Saucer, the internet — directly, and the inward ones through the proxy too."""
+    host's address; the registry on the host's other addresses), every node's Saucer, the internet — directly, and
+    the inward ones through the proxy too."""
     host = shared.address
     inward = [(host, int(b.rpartition(":")[2])) for b in shared.bootstrap_nodes.split(",")]
     inward += [(host, shared.kafka_port), (host, shared.s3_port), (host, shared.registry_port)]
     inward += [(n.address, SAUCER_PORT) for n in nodes]
+    # The host's other addresses, where the registry listens too (on every address).
+    addresses = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    inward += [(a, shared.registry_port) for a in re.findall(r"inet ([0-9.]+)/", addresses)
+               if a != host and not a.startswith("127.")]
     return {"direct": inward + list(OUTSIDE), "proxied": [f"{h}:{p}" for h, p in inward] + ["example.com:443"],
             "allowed": ALLOWED, "proxy": [EGRESS_GATEWAY, EGRESS_PORT]}
 

@@ -152,15 +152,21 @@ egress() {
 
 # KILN-NODE: what may leave the node's namespace (rebuilt from scratch each time). Its own loopback and bridges
 # (the proxy answering its build steps); to the host's address, anything but the proxy; the proxy anywhere but the
-# nodes' subnet (egress.sh's own chain, before this one, keeps it from every private range but the resolver);
-# nothing else — the node's workers reach the internet only as the proxy does, for a build step.
+# nodes' subnet and the host's own addresses (egress.sh's own chain, before this one, keeps it from every private
+# range but the resolver); nothing else — the node's workers reach the internet only as the proxy does, for a build
+# step.
 node_rules() {
-  local proxy_uid; proxy_uid=$(id -u "$PROXY_USER")
+  local proxy_uid host_address refuse=""
+  proxy_uid=$(id -u "$PROXY_USER")
+  for host_address in $(ip -4 -o addr show | awk '{split($4, a, "/"); print a[1]}'); do
+    refuse+="iptables -A $NODE_CHAIN -m owner --uid-owner $proxy_uid -d $host_address -j REJECT;"
+  done
   nsenter --net="/run/netns/$NS" bash -euo pipefail -c "
     iptables -N $NODE_CHAIN 2>/dev/null || iptables -F $NODE_CHAIN
     iptables -A $NODE_CHAIN -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
     iptables -A $NODE_CHAIN ! -o eth0 -j ACCEPT
     iptables -A $NODE_CHAIN -m owner --uid-owner $proxy_uid -d $SUBNET.0/24 -j REJECT
+    $refuse
     iptables -A $NODE_CHAIN -m owner --uid-owner $proxy_uid -j ACCEPT
     iptables -A $NODE_CHAIN -d $HOST_ADDRESS -j ACCEPT
     iptables -A $NODE_CHAIN -j REJECT
