@@ -488,8 +488,8 @@ print(json.dumps({"direct": {"%s:%s" % tuple(t): direct(*t) for t in plan["direc
 """
 
 
-def probe_plan(shared: Shared, nodes: list[Node], node: Node) -> dict[str, Any]:
-    """What a sandbox on ``node`` tries: the host's broker, S3 and registry (and the broker's loopback port on the
+def probe_plan(shared: Shared, nodes: list[Node]) -> dict[str, Any]:
+    """What a sandbox on a node tries: the host's broker, S3 and registry (and the broker's loopback port on the
     host's address; the registry on the host's other addresses), every node's Saucer, the internet — directly, and
     the inward ones through the proxy too."""
     host = shared.address
@@ -624,9 +624,9 @@ async def scenario(args: argparse.Namespace, shared: Shared, nodes: list[Node]) 
         out["nodes_pulled_by_digest"] = sum(await asyncio.gather(*(asyncio.to_thread(n.holds, reference)
                                                                    for n in nodes)))
         # 2. Each node's egress, from a build step's sandbox and from an exec sandbox.
-        outcomes = await asyncio.gather(*(asyncio.to_thread(egress_probe, n, image, probe_plan(shared, nodes, n))
-                                          for n in nodes))
-        plan = {**probe_plan(shared, nodes, nodes[0]), "proxied": []}
+        plan = probe_plan(shared, nodes)
+        outcomes = await asyncio.gather(*(asyncio.to_thread(egress_probe, n, image, plan) for n in nodes))
+        plan = {**plan, "proxied": []}  # an exec sandbox: no network, no proxy either
         exec_probe = await client.run_once(image, f"python3 probe.py {shlex.quote(json.dumps(plan))}",
                                            files={"probe.py": PROBE}, timeout_s=120)
         outcomes.append(json.loads(exec_probe.output.stdout if exec_probe.output else "{}"))
