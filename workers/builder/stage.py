@@ -119,14 +119,14 @@ class _Builder:
             except Exception:  # the next round tries again; housekeeping must never die
                 log.exception("build housekeeping failed; retrying next round")
 
-    async def _ensure_bases(self, cfg: BuilderSettings, bases: BaseImages) -> None:
+    async def _ensure_bases(self, cfg: BuilderSettings, bases: BaseImages, ctx: JobContext) -> None:
         """Base images given as registry references pulled (by digest) when this engine lacks them."""
         if self.bases is None:
             registry_ = Registry(cfg.registry, cfg.registry_user, cfg.registry_password)
             self.bases = ImageCache(self.client, registry_, BASES_KEPT)
         for image in (bases.base, bases.toolchain):
             if self.bases.from_registry(image):
-                await asyncio.to_thread(self.bases.ensure, image)
+                await ctx.cancel.run(self.bases.ensure, image)
 
     async def handle(self, request: BuildRequest, ctx: JobContext) -> BuildEvent:
         settings, cfg = get_settings(), BuilderSettings()
@@ -140,7 +140,7 @@ class _Builder:
         model = ModelClient(cfg.agent_url, cfg.agent_model, cfg.agent_api_key) if cfg.agent_url else None
         agent = AgentConfig(cfg.agent_budget, model) if cfg.agent else None
         bases = BaseImages(cfg.base_image, cfg.toolchain_image)
-        await self._ensure_bases(cfg, bases)
+        await self._ensure_bases(cfg, bases, ctx)
         if request.layered:
             images_registry = Registry(cfg.registry, cfg.registry_user, cfg.registry_password)
             event = await build_layered(request, self.store, self.client, bases, images_registry,
