@@ -14,11 +14,16 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import pytest
+
 from bench.nodes import NODES_SH, parser, run, script
 
 KAFKA_PORT = 19692  # its own broker (19292 is test_reply_outage's)
 
 
+# On a fresh machine the first run pushes the toolchain's layers to the scenario's registry and each node pulls
+# them (minutes); warm, the nodes' disks hold them.
+@pytest.mark.timeout(1200)
 async def test_a_node_lost_whole_loses_nothing_and_leaks_nothing() -> None:
     args = parser().parse_args(["--nodes", "2", "--calls", "8", "--call-s", "4", "--lean-requests", "2",
                                 "--lean-s", "5", "--no-kill-build", "--settle", "45",
