@@ -614,15 +614,13 @@ async def scenario(args: argparse.Namespace, shared: Shared, nodes: list[Node]) 
     try:
         # 1. First use on every node: each pulls the image by digest from the registry. Calls go to random
         # partitions: rounds of them until every node has served one (or ten rounds).
-        reference = f"{shared.registry}/{IMAGE_REPOSITORY}@{image.split('@', 1)[1]}"
         for _ in range(10):
             answers = await asyncio.gather(*(client.run_once(image, "python3 -c 'print(6*7)'", timeout_s=60)
                                              for _ in range(2 * partitions)))
             assert all(a.output and a.output.stdout.strip() == "42" for a in answers), answers
-            if all(await asyncio.gather(*(asyncio.to_thread(n.holds, reference) for n in nodes))):
+            if all(await asyncio.gather(*(asyncio.to_thread(n.holds, image) for n in nodes))):
                 break
-        out["nodes_pulled_by_digest"] = sum(await asyncio.gather(*(asyncio.to_thread(n.holds, reference)
-                                                                   for n in nodes)))
+        out["nodes_pulled_by_digest"] = sum(await asyncio.gather(*(asyncio.to_thread(n.holds, image) for n in nodes)))
         # 2. Each node's egress, from a build step's sandbox and from an exec sandbox.
         plan = probe_plan(shared, nodes)
         outcomes = await asyncio.gather(*(asyncio.to_thread(egress_probe, n, image, plan) for n in nodes))
