@@ -563,7 +563,7 @@ async def built_here_ran_there(kiln: KilnClient, client: ExecClient, store: Sauc
     console.print(f"{name} built on node {[n.index for n in built_on]} as {event.image}")
     right = True
     for _ in range(10):
-        answers = await asyncio.gather(*(client.run_once(event.image, "./test_calc", cwd="/work", timeout_s=120)
+        answers = await asyncio.gather(*(client.run_once(event.image, "./test_calc", timeout_s=120)
                                          for _ in range(2 * partitions)))
         right = right and all(a.output is not None and "Tests passed: 1" in a.output.stdout for a in answers)
         if all(await asyncio.gather(*(asyncio.to_thread(n.holds, event.image) for n in others))):
