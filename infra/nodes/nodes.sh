@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Worker nodes on one machine: each node is its own network namespace with its own Docker engine (own containerd,
-# data root, bridge and packet filter) and the kiln workers started in it. Nodes share only what a real cluster's
-# nodes share — the Kafka cluster, S3 and the registry — reached over the nodes' bridge, never over loopback.
-#   nodes.sh up I        node I: namespace, its link to the bridge, its cgroup, its engine (idempotent)
+# data root, bridge and packet filter), its own egress proxy, and the kiln workers started in it. Nodes share only
+# what a real cluster's nodes share — the Kafka cluster, S3 and the registry — reached over the nodes' bridge, never
+# over loopback.
+#   nodes.sh up I        node I: namespace, its link to the bridge, its cgroup, its engine, its egress (idempotent)
 #   nodes.sh kill I      node I dies whole, as a preempted VM does: every process of it — workers, dockerd,
 #                        containerd, the shims, the sandboxes — frozen and SIGKILLed at once (its disk is kept;
 #                        its /run is wiped, as a reboot wipes it). `up I` brings it back.
@@ -10,12 +11,19 @@
 #   nodes.sh run I CMD…  run CMD in node I (its network namespace and cgroup, DOCKER_HOST its engine's socket)
 #   nodes.sh env I       what a process of node I is given (DOCKER_HOST, KILN_NODE_*), as shell assignments
 #   nodes.sh address     the host's address on the bridge: where a node reaches Kafka, S3 and the registry
-#   nodes.sh bridge      make that bridge (before a service listens on its address)
+#   nodes.sh bridge      make that bridge (before a service listens on its address), with the host's rules for it
 #   nodes.sh pids I      the pids of node I's processes (its cgroup's)
 #   nodes.sh status      each node's state
 # Env: KILN_NODES_SUBNET (10.231.0: a /24; the host is .1, node I is .(10+I)), KILN_NODES_INSECURE_REGISTRY
 #      (host:port of the registry the engines pull from over plain HTTP; default: none), KILN_NODES_DATA
 #      ($KILN_RUN/nodes: the nodes' disks, kept across runs so a node's pulled images stay, as a VM's disk does).
+# A node's egress rules (its own packet filter, in its namespace): its build steps reach only the node's own egress
+# proxy (infra/egress/egress.sh, started in the node: the kiln-egress network of the node's engine, tinyproxy on its
+# gateway, in the node's cgroup); its other sandboxes have no network at all (the sandbox policy). Out of the node
+# go only its processes' connections to the host's address (the shared Kafka, S3 and registry) and the proxy's to
+# the registries it allows — never to the host or another node (KILN-NODE, in the node's OUTPUT). The host
+# masquerades the nodes' subnet for that upstream alone: what the bridge forwards may not reach private ranges
+# (KILN-NODES, in the host's FORWARD), the resolver excepted.
 # A node's processes keep the host's mount namespace (nsenter --net, not `ip netns exec`, which makes a mount
 # namespace per command): the exec reaper judges containers by the mount namespace their worker's lock is in.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
@@ -25,6 +33,11 @@ HOST_ADDRESS="$SUBNET.1"
 BRIDGE=kiln-nodes
 DATA_ROOT="${KILN_NODES_DATA:-$KILN_RUN/nodes}"
 RUN_ROOT=/run/kiln-nodes
+EGRESS_SH="$INFRA_DIR/egress/egress.sh"
+PROXY_USER=kiln-egress  # the user egress.sh's tinyproxy runs as
+NODE_CHAIN=KILN-NODE
+HOST_CHAIN=KILN-NODES
+INWARD="127.0.0.0/8 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 169.254.0.0/16 100.64.0.0/10 0.0.0.0/8"
 # The controllers whose hierarchy holds a node's processes: freezer (a node stops at once) and pids (they are
 # listed); the engine puts its containers under the same parent in every controller (--cgroup-parent).
 CGROUP_FS=/sys/fs/cgroup
@@ -45,7 +58,37 @@ bridge() {
   # (grep on a captured listing: `ip … | grep -q` fails under pipefail when grep stops reading early)
   [[ $(ip addr show dev "$BRIDGE") == *"inet $HOST_ADDRESS/"* ]] || ip addr add "$HOST_ADDRESS/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
+  host_rules
 }
+
+# The host's side: the nodes' subnet masqueraded when it leaves by another interface (the proxies' upstream), and
+# nothing forwarded from the bridge to a private range but the resolver (rebuilt from scratch each time, under a
+# lock: nodes come up side by side).
+host_rules() {
+  apt_install iptables
+  exec 8>"$KILN_RUN/nodes-host-rules.lock"
+  flock 8
+  iptables -t nat -C POSTROUTING -s "$SUBNET.0/24" ! -o "$BRIDGE" -j MASQUERADE 2>/dev/null \
+    || iptables -t nat -A POSTROUTING -s "$SUBNET.0/24" ! -o "$BRIDGE" -j MASQUERADE
+  iptables -N "$HOST_CHAIN" 2>/dev/null || iptables -F "$HOST_CHAIN"
+  iptables -A "$HOST_CHAIN" -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN
+  local resolver range
+  for resolver in $(resolvers); do
+    iptables -A "$HOST_CHAIN" -d "$resolver" -p udp --dport 53 -j RETURN
+    iptables -A "$HOST_CHAIN" -d "$resolver" -p tcp --dport 53 -j RETURN
+  done
+  for range in $INWARD; do iptables -A "$HOST_CHAIN" -d "$range" -j REJECT; done
+  iptables -C FORWARD -i "$BRIDGE" -j "$HOST_CHAIN" 2>/dev/null || iptables -I FORWARD 1 -i "$BRIDGE" -j "$HOST_CHAIN"
+  exec 8>&-
+}
+
+unhost_rules() {
+  iptables -t nat -D POSTROUTING -s "$SUBNET.0/24" ! -o "$BRIDGE" -j MASQUERADE 2>/dev/null || true
+  iptables -D FORWARD -i "$BRIDGE" -j "$HOST_CHAIN" 2>/dev/null || true
+  iptables -F "$HOST_CHAIN" 2>/dev/null && iptables -X "$HOST_CHAIN" 2>/dev/null || true
+}
+
+resolvers() { awk '/^nameserver/ && $2 ~ /^[0-9.]+$/ {print $2}' /etc/resolv.conf; }
 
 namespace() {
   bridge
@@ -95,12 +138,51 @@ engine() {
   wait_for "node $NODE's dockerd" 60 engine_ready
 }
 
+# in_node CMD…: CMD in node I's network namespace and cgroup (what it starts stays in them).
+in_node() { (join; exec nsenter --net="/run/netns/$NS" "$@"); }
+
+# The node's egress proxy (egress.sh start, in the node: its engine's kiln-egress network, the rules in the node's
+# namespace, tinyproxy in the node's cgroup, its files on the node's /run), then the node's own OUTPUT rules.
+egress() {
+  mkdir -p "$RUN"
+  in_node env DOCKER_HOST="unix://$SOCK" KILN_EGRESS_DATA="$RUN/egress" KILN_BUILD_CGROUP="$CGROUP/builds" \
+    bash "$EGRESS_SH" start >>"$DATA/egress.log" 2>&1 || die "node $NODE's egress proxy: $(tail -5 "$DATA/egress.log")"
+  node_rules
+}
+
+# KILN-NODE: what may leave the node's namespace (rebuilt from scratch each time). Its own loopback and bridges
+# (the proxy answering its build steps); to the host's address, anything but the proxy; the proxy anywhere but the
+# nodes' subnet and the host's own addresses (egress.sh's own chain, before this one, keeps it from every private
+# range but the resolver); nothing else — the node's workers reach the internet only as the proxy does, for a build
+# step.
+node_rules() {
+  local proxy_uid host_address refuse=""
+  proxy_uid=$(id -u "$PROXY_USER")
+  for host_address in $(ip -4 -o addr show | awk '{split($4, a, "/"); print a[1]}'); do
+    refuse+="iptables -A $NODE_CHAIN -m owner --uid-owner $proxy_uid -d $host_address -j REJECT;"
+  done
+  nsenter --net="/run/netns/$NS" bash -euo pipefail -c "
+    iptables -N $NODE_CHAIN 2>/dev/null || iptables -F $NODE_CHAIN
+    iptables -A $NODE_CHAIN -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+    iptables -A $NODE_CHAIN ! -o eth0 -j ACCEPT
+    iptables -A $NODE_CHAIN -m owner --uid-owner $proxy_uid -d $SUBNET.0/24 -j REJECT
+    $refuse
+    iptables -A $NODE_CHAIN -m owner --uid-owner $proxy_uid -j ACCEPT
+    iptables -A $NODE_CHAIN -d $HOST_ADDRESS -j ACCEPT
+    iptables -A $NODE_CHAIN -j REJECT
+    iptables -C OUTPUT -j $NODE_CHAIN 2>/dev/null || iptables -A OUTPUT -j $NODE_CHAIN
+    if command -v ip6tables >/dev/null; then
+      ip6tables -C OUTPUT -o eth0 -j REJECT 2>/dev/null || ip6tables -A OUTPUT -o eth0 -j REJECT
+    fi"
+}
+
 up() {
   use_node "$1"
   namespace
   cgroups
   engine
-  log "node $NODE up: $NS at $ADDRESS, engine unix://$SOCK"
+  egress
+  log "node $NODE up: $NS at $ADDRESS, engine unix://$SOCK, egress proxy on its kiln-egress network"
 }
 
 node_env() {
@@ -110,6 +192,9 @@ node_env() {
   # The exec workers' liveness locks and label seal live on the node's disk: a worker of the node after its
   # restart reaps what the dead ones left. Its caches (Saucer's, the builder's work) are the node's own too.
   printf 'KILN_EXEC_LOCK_DIR=%s\nKILN_EXEC_SEAL_DIR=%s\nKILN_CACHE=%s\n' "$DATA/kiln/exec" "$DATA/kiln" "$DATA/kiln/cache"
+  # The builders' liveness locks likewise; their build steps run in the node's cgroup (bounded and killed with it)
+  # and go out through the node's own egress proxy (egress.sh's defaults, on the node's engine).
+  printf 'KILN_BUILD_LOCK_DIR=%s\nKILN_BUILD_CGROUP=%s\n' "$DATA/kiln/build" "$CGROUP/builds"
 }
 
 run() {
@@ -194,7 +279,10 @@ case "${1:-}" in
   kill) kill_node "${2:-}" ;;
   down)
     if [[ -n ${2:-} ]]; then down "$2"
-    else for n in /run/netns/kiln-node-*; do [[ -e $n ]] && down "${n##*-}"; done; fi ;;
+    else
+      for n in /run/netns/kiln-node-*; do [[ -e $n ]] && down "${n##*-}"; done
+      unhost_rules
+    fi ;;
   run) n="${2:-}"; shift 2 || true; run "$n" "$@" ;;
   env) node_env "${2:-}" ;;
   address) echo "$HOST_ADDRESS" ;;

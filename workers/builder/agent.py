@@ -281,7 +281,8 @@ def agent_image(client: Any, toolchain: str, checkout: Path, tag: str, labels: d
     the agent's commands install system packages); on success commit it as ``tag``."""
     sandbox = BuildSandbox()
     container = policy.create(client, toolchain, ["sleep", "infinity"], profile=policy.BUILD_AGENT,
-                              limits=sandbox.limits(), egress=sandbox.network, working_dir="/work")
+                              limits=sandbox.limits(), egress=sandbox.network, working_dir="/work",
+                              cgroup_parent=sandbox.worker_cgroup())
     kill_on_cancel(container)
     try:
         container.start()

@@ -182,7 +182,7 @@ def rebuild_layer(client: Any, parent_image: str, repo: Repository, d: Diff, scr
     try:
         container = policy.create(client, parent_image, ["sleep", "infinity"], profile=policy.BUILD_STEP,
                                   limits=sandbox.limits(), egress=sandbox.network, working_dir="/work",
-                                  environment={**env, **sandbox.proxy_env()})
+                                  environment={**env, **sandbox.proxy_env()}, cgroup_parent=sandbox.worker_cgroup())
     except (APIError, DockerException) as e:
         raise InfraError(f"creating the rebuild container from {parent_image}: {e}") from e
     kill_on_cancel(container)

@@ -19,6 +19,7 @@ from kiln.workers.builder import layers
 from kiln.workers.builder.errors import PlanError, StepFailed
 from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.rules import RULES_VERSION, plan
+from kiln.workers.builder.sandbox import BuildSandbox
 from kiln.workers.builder.service import build_revision, revision_version
 from kiln.workers.common import reports
 from kiln.workers.common.containers import Limits, run_sandboxed
@@ -106,7 +107,8 @@ async def build_layered(request: BuildRequest, store: SaucerStore, client: Any, 
         "image": image.reference, "revision_image": image.kind, "parent_commit": image.parent})
     if request.run_tests and contract.test:
         run = await in_thread(run_sandboxed, client, image.reference, contract.test, role="build-test",
-                              collect=contract.reports_dir, limits=limits, env=contract.env)
+                              collect=contract.reports_dir, limits=limits, env=contract.env,
+                              cgroup_parent=BuildSandbox().worker_cgroup())
         tests = reports.parse_results(contract.system, run.exit_code, run.files, contract.module)
         problem = reports.unusable_reason(tests) if tests else ("tests_did_not_run", "no test results")
         if problem is not None:

@@ -5,7 +5,8 @@ containers' policy is the sandbox policy's (``workers/common/sandbox.py``: profi
 
 Configuration (``KILN_BUILD_*``): ``NETWORK`` (kiln-egress), ``PROXY`` (http://172.31.250.1:3128), ``MEMORY_MB``
 (4096), ``CPUS`` (2), ``PIDS`` (4096), ``CGROUP`` (kiln-builds: the parent cgroup ``docker build`` steps run
-under, whose pids limit the setup script sets, since the classic builder takes no per-build pids limit),
+under, whose pids limit the setup script sets, since the classic builder takes no per-build pids limit; in a
+builder worker, every container of its builds runs in the worker's own cgroup below it: ``leftovers.py``),
 ``LOG_BYTES`` (1 MiB: the tail of a build log or an agent command's output kept), ``LAYER_BYTES`` (2 GiB: the most a
 layered rebuild may add).
 """
@@ -18,6 +19,7 @@ from typing import Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kiln.workers.builder.leftovers import WORKER
 from kiln.workers.common import sandbox as policy
 from kiln.workers.common.sandbox import Limits
 
@@ -51,9 +53,14 @@ class BuildSandbox(BaseSettings):
         """A build container's limits (``docker build`` takes them as ``build_params``)."""
         return Limits(memory_bytes=self.memory_mb << 20, cpus=self.cpus, pids=self.pids, output_bytes=self.log_bytes)
 
+    def worker_cgroup(self) -> str | None:
+        """The cgroup parent of the containers a builder worker's build creates (tests, rebuilds, the agent's), by
+        which its leftovers are found once it is dead; None outside a worker (the engine's default)."""
+        return WORKER.cgroup(self.cgroup) if WORKER.lock is not None else None
+
     def build_params(self) -> dict[str, Any]:
         """Query parameters of the engine's ``/build`` for one sandboxed build."""
         memory = self.limits().memory_bytes
         return {"networkmode": self.network, "buildargs": json.dumps(self.proxy_env()),
-                "cgroupparent": self.cgroup, "memory": memory, "memswap": memory,
+                "cgroupparent": WORKER.cgroup(self.cgroup), "memory": memory, "memswap": memory,
                 "cpushares": max(2, int(1024 * self.cpus))}

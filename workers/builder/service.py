@@ -24,6 +24,7 @@ from kiln.workers.builder.agent import AgentConfig, agent_image
 from kiln.workers.builder.agent import test_command as agent_test_command
 from kiln.workers.builder.errors import PlanError, StepFailed
 from kiln.workers.builder.rules import RULES_VERSION, Plan, describe, plan
+from kiln.workers.builder.sandbox import BuildSandbox
 from kiln.workers.common import reports
 from kiln.workers.common.containers import Limits, run_sandboxed
 from kiln.workers.common.errors import ReportError
@@ -127,7 +128,7 @@ async def build_revision(request: BuildRequest, store: SaucerStore, client: Any,
             run = await in_thread(
                 run_sandboxed, client, tag, contract.test, role="build-test", collect=contract.reports_dir,
                 limits=dataclasses.replace(limits, timeout_s=min(limits.timeout_s, left())),
-                env=contract.env)
+                env=contract.env, cgroup_parent=BuildSandbox().worker_cgroup())
             durations["tests"] = time.monotonic() - t
             if run.timed_out:
                 return _remember(store, failed("timeout", "the test suite ran past its time limit:\n" + run.output,
@@ -198,7 +199,7 @@ async def _with_agent(rules_failed: BuildEvent, request: BuildRequest, client: A
         "decisions": decisions, "image": tag, "image_id": str(client.images.get(tag).id)})
     if request.run_tests:
         run = await in_thread(run_sandboxed, client, tag, agent_test_command(test), role="build-test",
-                              collect=REPORTS_DIR, limits=limits)
+                              collect=REPORTS_DIR, limits=limits, cgroup_parent=BuildSandbox().worker_cgroup())
         tests = reports.parse_results("agent", run.exit_code, run.files)
         problem = reports.unusable_reason(tests) if tests else ("tests_did_not_run", "no test results")
         if problem is not None:

@@ -115,12 +115,14 @@ def kill_on_cancel(container: Any) -> None:
 
 
 def run_sandboxed(client: Any, image: str, script: str, *, limits: Limits, role: str, collect: str | None = None,
-                  env: dict[str, str] | None = None, workdir: str | None = None) -> RunResult:
+                  env: dict[str, str] | None = None, workdir: str | None = None,
+                  cgroup_parent: str | None = None) -> RunResult:
     """Run ``bash -c script`` in a fresh networkless container; collect the directory ``collect`` afterwards."""
     started = time.monotonic()
     try:
         container = sandbox.create(client, image, ["bash", "-c", script], profile=sandbox.TEST_RUN, limits=limits,
-                                   labels={LABEL: role}, environment=env, working_dir=workdir)
+                                   labels={LABEL: role}, environment=env, working_dir=workdir,
+                                   cgroup_parent=cgroup_parent)
     except (APIError, DockerException) as e:
         raise InfraError(f"creating a container from {image}: {e}") from e
     kill_on_cancel(container)

@@ -146,10 +146,11 @@ def create(client: Any, image: str, command: list[str], *, profile: Profile, lim
            egress: str | None = None, name: str | None = None, labels: Mapping[str, str] | None = None,
            environment: Mapping[str, str] | None = None, working_dir: str | None = None,
            tmpfs: Mapping[str, str] | None = None, volumes: Mapping[str, Any] | None = None,
-           mounts: list[Any] | None = None, shm_bytes: int = SHM_BYTES) -> Any:
+           mounts: list[Any] | None = None, shm_bytes: int = SHM_BYTES, cgroup_parent: str | None = None) -> Any:
     """A container of ``image`` running ``command`` under ``profile`` (created; started too with ``start``, as
     the engine's ``run`` does). Writable places a read-only profile gets: ``tmpfs`` (path -> tmpfs options with a
-    size), ``volumes`` made by ``tmpfs_volume``, ``mounts`` of type tmpfs. The engine's errors pass through."""
+    size), ``volumes`` made by ``tmpfs_volume``, ``mounts`` of type tmpfs. ``cgroup_parent``: where the engine
+    puts its cgroup (a builder worker's own, ``builder/leftovers.py``). The engine's errors pass through."""
     if profile.read_only and any("size=" not in o for o in (tmpfs or {}).values()):
         raise ValueError("a work area of a read-only sandbox needs a size")
     if egress is not None:
@@ -162,6 +163,8 @@ def create(client: Any, image: str, command: list[str], *, profile: Profile, lim
         kwargs["volumes"] = dict(volumes)
     if mounts:
         kwargs["mounts"] = mounts
+    if cgroup_parent:
+        kwargs["cgroup_parent"] = cgroup_parent
     if start:
         return client.containers.run(image, command, **kwargs)
     return client.containers.create(image, command, **kwargs)
