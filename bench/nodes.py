@@ -69,6 +69,7 @@ from typing import Any
 
 import docker
 import httpx
+import requests
 from confluent_kafka import Consumer
 
 from bench.common import console, report, until
@@ -277,8 +278,14 @@ class Node:
 
     def forget_builds(self) -> None:
         """The revision images this run built or pulled here, removed by reference (the dependency images stay:
-        the node's build cache, as on a real node's disk)."""
-        engine = self.engine()
+        the node's build cache, as on a real node's disk). The toolchain's reference is taken first where the
+        node lacks it (its layers are here: nothing is downloaded), so that removing a revision image never
+        removes the toolchain's layers under it with it."""
+        engine = docker.DockerClient(base_url=self.env["DOCKER_HOST"], timeout=600)
+        toolchain = self.shared.bases["toolchain"]
+        if not self.holds(toolchain) and any(ref.startswith(f"{self.shared.registry}/kiln/rev/")
+                                             for i in engine.images.list() for ref in i.attrs.get("RepoDigests", [])):
+            engine.images.pull(toolchain, auth_config=self.shared.auth())
         for image in engine.images.list():
             for ref in image.attrs.get("RepoDigests", []) + image.tags:
                 if ref.startswith((f"{self.shared.registry}/kiln/rev/", "kiln/build/nodes-")):
@@ -752,7 +759,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             WorkerProcess.stop_all(list(n.workers.values()), 20)
             n.stop_servers()
         for n in nodes:
-            with contextlib.suppress(docker.errors.DockerException):
+            with contextlib.suppress(docker.errors.DockerException, requests.RequestException, KeyError):
                 await asyncio.to_thread(n.forget_builds)
             with contextlib.suppress(RuntimeError):
                 script(NODES_SH, "down", str(n.index))
