@@ -2,7 +2,8 @@
 step containers, test runs, layered rebuilds, the agent's), removed by the next builder of the host — on a worker
 node, the one started when the node comes back.
 
-The pattern is the exec reaper's (``workers/exec/reaper.py``): every builder worker holds a liveness lock
+The pattern is the exec reaper's (``workers/exec/reaper.py``; the lock in ``workers/common/liveness.py``):
+every builder worker holds a liveness lock
 (``LivenessLock``, ``KILN_BUILD_LOCK_DIR``) while alive, and a container is judged by its worker's lock. A build
 container names its worker through its cgroup parent, ``<KILN_BUILD_CGROUP>/<worker id>``: the engine records it
 in the container's host configuration, which kiln sets on every container of a build (``docker build``'s own step
@@ -26,7 +27,7 @@ from typing import Any
 
 from docker.errors import APIError, DockerException
 
-from kiln.workers.exec.reaper import LivenessLock, namespace, owner_alive
+from kiln.workers.common.liveness import LivenessLock, namespace, owner_alive
 
 log = logging.getLogger(__name__)
 

@@ -27,12 +27,13 @@ from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
 from kiln.workers.common.containers import docker_client
 from kiln.workers.common.image_cache import ImageCache
+from kiln.workers.common.liveness import LivenessLock, namespace
 from kiln.workers.common.registry import Registry
 from kiln.workers.exec import spec
 from kiln.workers.exec.errors import LimitExceeded
 from kiln.workers.exec.metrics import HANDOVERS, LATENCY, OPENED, SESSIONS, registry
 from kiln.workers.exec.ops import SessionOps, checked_report, ensure_image, run_once
-from kiln.workers.exec.reaper import LivenessLock, Reaper, namespace
+from kiln.workers.exec.reaper import Reaper
 from kiln.workers.exec.runners import RunnerPool, supervisor_binary
 from kiln.workers.exec.sessions import REPLAY_BYTES, LabelSeal, SessionManager
 from kiln.workers.exec.warm import WarmPool

@@ -21,7 +21,7 @@ from docker.errors import APIError, NotFound
 
 from kiln.workers.builder import leftovers
 from kiln.workers.common import sandbox
-from kiln.workers.exec.reaper import LivenessLock
+from kiln.workers.common.liveness import LivenessLock
 
 IMAGE = "kiln/base:latest"
 

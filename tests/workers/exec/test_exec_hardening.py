@@ -20,9 +20,9 @@ from kiln.schemas.exec import CommandOutput, ExecResult, SessionLimits
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
 from kiln.streams.settings import KilnSettings
+from kiln.workers.common.liveness import namespace, owner_alive
 from kiln.workers.exec.client import ExecClient, signed
 from kiln.workers.exec.errors import SessionDenied
-from kiln.workers.exec.reaper import namespace, owner_alive
 from kiln.workers.exec.sessions import LabelSeal, Session, SessionManager, result_bytes
 from tests.workers.exec.conftest import exec_worker, session_containers
 
