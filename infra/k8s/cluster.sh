@@ -335,7 +335,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   path = "$RUN/containerd-opt"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "docker.io/kiln/k8s-pause:$K8S_VERSION"
-  enable_unprivileged_ports = true
+  # This machine's root lacks CAP_SYS_RESOURCE: runc cannot lower a container's oom_score_adj below containerd's
+  # (the kubelet asks -998 for every pause container: "can't get final child's PID from pipe: EOF").
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -357,6 +359,7 @@ EOF
   wait_for containerd 60 containerd_ready
 }
 
+node_cidr() { [[ -n $(kubectl_ get node "$NODE_NAME" -o jsonpath='{.spec.podCIDR}' 2>/dev/null) ]]; }
 node_ready() { [[ $(kubectl_ get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]; }
 
 up() {
@@ -419,6 +422,7 @@ iptables: {localhostNodePorts: false}
 EOF
   start kube-proxy "$BIN/kube-proxy" --config "$RUN/kube-proxy.yaml"
   wait_for "node $NODE_NAME Ready" 180 node_ready
+  wait_for "node $NODE_NAME's pod CIDR" 60 node_cidr
   [[ $(kubectl_ get node "$NODE_NAME" -o jsonpath='{.spec.podCIDR}') == "$NODE_SUBNET" ]] \
     || die "node $NODE_NAME got pod CIDR $(kubectl_ get node "$NODE_NAME" -o jsonpath='{.spec.podCIDR}'), not $NODE_SUBNET"
   missing_images
@@ -460,7 +464,7 @@ EOF
   kubectl_ apply -k "$ms" >/dev/null
   kubectl_ apply --server-side --force-conflicts -k "$keda" >/dev/null
   kubectl_ -n kube-system wait --for=condition=Available deploy/coredns deploy/metrics-server --timeout 300s >&2
-  kubectl_ -n keda wait --for=condition=Available deploy/keda-operator deploy/keda-operator-metrics-apiserver \
+  kubectl_ -n keda wait --for=condition=Available deploy/keda-operator deploy/keda-metrics-apiserver \
     --timeout 300s >&2
   wait_for "metrics API" 180 kubectl_ top node
   wait_for "external metrics API" 180 kubectl_ get --raw /apis/external.metrics.k8s.io/v1beta1
