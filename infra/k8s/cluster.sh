@@ -312,7 +312,7 @@ control_plane() {
     --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
     --requestheader-extra-headers-prefix X-Remote-Extra- \
     --proxy-client-cert-file "$PKI/front-proxy-client.crt" --proxy-client-key-file "$PKI/front-proxy-client.key" \
-    --enable-aggregator-routing=true --profiling=false
+    --kubelet-preferred-address-types InternalIP --enable-aggregator-routing=true --profiling=false
   wait_for kube-apiserver 180 api_ready
   # KEDA's CRDs: the render's ScaledObjects are checked against them even on a bare control plane.
   kubectl_ apply --server-side -f "$CACHE/keda-$KEDA_VERSION/crds" >/dev/null
