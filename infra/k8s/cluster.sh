@@ -273,6 +273,13 @@ start() {
   echo $! >"$RUN/$name.pid"
 }
 
+# write_if_changed FILE: standard input into FILE unless FILE holds it already (kube-proxy exits when its running
+# configuration file is written, even with the same content).
+write_if_changed() {
+  local new; new=$(cat)
+  [[ -f $1 && $(cat "$1") == "$new" ]] || printf '%s\n' "$new" >"$1"
+}
+
 api_ready() { kubectl_ get --raw /readyz >/dev/null 2>&1; }
 etcd_ready() { ETCDCTL_API=3 etcdctl --endpoints "http://127.0.0.1:$ETCD_PORT" endpoint health >/dev/null 2>&1; }
 
@@ -383,7 +390,7 @@ up() {
   mkdir -p "$RUN/kubelet/root"
   # Pods resolve cluster names through CoreDNS; its upstream is this file (no search path of the host's).
   grep '^nameserver' /etc/resolv.conf >"$RUN/resolv.conf" 2>/dev/null || echo "nameserver 127.0.0.1" >"$RUN/resolv.conf"
-  cat >"$RUN/kubelet.yaml" <<EOF
+  write_if_changed "$RUN/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 authentication: {anonymous: {enabled: false}, webhook: {enabled: true}, x509: {clientCAFile: "$PKI/ca.crt"}}
@@ -407,7 +414,7 @@ EOF
   start kubelet "$BIN/kubelet" --config "$RUN/kubelet.yaml" --kubeconfig "$RUN/kubelet.kubeconfig" \
     --root-dir "$RUN/kubelet/root" --hostname-override "$NODE_NAME" --node-ip "$HOST_ADDRESS" \
     --node-labels "kiln.dev/sandbox=true,kiln.dev/spare-cpu=true"
-  cat >"$RUN/kube-proxy.yaml" <<EOF
+  write_if_changed "$RUN/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: "$RUN/kube-proxy.kubeconfig"}
