@@ -128,10 +128,10 @@ class Cluster:
                               text=True, timeout=900).stdout
 
     def start_node(self, node: int, attempts: int = 5) -> None:
-        """Start a node again. Its port may be taken for a moment: it lies in Linux's ephemeral range here
-        (32768-60999), and a client reconnecting to the dead node on loopback can be handed that very port as its own
-        (a TCP self-connect, held until librdkafka's connection setup times out), so the node cannot bind it: such a
-        connection is closed first, and the start tried again."""
+        """Start a node again. Its port may be taken for a while: it lies in Linux's ephemeral range here
+        (32768-60999), so while the node is down any outgoing connection can be handed it as its local port — a client
+        reconnecting to the node on loopback even connects to itself (held until librdkafka's connection setup times
+        out) — and the node cannot bind it. Such a self-connect is closed first, and the start tried again."""
         port = int(self.env["KILN_KAFKA_PORT"]) + 10 * (node - 1)
         for attempt in range(1, attempts + 1):
             for taken in (port, port + 1, port + 2):  # a self-connect there closed (iproute2's ss, as root)

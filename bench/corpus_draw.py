@@ -359,11 +359,16 @@ def top_system(root: Path) -> str | None:
 Fetch = Callable[[Project, Path, Path], None]
 
 
+def key(ecosystem: str, name: str) -> tuple[str, str]:
+    """Rule 4's identity: PyPI names compare as PyPI normalises them (``Jinja2`` is ``jinja2``)."""
+    return ecosystem, re.sub(r"[-_.]+", "-", name).lower() if ecosystem == "pypi" else name
+
+
 def judge(candidate: Candidate, known: set[tuple[str, str]], fetch: Fetch, max_bytes: int,
           work: Path) -> tuple[str, Citation | None, Project]:
     """One list entry: ("", citation, project) to keep it, or (why it is skipped, None, project)."""
     project = candidate.project()
-    if (candidate.ecosystem, candidate.name) in known:
+    if key(candidate.ecosystem, candidate.name) in known:
         return "already in the corpus", None, project
     if candidate.skip:
         return candidate.skip, None, project
@@ -419,7 +424,7 @@ def draw_list(entries: Iterable[Candidate], known: set[tuple[str, str]], stop_at
             reason, citation, project = judge(candidate, known, fetch, max_bytes, work)
             if not reason:
                 kept += 1
-                known.add((project.ecosystem, project.name))
+                known.add(key(project.ecosystem, project.name))
             writer.writerow((candidate.list, candidate.position, project.ecosystem, project.name, project.version,
                              "skipped" if reason else "kept", reason.replace("\t", " "),
                              citation.test if citation else "", citation.cite if citation else ""))
@@ -472,7 +477,7 @@ def main() -> None:
         for system, halves in sorted(counts(projects()).items()):
             print(f"{system:10} reporting {halves['reporting']:3}  tuning {halves['tuning']:3}")
         return
-    known = {(p.ecosystem, p.name) for p in projects()} | {(p.ecosystem, p.name) for p in drawn_projects()}
+    known = {key(p.ecosystem, p.name) for p in [*projects(), *drawn_projects()]}
     cache: dict[str, str] = {}
 
     def sources() -> dict[str, str]:

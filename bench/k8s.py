@@ -137,7 +137,8 @@ async def wait_until(what: str, check: Any, timeout_s: float, every_s: float = 2
 # ---- phases ------------------------------------------------------------------------------------------------------
 
 
-def apply(host: str, refs: dict[str, str], env: dict[str, str], scale_to: int, metrics: dict[str, float]) -> None:
+def apply(host: str, refs: dict[str, str], env: dict[str, str], scale_to: int, metrics: dict[str, float],
+          notes: dict[str, str]) -> None:
     values = smoke_values(host, refs, env, scale_to)
     path = Path(os.environ.get("TMPDIR", "/tmp")) / "kiln-k8s-values.yaml"
     path.write_text(yaml.safe_dump(values, sort_keys=False))
@@ -151,9 +152,18 @@ def apply(host: str, refs: dict[str, str], env: dict[str, str], scale_to: int, m
                   "stringData": data}
         kubectl("apply", "-f", "-", stdin=json.dumps(secret))
     console.print(kubectl("apply", "-f", "-", stdin=rendered))
-    kubectl("-n", NS, "wait", "--for=condition=Available", "deploy", "--all", "--timeout=900s", timeout=960)
+    names = kubectl("-n", NS, "get", "deploy", "-o", "name").split()
+    available = []
+    for name in names:  # each on its own: one that never comes up is named, the others still count
+        try:
+            kubectl("-n", NS, "wait", "--for=condition=Available", name, "--timeout=300s", timeout=360)
+            available.append(name)
+        except RuntimeError:
+            notes[f"not Available: {name}"] = kubectl("-n", NS, "get", "pods", "-l",
+                                                      f"app.kubernetes.io/name={name.split('/')[-1]}")[-300:]
     metrics["k8s_deployments_available_s"] = time.monotonic() - began
-    metrics["k8s_deployments_available"] = float(len(kubectl("-n", NS, "get", "deploy", "-o", "name").split()))
+    metrics["k8s_deployments_available"] = float(len(available))
+    metrics["k8s_deployments"] = float(len(names))
     kubectl("-n", NS, "rollout", "status", "ds/kiln-spare-lean", "--timeout=300s", timeout=360)
 
 
@@ -362,7 +372,7 @@ def main() -> None:
     try:
         if "apply" in phases:
             try:
-                apply(host, refs, env, args.scale_to, metrics)
+                apply(host, refs, env, args.scale_to, metrics, notes)
             except RuntimeError as e:  # what did not come up is reported; the phases show what still works
                 notes["phase apply"] = f"FAILED: {e}"[:400]
                 console.print(kubectl("get", "pods", "-A", "-o", "wide"))

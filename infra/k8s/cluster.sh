@@ -273,6 +273,13 @@ start() {
   echo $! >"$RUN/$name.pid"
 }
 
+# write_if_changed FILE: standard input into FILE unless FILE holds it already (kube-proxy exits when its running
+# configuration file is written, even with the same content).
+write_if_changed() {
+  local new; new=$(cat)
+  [[ -f $1 && $(cat "$1") == "$new" ]] || printf '%s\n' "$new" >"$1"
+}
+
 api_ready() { kubectl_ get --raw /readyz >/dev/null 2>&1; }
 etcd_ready() { ETCDCTL_API=3 etcdctl --endpoints "http://127.0.0.1:$ETCD_PORT" endpoint health >/dev/null 2>&1; }
 
@@ -312,7 +319,7 @@ control_plane() {
     --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
     --requestheader-extra-headers-prefix X-Remote-Extra- \
     --proxy-client-cert-file "$PKI/front-proxy-client.crt" --proxy-client-key-file "$PKI/front-proxy-client.key" \
-    --enable-aggregator-routing=true --profiling=false
+    --kubelet-preferred-address-types InternalIP --enable-aggregator-routing=true --profiling=false
   wait_for kube-apiserver 180 api_ready
   # KEDA's CRDs: the render's ScaledObjects are checked against them even on a bare control plane.
   kubectl_ apply --server-side -f "$CACHE/keda-$KEDA_VERSION/crds" >/dev/null
@@ -335,7 +342,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   path = "$RUN/containerd-opt"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "docker.io/kiln/k8s-pause:$K8S_VERSION"
-  enable_unprivileged_ports = true
+  # This machine's root lacks CAP_SYS_RESOURCE: runc cannot lower a container's oom_score_adj below containerd's
+  # (the kubelet asks -998 for every pause container: "can't get final child's PID from pipe: EOF").
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -357,6 +366,7 @@ EOF
   wait_for containerd 60 containerd_ready
 }
 
+node_cidr() { [[ -n $(kubectl_ get node "$NODE_NAME" -o jsonpath='{.spec.podCIDR}' 2>/dev/null) ]]; }
 node_ready() { [[ $(kubectl_ get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]; }
 
 up() {
@@ -380,7 +390,7 @@ up() {
   mkdir -p "$RUN/kubelet/root"
   # Pods resolve cluster names through CoreDNS; its upstream is this file (no search path of the host's).
   grep '^nameserver' /etc/resolv.conf >"$RUN/resolv.conf" 2>/dev/null || echo "nameserver 127.0.0.1" >"$RUN/resolv.conf"
-  cat >"$RUN/kubelet.yaml" <<EOF
+  write_if_changed "$RUN/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 authentication: {anonymous: {enabled: false}, webhook: {enabled: true}, x509: {clientCAFile: "$PKI/ca.crt"}}
@@ -404,7 +414,7 @@ EOF
   start kubelet "$BIN/kubelet" --config "$RUN/kubelet.yaml" --kubeconfig "$RUN/kubelet.kubeconfig" \
     --root-dir "$RUN/kubelet/root" --hostname-override "$NODE_NAME" --node-ip "$HOST_ADDRESS" \
     --node-labels "kiln.dev/sandbox=true,kiln.dev/spare-cpu=true"
-  cat >"$RUN/kube-proxy.yaml" <<EOF
+  write_if_changed "$RUN/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: "$RUN/kube-proxy.kubeconfig"}
@@ -419,6 +429,7 @@ iptables: {localhostNodePorts: false}
 EOF
   start kube-proxy "$BIN/kube-proxy" --config "$RUN/kube-proxy.yaml"
   wait_for "node $NODE_NAME Ready" 180 node_ready
+  wait_for "node $NODE_NAME's pod CIDR" 60 node_cidr
   [[ $(kubectl_ get node "$NODE_NAME" -o jsonpath='{.spec.podCIDR}') == "$NODE_SUBNET" ]] \
     || die "node $NODE_NAME got pod CIDR $(kubectl_ get node "$NODE_NAME" -o jsonpath='{.spec.podCIDR}'), not $NODE_SUBNET"
   missing_images
@@ -460,7 +471,7 @@ EOF
   kubectl_ apply -k "$ms" >/dev/null
   kubectl_ apply --server-side --force-conflicts -k "$keda" >/dev/null
   kubectl_ -n kube-system wait --for=condition=Available deploy/coredns deploy/metrics-server --timeout 300s >&2
-  kubectl_ -n keda wait --for=condition=Available deploy/keda-operator deploy/keda-operator-metrics-apiserver \
+  kubectl_ -n keda wait --for=condition=Available deploy/keda-operator deploy/keda-metrics-apiserver \
     --timeout 300s >&2
   wait_for "metrics API" 180 kubectl_ top node
   wait_for "external metrics API" 180 kubectl_ get --raw /apis/external.metrics.k8s.io/v1beta1

@@ -211,8 +211,22 @@ await_node() {
   log "kafka node $NODE ready on 127.0.0.1:$NODE_PORT"
 }
 
+# warn_ephemeral: the nodes' ports inside Linux's ephemeral range — while a node is down, any outgoing connection can
+# be handed its port as its local one (a client reconnecting to it on loopback even connects to itself), and the node's
+# restart cannot bind it.
+warn_ephemeral() {
+  local low high last=$((PORT + 10 * (BROKERS - 1) + 3))
+  read -r low high </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || return 0
+  if ((last >= low && PORT <= high)); then
+    log "warning: ports $PORT-$last lie in the ephemeral range $low-$high: a node restarted there may find its port" \
+      "taken as another connection's local port (\"Address already in use\"); a port below $low avoids it"
+  fi
+  return 0
+}
+
 start() {
   install
+  warn_ephemeral
   local i
   # One start at a time per broker or cluster: two at once (two test sessions finding it down) would both launch
   # a node, and the one that loses the port would leave its pid in the pid file.

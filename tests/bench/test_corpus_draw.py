@@ -20,6 +20,7 @@ from bench.corpus_draw import (
     cite,
     debian_list,
     draw_list,
+    key,
     parse_sources,
     read_log,
     rust_list,
@@ -213,6 +214,12 @@ def test_debian_lists_are_the_build_dependents_in_alphabetical_order() -> None:
     assert [(c.name, c.version, c.skip) for c in crates] == [
         ("foo", "0.0~git20200101.abcdef-1", "Debian 0.0~git20200101.abcdef-1 names a git snapshot, no release"),
         ("rand-core", "0.5.1", "")]
+
+
+def test_rule_4_compares_pypi_names_as_pypi_normalises_them() -> None:
+    assert key("pypi", "Jinja2") == key("pypi", "jinja2") == key("pypi", "JINJA2")
+    assert key("pypi", "typing_extensions") == key("pypi", "typing-extensions")
+    assert key("npm", "JSONStream") != key("npm", "jsonstream")
 
 
 def test_upstream_versions() -> None:
