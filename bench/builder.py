@@ -54,7 +54,7 @@ from kiln.workers.builder.images import BaseImages
 from kiln.workers.builder.rules import RULES_VERSION
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits, docker_client, run_sandboxed
-from kiln.workers.common.reports import runner_summary
+from kiln.workers.common.reports import printed_summary, runner_summary
 from tests.workers.builder.projects import PROJECTS
 
 BASES = BaseImages("kiln/base:latest", "kiln/toolchain:latest")
@@ -72,11 +72,34 @@ SUMMARIES = {  # the tool's own summary of what ran: (pattern, which groups coun
 }
 
 
+# Gradle prints no count when every test passes: the human run is followed by the root element of each JUnit XML file
+# its test task wrote (results of an earlier run in the image removed first), and those are counted.
+GRADLE_RESULTS = "find . -path '*/build/test-results/*' -name 'TEST-*.xml'"
+GRADLE_SUITE = re.compile(r'<testsuite\b[^>]*?\btests="(\d+)"[^>]*?\bskipped="(\d+)"')
+
+
+def human_command(project: Project) -> str:
+    """The human-known command as the bench runs it to count: ``go test -v`` (one line per test); for Gradle, with
+    its result files' suites printed afterwards."""
+    if project.system == "go":
+        return project.test.replace("go test", "go test -v")
+    if project.system == "gradle":
+        return (f"{GRADLE_RESULTS} -delete; {project.test}; rc=$?; "
+                f"{GRADLE_RESULTS} -exec grep -ho '<testsuite [^>]*>' {{}} +; exit $rc")
+    return project.test
+
+
 def human_count(system: str, output: str) -> int:
     """How many tests the human-known command executed, from its own summary lines: npm runners (mocha, jest,
     vitest, ava, TAP, node) and make-driven suites by their runner's summary line (``47 passing``, ``Tests:  46
     passed, 47 total``, ``# pass 3``, ``Tests passed: 349``, GoogleTest's and Unity's); autotools suites by their
-    per-test lines (automake's ``PASS: t``, zlib's ``*** zlib test OK ***``)."""
+    per-test lines (automake's ``PASS: t``, zlib's ``*** zlib test OK ***``); Maven's and meson's by the totals they
+    print at the end (per module for Maven); Gradle's by its result files' suites (``human_command``)."""
+    if system in ("maven", "meson"):
+        printed = printed_summary(system, output)
+        return sum(printed) if printed else 0
+    if system == "gradle":
+        return sum(int(tests) - int(skipped) for tests, skipped in GRADLE_SUITE.findall(output))
     pattern = SUMMARIES.get(system)
     if pattern is None:
         summary = runner_summary(output)
@@ -128,7 +151,7 @@ async def build_real(project: Project, source: Path, store: SaucerStore, client:
                                  BASES, work, limits, agent=agent)
     seconds, human = time.monotonic() - started, 0
     if event.image:  # built: the human count, also for a run kiln could not itemise
-        command = project.test.replace("go test", "go test -v") if project.system == "go" else project.test
+        command = human_command(project)
         env = ImageContract.from_labels(client.images.get(event.image).labels).env
         # As a person would in this image: the project's virtualenv (Python) first on PATH.
         reference = await asyncio.to_thread(

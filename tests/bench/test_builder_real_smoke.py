@@ -4,13 +4,14 @@ against what ``cargo test`` itself reports in the same image."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.builder import RealOutcome, build_real, human_count
-from bench.corpus import prepare, projects
+from bench.builder import RealOutcome, build_real, human_command, human_count
+from bench.corpus import Project, prepare, projects
 from kiln.ingest.store import SaucerStore
 from kiln.schemas.builder import BuildEvent
 from kiln.schemas.reports import TestReport
@@ -44,7 +45,39 @@ def test_human_counts_come_from_each_tool_summary() -> None:
     assert human_count("make", "cc -o t t.c\n./t\nTests passed: 349\n") == 349
     assert human_count("make", "[  PASSED  ] 2 tests.\n[  FAILED  ] 1 test, listed below:\n") == 3
     assert human_count("make", "nothing to count\n") == 0
+    # Maven's totals per module after "Results:" (the per-class lines, which go on with the time, are not summed).
+    maven = ("[INFO] Tests run: 3, Failures: 0, Errors: 0, Skipped: 0, Time elapsed: 0.1 s - in a.T\n"
+             "[INFO] Results:\n[INFO] Tests run: 3, Failures: 0, Errors: 0, Skipped: 0\n"
+             "[ERROR] Tests run: 5, Failures: 1, Errors: 1, Skipped: 2\n")
+    assert human_count("maven", maven) == 6
+    assert human_count("meson", "Ok:                 7\nExpected Fail:      1\nFail:               2\n"
+                                "Skipped:            3\nTimeout:            0\n") == 10
+    # Gradle's result files' root suites, printed after the run (human_command): executed = tests - skipped.
+    gradle = ('<testsuite name="a.T" tests="4" skipped="1" failures="1" errors="0" timestamp="x">\n'
+              '<testsuite name="b.U" tests="2" skipped="0" failures="0" errors="0" timestamp="x">\n')
+    assert human_count("gradle", "BUILD SUCCESSFUL in 9s\n" + gradle) == 5
+    assert human_count("gradle", "BUILD SUCCESSFUL in 9s\n") == 0
 
+
+
+def test_gradles_human_count_reads_the_result_files_of_this_run_only(tmp_path: Path) -> None:
+    """A stale result file (an earlier run's, left in the image) is removed before the run; the run's own are
+    printed after it and counted, and the command's exit status is the run's."""
+    stale = tmp_path / "lib/build/test-results/test"
+    stale.mkdir(parents=True)
+    (stale / "TEST-old.Stale.xml").write_text('<testsuite name="old.Stale" tests="50" skipped="0">')
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gradle").write_text(  # writes one result file, as Gradle's test task does, and fails one test
+        "#!/bin/sh\nmkdir -p app/build/test-results/test\n"
+        "echo '<testsuite name=\"a.T\" tests=\"3\" skipped=\"1\" failures=\"1\">' "
+        "> app/build/test-results/test/TEST-a.T.xml\nexit 1\n")
+    (bin_dir / "gradle").chmod(0o755)
+    command = human_command(Project("debian", "p", "1", "gradle", "gradle test"))
+    done = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, check=False)
+    assert done.returncode == 1
+    assert human_count("gradle", done.stdout) == 2
 
 def test_a_build_counts_usable_only_against_a_parsed_human_count() -> None:
     tests = TestReport(runner="cargo test", passed=5, failed=0)
