@@ -51,7 +51,7 @@ from kiln.streams.blobstore import FileBlobStore
 from kiln.streams.infra import COMPONENT_STEPS, run_steps
 from kiln.workers.builder.agent import AgentConfig
 from kiln.workers.builder.images import BaseImages
-from kiln.workers.builder.rules import RULES_VERSION
+from kiln.workers.builder.rules import M2, RULES_VERSION
 from kiln.workers.builder.service import build_revision
 from kiln.workers.common.containers import Limits, docker_client, run_sandboxed
 from kiln.workers.common.reports import printed_summary, runner_summary
@@ -79,10 +79,13 @@ GRADLE_SUITE = re.compile(r'<testsuite\b[^>]*?\btests="(\d+)"[^>]*?\bskipped="(\
 
 
 def human_command(project: Project) -> str:
-    """The human-known command as the bench runs it to count: ``go test -v`` (one line per test); for Gradle, with
-    its result files' suites printed afterwards."""
+    """The human-known command as the bench runs it to count: ``go test -v`` (one line per test); Maven's offline on
+    the image's repository (where the dependency layer put it: a sandbox reaches no network); for Gradle, with its
+    result files' suites printed afterwards (the image's Gradle user home is in its environment)."""
     if project.system == "go":
         return project.test.replace("go test", "go test -v")
+    if project.system == "maven":
+        return re.sub(r"(^|\s)(\./)?mvnw?\b", rf"\g<1>mvn -o -s {M2}/settings.xml", project.test, count=1)
     if project.system == "gradle":
         return (f"{GRADLE_RESULTS} -delete; {project.test}; rc=$?; "
                 f"{GRADLE_RESULTS} -exec grep -ho '<testsuite [^>]*>' {{}} +; exit $rc")

@@ -73,6 +73,7 @@ def test_gradles_human_count_reads_the_result_files_of_this_run_only(tmp_path: P
         "echo '<testsuite name=\"a.T\" tests=\"3\" skipped=\"1\" failures=\"1\">' "
         "> app/build/test-results/test/TEST-a.T.xml\nexit 1\n")
     (bin_dir / "gradle").chmod(0o755)
+    assert human_command(Project("debian", "p", "1", "maven", "mvn test")) == "mvn -o -s /opt/m2/settings.xml test"
     command = human_command(Project("debian", "p", "1", "gradle", "gradle test"))
     done = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True,
                           env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, check=False)
