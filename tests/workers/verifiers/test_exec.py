@@ -11,25 +11,13 @@ from pathlib import Path
 import pytest
 
 from kiln.rl.tasks import Addition, exact_match
-from kiln.schemas.exec import ExecRequest
 from kiln.streams.client import KilnClient
-from kiln.streams.codec import decode_request, request_payload
 from kiln.streams.settings import KilnSettings
 from kiln.workers.verifiers import ExecVerifier, VerifierContext
-from tests.streams.harness import read_all
 from tests.workers.exec.conftest import exec_worker
+from tests.workers.verify.conftest import call_sizes
 
 pytestmark = pytest.mark.docker
-
-
-def call_sizes(settings: KilnSettings, calls: int) -> list[int]:
-    """Groups per exec call, by the ``groups.jsonl`` each call carried."""
-    sizes = []
-    for record in read_all(settings, settings.topic("exec.requests"), expect=calls):
-        request = ExecRequest.model_validate(request_payload(decode_request(record.value()), ExecRequest, None))
-        groups = next(f.text for f in request.files if f.path.endswith("groups.jsonl"))
-        sizes.append(len((groups or "").splitlines()))
-    return sorted(sizes)
 
 
 async def test_the_window_adapts(stage_topics: Callable[..., KilnSettings], project_image: str, tmp_path: Path,
