@@ -13,7 +13,9 @@ group, checked by the addition checker (``kiln.rl.tasks.ADDITION_CHECKER``, an `
 METRIC ``verify_batch512_s`` (median over rounds: the batch's wall time, submit to last verdict),
 ``verify_direct_batch512_s`` and ``verify_batch512_vs_direct`` (their ratio; aim ≤ 1.2),
 ``verify_batch512_overhead_s`` (their difference: what the verify stage adds — two more broker hops, client →
-verify worker and back, and the worker's batching window — a fixed cost, so the ratio falls as checks take longer),
+verify worker and back, and the work of 64 requests and results instead of 2 calls, on the client and the verify
+worker; its batching holds no step back: a lone request goes at once, a full batch goes at once — a cost that does
+not grow with the checks, so the ratio falls as checks take longer),
 ``verify_wrong_verdicts``
 (verdicts that differ from the in-process answer; must be 0). Workers: one exec worker (its default slots) and one
 verify worker, on this machine.

@@ -3,7 +3,8 @@
 Groups verified at the same time with the same checker share that call and that checker process (up to
 ``exec_batch_groups``; at most ``exec_calls`` calls in flight): a round trip, and a checker's start, cost far more than
 checking a small group. How long a batch gathers adapts to how groups arrive (``ExecVerifier._gathered``): a lone
-group goes at once, a flood waits while groups keep coming (each pause up to ``exec_batch_quiet_s``, at most
+group goes at once; a flood (groups arriving together or just after one another, or while a call with their checker
+is still running) waits while groups keep coming (each pause up to ``exec_batch_quiet_s``, at most
 ``exec_batch_window_s``), so a step's batch costs what its checks cost. Groups in one call could tamper with each
 other; a checker that runs sample code sets ``isolate`` and gets a call for its group alone."""
 
@@ -13,7 +14,7 @@ import asyncio
 import json
 import math
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -56,6 +57,7 @@ class ExecVerifier:
         self._batches: dict[_Key, _Batch] = {}  # the batch groups with each checker join now (not full yet)
         # When a group with each checker last joined a batch, oldest first; kept for a quiet gap (a flood's memory).
         self._joined: OrderedDict[_Key, float] = OrderedDict()
+        self._calling: Counter[_Key] = Counter()  # calls with each checker in flight (a sustained flood)
         self._running: set[asyncio.Future[None]] = set()
 
     async def close(self) -> None:
@@ -73,8 +75,9 @@ class ExecVerifier:
         now = time.monotonic()
         batch = self._batches.get(key)
         if batch is None:
-            # A flood: groups with this checker kept coming until just now, so more are likely on their way.
-            flood = now - self._joined.get(key, -math.inf) < self.batch_quiet_s
+            # A flood: groups with this checker kept coming until just now, or its calls are still running (a
+            # steady stream, each group sent as another is answered), so more are likely on their way.
+            flood = key in self._calling or now - self._joined.get(key, -math.inf) < self.batch_quiet_s
             batch = self._batches[key] = _Batch(opened=now, flood=flood)
             self._spawn(self._dispatch(key, batch, check))
         batch.groups.append(pending)
@@ -99,13 +102,20 @@ class ExecVerifier:
         async with self._calls:
             if self._batches.get(key) is batch:
                 del self._batches[key]
-            await self._run(batch.groups, check)
+            self._calling[key] += 1
+            try:
+                await self._run(batch.groups, check)
+            finally:
+                self._calling[key] -= 1
+                if not self._calling[key]:
+                    del self._calling[key]
 
     async def _gathered(self, batch: _Batch) -> None:
         """Returns when the batch should go: the window adapts to how groups arrive. After one turn of the event
         loop (the requests delivered with its first group join it), a lone group goes at once; in a flood (groups
-        joined with this checker just before, or in that turn) the batch waits while groups keep joining — until
-        none has for ``batch_quiet_s``, it is full, or ``batch_window_s`` has passed since it opened."""
+        joined with this checker just before or in that turn, or a call with it still running) the batch waits
+        while groups keep joining — until none has for ``batch_quiet_s``, it is full, or ``batch_window_s`` has
+        passed since it opened."""
         await asyncio.sleep(0)
         if not batch.flood and len(batch.groups) == 1:
             return

@@ -3,8 +3,9 @@ each made on first use."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
+from typing import Any
 
 from kiln.schemas.rl import RolloutTask
 from kiln.schemas.verify import FailureKind
@@ -69,11 +70,15 @@ class Verifiers:
                          "checker_error")
         return verdicts
 
-    def stamped(self, task: RolloutTask, verdicts: list[Verdict]) -> list[Verdict]:
+    def stamped(self, task: RolloutTask, verdicts: list[Verdict],
+                answers: Sequence[dict[str, Any]] | None = None) -> list[Verdict]:
         """The verdicts naming the verifier that decided them and its version: the one place every verifier's
-        verdicts (the verify stage's and the rollout stage's) get them."""
+        verdicts (the verify stage's and the rollout stage's) get them. ``answers``: per verdict, what else its
+        caller sets (the verify stage's reason, counts and time), in the same copy; the stamp is applied last."""
         stamp = {"verifier": task.verifier, "version": self.version(task)}
-        return [v.model_copy(update=stamp) for v in verdicts]
+        if answers is None:
+            return [v.model_copy(update=stamp) for v in verdicts]
+        return [v.model_copy(update={**answer, **stamp}) for v, answer in zip(verdicts, answers, strict=True)]
 
     async def close(self) -> None:
         for verifier in self._made.values():

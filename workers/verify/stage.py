@@ -63,15 +63,15 @@ def _count(details: dict[str, object], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def answered(verdict: Verdict, seconds: float) -> Verdict:
-    """A verifier's verdict as the stage answers it: reward 0 with either failure, the failure's reason and the test
-    counts read from its details, the time it took."""
+def answered(verdict: Verdict, seconds: float) -> dict[str, object]:
+    """What the stage sets on a verifier's verdict (``Verifiers.stamped`` applies it with the stamp, in one copy):
+    reward 0 with either failure, the failure's reason and the test counts read from its details, the time it
+    took."""
     details = verdict.details
     failed = verdict.failure or verdict.policy_failure
     reason = str(details.get("error") or details.get("stage") or "") if failed else ""
-    return verdict.model_copy(update={"reward": 0.0 if failed else verdict.reward, "reason": reason[:2000],
-                                      "passed": _count(details, "passed"), "failed": _count(details, "failed"),
-                                      "seconds": seconds})
+    return {"reward": 0.0 if failed else verdict.reward, "reason": reason[:2000], "passed": _count(details, "passed"),
+            "failed": _count(details, "failed"), "seconds": seconds}
 
 
 async def verified(verifiers: Verifiers, request: VerifyRequest, request_id: str) -> VerifyResult:
@@ -81,7 +81,7 @@ async def verified(verifiers: Verifiers, request: VerifyRequest, request_id: str
     verdicts = await verifiers.judge(task, request.completions, request_id)
     elapsed = time.perf_counter() - started
     SECONDS.labels(task.verifier).observe(elapsed)
-    out = verifiers.stamped(task, [answered(v, elapsed) for v in verdicts])
+    out = verifiers.stamped(task, verdicts, [answered(v, elapsed) for v in verdicts])
     for v in out:
         COMPLETIONS.labels(task.verifier, v.failure or "none").inc()
     return VerifyResult(task_id=task.task_id, verifier=task.verifier, verdicts=out, verify_s=elapsed)

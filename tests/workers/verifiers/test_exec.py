@@ -1,6 +1,7 @@
 """The ``exec`` verifier's batching window adapts to how groups arrive, on a real exec worker: a lone group goes at
 once, however long the window; groups that keep coming (a flood) share calls — each batch full, or sent once they
-pause; groups delivered together share one call. Every group still gets its own verdicts."""
+pause; groups delivered together share one call; groups that come one by one while a call with their checker runs
+(a steady stream) share one too. Every group still gets its own verdicts."""
 
 from __future__ import annotations
 
@@ -11,25 +12,13 @@ from pathlib import Path
 import pytest
 
 from kiln.rl.tasks import Addition, exact_match
-from kiln.schemas.exec import ExecRequest
 from kiln.streams.client import KilnClient
-from kiln.streams.codec import decode_request, request_payload
 from kiln.streams.settings import KilnSettings
 from kiln.workers.verifiers import ExecVerifier, VerifierContext
-from tests.streams.harness import read_all
 from tests.workers.exec.conftest import exec_worker
+from tests.workers.verify.conftest import call_sizes
 
 pytestmark = pytest.mark.docker
-
-
-def call_sizes(settings: KilnSettings, calls: int) -> list[int]:
-    """Groups per exec call, by the ``groups.jsonl`` each call carried."""
-    sizes = []
-    for record in read_all(settings, settings.topic("exec.requests"), expect=calls):
-        request = ExecRequest.model_validate(request_payload(decode_request(record.value()), ExecRequest, None))
-        groups = next(f.text for f in request.files if f.path.endswith("groups.jsonl"))
-        sizes.append(len((groups or "").splitlines()))
-    return sorted(sizes)
 
 
 async def test_the_window_adapts(stage_topics: Callable[..., KilnSettings], project_image: str, tmp_path: Path,
@@ -62,4 +51,16 @@ async def test_the_window_adapts(stage_topics: Callable[..., KilnSettings], proj
             together = await asyncio.gather(*(verifier.verify(task, completions, f"together-{i}") for i in range(6)))
             assert [[v.reward for v in vs] for vs in together] == [[1, 0, 1]] * 6
             assert call_sizes(settings, 6) == [1, 1, 3, 6, 8, 8]
+
+            # A steady stream: groups that come one by one, further apart than the quiet gap, while a call with
+            # their checker (a slow one: 3 s) still runs join a batch rather than each going alone.
+            await asyncio.sleep(1)
+            slow = task.model_copy(update={"check": {**task.check, "command": f"sleep 3; {task.check['command']}"}})
+
+            async def stream(i: int) -> list[float]:
+                await asyncio.sleep((0, 0.8, 0.9)[i])
+                return [v.reward for v in await verifier.verify(slow, completions, f"stream-{i}")]
+
+            assert await asyncio.gather(*(stream(i) for i in range(3))) == [[1, 0, 1]] * 3
+            assert call_sizes(settings, 8) == [1, 1, 1, 2, 3, 6, 8, 8]
             await verifier.close()

@@ -9,10 +9,13 @@ from typing import Any
 
 import pytest
 
+from kiln.schemas.exec import ExecRequest
 from kiln.schemas.rl import RolloutTask
+from kiln.streams.codec import decode_request, request_payload
 from kiln.streams.processes import WorkerProcess, free_port
 from kiln.streams.settings import KilnSettings
 from tests.stages import worker_env
+from tests.streams.harness import read_all
 from tests.workers.exec.conftest import exec_worker
 
 IMAGE = "kiln/toolchain:latest"
@@ -40,6 +43,17 @@ def task(answer: str = "7", **overrides: Any) -> RolloutTask:
 def timing_out() -> RolloutTask:
     """A checker that runs past its 1 s: every completion's verdict is a ``timeout`` failure."""
     return task(command="sleep 30", timeout_s=1)
+
+
+def call_sizes(settings: KilnSettings, calls: int) -> list[int]:
+    """Groups per exec call (an exec checker's batch), by the ``groups.jsonl`` each call on ``exec.requests``
+    carried, once it holds at least ``calls``."""
+    sizes = []
+    for record in read_all(settings, settings.topic("exec.requests"), expect=calls):
+        request = ExecRequest.model_validate(request_payload(decode_request(record.value()), ExecRequest, None))
+        groups = next(f.text for f in request.files if f.path.endswith("groups.jsonl"))
+        sizes.append(len((groups or "").splitlines()))
+    return sorted(sizes)
 
 
 def verify_worker(settings: KilnSettings, slots: int = 8, **env: str) -> WorkerProcess:
