@@ -17,6 +17,7 @@ import pytest
 from sandbox_fusion import SubmitRequest, TestConfig, submit
 from sandbox_fusion.async_client import submit as async_submit
 
+from kiln.streams.settings import KilnSettings
 from tests.integrations.gateway.conftest import Gateway
 from tests.integrations.gateway.test_run_code_integrity import FORGE
 
@@ -93,10 +94,20 @@ async def test_compiled_once_per_call(gateway: Gateway) -> None:
         assert test.exec_info.compile_result is not None and "error" in (test.exec_info.compile_result.stderr or "")
 
 
-def test_the_program_cannot_game_its_cases(gateway: Gateway) -> None:
+def test_the_program_cannot_game_its_cases(gateway: Gateway, kafka: KilnSettings) -> None:
     """The expected outputs never enter the sandbox; a program that forges its verdict onto its reporter's channel
-    (and kills it) still fails every case with what it really printed."""
+    (and kills it) still fails every case with what it really printed; nothing of kiln's control plane answers it
+    (the broker, the gateway, Docker's socket)."""
     url = gateway()
+    broker_host, broker_port = kafka.bootstrap_servers.split(",")[0].rsplit(":", 1)
+    gateway_port = int(url.rsplit(":")[-1])
+    targets = [(broker_host, int(broker_port)), ("127.0.0.1", int(broker_port)), ("127.0.0.1", gateway_port)]
+    reach = (f"```python\nimport os, socket\nfor target in {targets!r}:\n    try:\n"
+             "        socket.create_connection(target, 2).close()\n        print('reached', target)\n"
+             "    except OSError:\n        pass\n"
+             "print('docker.sock' if os.path.exists('/var/run/docker.sock') else 'alone')\n```")
+    alone = submit(request(reach, [case("", "alone")]), endpoint=url, max_attempts=1)
+    assert alone.accepted, alone.tests[0].exec_info
     secret = f"kiln-expected-{uuid.uuid4().hex}"
     search = ("```python\nimport os\nfound = []\nfor root in ('/work', '/tmp'):\n"
               "    for d, _, names in os.walk(root):\n        for n in names:\n"
