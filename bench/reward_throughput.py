@@ -28,7 +28,9 @@ bare ``g++ -O2 -std=c++17`` + run in the chroot); ``pytest`` — a small package
 METRIC lines: ``reward_<path>_calls_per_s_c<N>``, ``_p50_s_c<N>``, ``_p99_s_c<N>``, ``_errors_c<N>`` (a wrong
 answer or a failed call), ``reward_<path>_vs_bare_c<N>`` (calls/s ÷ bare's in the same run), the same for
 ``reward_cpp_{bare,gateway}_*`` and ``reward_pytest_{bare,runonce}_*``; ``reward_exec_worker_slots`` (what the exec
-worker chose: it is started without ``--slots``) and ``reward_loadavg_1m_{start,end}``.
+worker chose: it is started without ``--slots``), ``reward_loadavg_1m_{start,end}`` and
+``reward_idle_cpu_ms_per_s_{broker,docker,machine}`` (what they spend with no call in flight, over 5 s before the
+phases: the machine's other work, in every per-call figure as that rate ÷ the phase's calls/s).
 Every path is warmed before it is measured; phases alternate (every path once per round, ``--rounds``) so drift hits
 all paths alike. Aims (issue 33, reported, not asserted): every kiln path ≥ 0.7 of bare; p99 ≤ 3x p50; 0 errors.
 
@@ -300,6 +302,27 @@ def _pids(match: Callable[[list[str]], bool]) -> list[int]:
     return found
 
 
+def docker_daemons() -> list[int]:
+    """This machine's Docker daemon (``dockerd`` in this process's mount namespace: not one running inside a
+    container or a pod, Docker in Docker) and the ``containerd`` it started."""
+    mine = os.readlink("/proc/self/ns/mnt")
+
+    def ours(pid: int) -> bool:
+        try:
+            return os.readlink(f"/proc/{pid}/ns/mnt") == mine
+        except OSError:
+            return False
+    daemons = [pid for pid in _pids(lambda a: Path(a[0]).name == "dockerd") if ours(pid)]
+    return [*daemons, *(pid for pid in _pids(lambda a: Path(a[0]).name == "containerd") if _parent(pid) in daemons)]
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 class Accounts:
     """Where the CPU goes, read before and after every phase: this process (the clients: KilnClient, the
     SandboxFusion client, TRL's reward thread), its children (bare's chroot + python, docker CLIs), the exec worker,
@@ -314,7 +337,7 @@ class Accounts:
         self.containers = [c.id for c in containers]
         self.gateway = _pids(lambda a: "gateway" in a and gateway_port in a) if gateway_port else []
         self.broker = _pids(lambda a: a[0].endswith("java") and any(f"kafka-{broker_port}" in x for x in a))
-        self.docker = _pids(lambda a: Path(a[0]).name in ("dockerd", "containerd"))
+        self.docker = docker_daemons()
         self.worker_id = ""
 
     def _runners(self) -> list[str]:
@@ -378,6 +401,7 @@ def machine_cpu() -> float:
 # Parts of a call's CPU, by process, as printed (``sandbox``: the snapshot's ``sandboxes``, the containers' cgroups).
 CPU_PARTS = {"client": "client", "children": "children", "worker": "worker", "gateway": "gateway",
              "sandbox": "sandboxes", "broker": "broker", "docker": "docker", "shims": "shims"}
+IDLE_S = 5.0  # the idle window measured before the phases
 BARE_PATHS = ("bare", "baresync")  # their children (chroot and the program) are their sandbox
 
 
@@ -682,6 +706,13 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                                     "execcheck": execcheck_run(verifier, args.group), "trl": trl_run(reward)}
         baselines = {"baresync": "bare", "docker_exec": "bare", "gateway": "bare", "gatewaysync": "baresync",
                      "execcheck": "bare", "trl": "bare"}
+        # What the shared parts spend with no call in flight: over a phase, that rate ÷ its calls/s is in its
+        # per-call figures (the machine's other work).
+        before = await asyncio.to_thread(accounts.snapshot)
+        await asyncio.sleep(IDLE_S)
+        after = await asyncio.to_thread(accounts.snapshot)
+        for part in ("broker", "docker", "machine"):
+            metrics[f"reward_idle_cpu_ms_per_s_{part}"] = round((after[part] - before[part]) * 1000 / IDLE_S, 1)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as progress:
             for i, c in enumerate(args.concurrency):
