@@ -25,6 +25,7 @@ async def test_every_reward_path_answers_right_and_reports() -> None:
         for part in ("sandbox", "kiln", "worker", "gateway", "broker"):
             assert metrics[f"reward_{path}_cpu_ms_{part}_c4"] > 0, (path, part)
     assert metrics["reward_bare_cpu_ms_children_c4"] > 0
+    assert metrics["reward_idle_cpu_ms_per_s_machine"] > 0
     for case, path in (("cpp", "gateway"), ("pytest", "runonce")):
         for side in ("bare", path):
             assert metrics[f"reward_{case}_{side}_calls_per_s_c4"] > 0, (case, side)
