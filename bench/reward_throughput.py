@@ -488,11 +488,12 @@ class Bare:
         return None if code == 0 and out.strip() == expected else f"exit {code}: {out[-200:]!r} {err[-300:]!r}"
 
     def python_sync(self, n: int) -> str | None:
-        """The same call from a pool thread: ``subprocess.run``, as a synchronous reward function runs it."""
+        """The same call from a pool thread: ``subprocess.run``, as a synchronous reward function runs it (no time
+        limit, as ``python``)."""
         stdin, expected = job(n)
         with self.call_dir(n, {"main.py": PROGRAM}) as d:
             done = subprocess.run(self.chrooted(["python3", f"{d}/main.py"]), input=stdin.encode(),
-                                  capture_output=True, env=self.env, timeout=30, check=False)
+                                  capture_output=True, env=self.env, check=False)
         out, err = done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
         ok = done.returncode == 0 and out.strip() == expected
         return None if ok else f"exit {done.returncode}: {out[-200:]!r} {err[-300:]!r}"
