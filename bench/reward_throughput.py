@@ -11,6 +11,10 @@ Paths, each at every ``--concurrency`` (closed loop: that many calls in flight):
   image (one per exec-worker slot, calls spread over them round-robin).
 - ``gateway``: ``kiln gateway serve`` with the unmodified ``sandbox_fusion`` client (``run_code_async``, one attempt,
   verl's 30 s client timeout) -> exec stage ``run_once``.
+- ``gatewaysync``: the same gateway driven as verl drives it: the client's synchronous ``run_code`` (``requests``, a
+  new connection per call) in a thread pool of the concurrency's size; ``baresync``: bare's command driven the same
+  way (``subprocess.run`` in such a pool), its baseline (``reward_gatewaysync_vs_bare_c<N>`` is ÷ baresync's calls/s;
+  ``reward_baresync_vs_bare_c<N>`` is what the pool itself costs the baseline).
 - ``execcheck``: the rollout stage's ``ExecVerifier`` (``ExecCheck``, ``isolate``: the checker runs sample code)
   verifying groups of ``--group`` completions (each group one prompt: its stdin; the checker runs every completion's
   program on it and prints the verdicts); concurrency = completions in flight; a completion's latency is its group's.
@@ -24,15 +28,23 @@ bare ``g++ -O2 -std=c++17`` + run in the chroot); ``pytest`` — a small package
 METRIC lines: ``reward_<path>_calls_per_s_c<N>``, ``_p50_s_c<N>``, ``_p99_s_c<N>``, ``_errors_c<N>`` (a wrong
 answer or a failed call), ``reward_<path>_vs_bare_c<N>`` (calls/s ÷ bare's in the same run), the same for
 ``reward_cpp_{bare,gateway}_*`` and ``reward_pytest_{bare,runonce}_*``; ``reward_exec_worker_slots`` (what the exec
-worker chose: it is started without ``--slots``) and ``reward_loadavg_1m_{start,end}``.
+worker chose: it is started without ``--slots``), ``reward_loadavg_1m_{start,end}`` and
+``reward_idle_cpu_ms_per_s_{broker,docker,machine}`` (what they spend with no call in flight, over 5 s before the
+phases: the machine's other work, in every per-call figure as that rate ÷ the phase's calls/s).
 Every path is warmed before it is measured; phases alternate (every path once per round, ``--rounds``) so drift hits
 all paths alike. Aims (issue 33, reported, not asserted): every kiln path ≥ 0.7 of bare; p99 ≤ 3x p50; 0 errors.
 
 Diagnostics: ``reward_<path>_worker_s_per_run_once_c<N>`` (the exec worker's own handling time of one run_once, from
-its metrics) and ``reward_<path>_cpu_ms_<part>_c<N>`` (CPU milliseconds per call by process: client, children,
-worker, gateway, sandboxes, broker, docker — the last two shared with whatever else runs on the host). Experiments,
-never the headline: ``--exec-slots N`` (the worker told its slots), ``--bare-cgroup`` (bare's processes in a CPU
-cgroup beside the containers').
+its metrics) and ``reward_<path>_cpu_ms_<part>_c<N>`` (CPU milliseconds per call by process: client — this process,
+the trainer's side —, children, worker, gateway, sandbox — the CPU cgroups of the runners and of the docker_exec
+containers —, broker, docker — dockerd and containerd —, shims — the containerd shims of those containers, which carry
+every attached ``docker exec`` stream —; the broker and Docker's daemons are shared with whatever else runs on the
+host). Derived, per call: ``_cpu_ms_kiln_c<N>`` (every process but the sandbox's: the parts above but sandbox, for
+kiln's paths), ``_cpu_ms_sandbox_over_bare_c<N>`` (the sandbox's CPU minus bare's children: bare's chroot and python
+are its sandbox; gatewaysync against baresync), ``_cpu_ms_total_c<N>`` (the whole machine's busy CPU from
+/proc/stat, other load included) and ``_cpu_ms_total_over_bare_c<N>`` (that minus its bare's). Experiments, never the
+headline: ``--exec-slots N`` (the worker told its slots), ``--bare-cgroup`` (bare's processes in a CPU cgroup beside
+the containers').
 
 Usage: python -m bench.reward_throughput [--calls 256] [--concurrency 64 256] [--rounds 2] [--quick]
 """
@@ -53,6 +65,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,6 +172,7 @@ class Phase:
 # One path: run calls [start, start + count) at ``concurrency``, recording into the phase and advancing the bar.
 PathRun = Callable[[int, int, int, Phase, Callable[[int], None]], Awaitable[None]]
 Call = Callable[[int], Awaitable[str | None]]  # None = right answer, else what went wrong
+SyncCall = Callable[[int], str | None]  # the same, blocking (run in a pool thread)
 
 
 def per_call(one: Call) -> PathRun:
@@ -178,6 +192,31 @@ def per_call(one: Call) -> PathRun:
                     phase.fail(wrong)
                 advance(1)
         await asyncio.gather(*(call(n) for n in range(start, start + count)))
+    return run
+
+
+def pooled(one: SyncCall) -> PathRun:
+    """verl's pattern: a thread pool of ``concurrency`` threads, each call a blocking one, the pool drained by one
+    driving thread (``as_completed``); each call timed in its thread from its start to its answer."""
+    def drive(start: int, count: int, concurrency: int, phase: Phase, advance: Callable[[int], None]) -> None:
+        def call(n: int) -> tuple[float, str | None]:
+            t = time.perf_counter()
+            try:
+                wrong = one(n)
+            except Exception as e:
+                wrong = f"{type(e).__name__}: {e}"
+            return time.perf_counter() - t, wrong
+
+        with ThreadPoolExecutor(concurrency) as pool:
+            for done in as_completed([pool.submit(call, n) for n in range(start, start + count)]):
+                seconds, wrong = done.result()
+                phase.latencies.append(seconds)
+                if wrong is not None:
+                    phase.fail(wrong)
+                advance(1)
+
+    async def run(start: int, count: int, concurrency: int, phase: Phase, advance: Callable[[int], None]) -> None:
+        await asyncio.to_thread(drive, start, count, concurrency, phase, advance)
     return run
 
 
@@ -209,9 +248,10 @@ async def measure(runs: dict[str, PathRun], calls: int, concurrency: int, rounds
     return phases
 
 
-def metrics_of(prefix: str, phases: dict[str, Phase], concurrency: int, baseline: str,
-               ratios: list[str]) -> dict[str, float]:
+def metrics_of(prefix: str, phases: dict[str, Phase], concurrency: int, baselines: dict[str, str]) -> dict[str, float]:
+    """Every phase's figures; ``baselines``: each compared path's own bare path (ratios and CPU over it)."""
     out: dict[str, float] = {}
+    per_call_ms: dict[str, dict[str, float]] = {}
     for name, phase in phases.items():
         out[f"{prefix}{name}_calls_per_s_c{concurrency}"] = round(phase.rate, 2)
         out[f"{prefix}{name}_p50_s_c{concurrency}"] = round(percentile(phase.latencies, 0.5), 3)
@@ -222,11 +262,21 @@ def metrics_of(prefix: str, phases: dict[str, Phase], concurrency: int, baseline
             out[f"{prefix}{name}_worker_s_per_run_once_c{concurrency}"] = round(spent["worker_s"] / spent["run_once"],
                                                                                  3)
         if spent and calls:  # CPU milliseconds per call, by where they were spent
-            for part in CPU_PARTS:
-                out[f"{prefix}{name}_cpu_ms_{part}_c{concurrency}"] = round(spent[part] * 1000 / calls, 1)
-    base = phases[baseline].rate
-    for name in ratios:
-        out[f"{prefix}{name}_vs_bare_c{concurrency}"] = round(phases[name].rate / base, 3) if base else 0.0
+            ms = {part: spent[key] * 1000 / calls for part, key in CPU_PARTS.items()}
+            for part, value in ms.items():
+                out[f"{prefix}{name}_cpu_ms_{part}_c{concurrency}"] = round(value, 1)
+            sandbox = "children" if name in BARE_PATHS else "sandbox"
+            per_call_ms[name] = {"sandbox": ms[sandbox], "total": spent["machine"] * 1000 / calls}
+            if name not in BARE_PATHS:  # every process but the sandbox's
+                out[f"{prefix}{name}_cpu_ms_kiln_c{concurrency}"] = round(sum(ms.values()) - ms[sandbox], 1)
+            out[f"{prefix}{name}_cpu_ms_total_c{concurrency}"] = round(per_call_ms[name]["total"], 1)
+    for name, base in baselines.items():
+        rate = phases[base].rate
+        out[f"{prefix}{name}_vs_bare_c{concurrency}"] = round(phases[name].rate / rate, 3) if rate else 0.0
+        if name in per_call_ms and base in per_call_ms:
+            for what in ("sandbox", "total"):
+                over = per_call_ms[name][what] - per_call_ms[base][what]
+                out[f"{prefix}{name}_cpu_ms_{what}_over_bare_c{concurrency}"] = round(over, 1)
     return out
 
 
@@ -252,12 +302,34 @@ def _pids(match: Callable[[list[str]], bool]) -> list[int]:
     return found
 
 
+def docker_daemons() -> list[int]:
+    """This machine's Docker daemon (``dockerd`` in this process's mount namespace: not one running inside a
+    container or a pod, Docker in Docker) and the ``containerd`` it started."""
+    mine = os.readlink("/proc/self/ns/mnt")
+
+    def ours(pid: int) -> bool:
+        try:
+            return os.readlink(f"/proc/{pid}/ns/mnt") == mine
+        except OSError:
+            return False
+    daemons = [pid for pid in _pids(lambda a: Path(a[0]).name == "dockerd") if ours(pid)]
+    return [*daemons, *(pid for pid in _pids(lambda a: Path(a[0]).name == "containerd") if _parent(pid) in daemons)]
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 class Accounts:
     """Where the CPU goes, read before and after every phase: this process (the clients: KilnClient, the
     SandboxFusion client, TRL's reward thread), its children (bare's chroot + python, docker CLIs), the exec worker,
     the gateway, the sandboxes (cgroups of the worker's runners and of the docker_exec containers), the broker and
-    Docker's daemons (both shared with whatever else runs on the machine: upper bounds). Also the exec worker's own
-    account of its ``run_once`` requests (its metrics: seconds and count)."""
+    Docker's daemons (both shared with whatever else runs on the machine: upper bounds), the containerd shims of the
+    sandboxes' containers, and the whole machine's busy CPU (/proc/stat). Also the exec worker's own account of its
+    ``run_once`` requests (its metrics: seconds and count)."""
 
     def __init__(self, client: Any, metrics_port: int, worker_pid: int, gateway_port: str | None, lock_dir: Path,
                  containers: list[Any], broker_port: str) -> None:
@@ -265,7 +337,7 @@ class Accounts:
         self.containers = [c.id for c in containers]
         self.gateway = _pids(lambda a: "gateway" in a and gateway_port in a) if gateway_port else []
         self.broker = _pids(lambda a: a[0].endswith("java") and any(f"kafka-{broker_port}" in x for x in a))
-        self.docker = _pids(lambda a: Path(a[0]).name in ("dockerd", "containerd"))
+        self.docker = docker_daemons()
         self.worker_id = ""
 
     def _runners(self) -> list[str]:
@@ -303,19 +375,34 @@ class Accounts:
 
     def snapshot(self) -> dict[str, float]:
         me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        containers = {*self.containers, *self._runners()}
         sandboxes = 0.0
-        for cid in {*self.containers, *self._runners()}:
+        for cid in containers:
             with contextlib.suppress(OSError, ValueError):
                 sandboxes += int(Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage").read_text()) / 1e9
+        # A container's shim relays its attached exec streams (containerd-shim-runc-v2 ... -id CONTAINER ...).
+        shims = _pids(lambda a: Path(a[0]).name.startswith("containerd-shim") and bool(containers & {*a}))
         metrics = self._metrics()
         worker_s, run_once = (metrics.get(f"kiln_exec_command_seconds_{w}", 0.0) for w in ("sum", "count"))
         return {"client": me.ru_utime + me.ru_stime, "children": children.ru_utime + children.ru_stime,
                 "worker": proc_cpu(self.worker_pid), "gateway": sum(map(proc_cpu, self.gateway)),
                 "sandboxes": sandboxes, "broker": sum(map(proc_cpu, self.broker)),
-                "docker": sum(map(proc_cpu, self.docker)), "worker_s": worker_s, "run_once": run_once}
+                "docker": sum(map(proc_cpu, self.docker)), "shims": sum(map(proc_cpu, shims)),
+                "machine": machine_cpu(), "worker_s": worker_s, "run_once": run_once}
 
 
-CPU_PARTS = ("client", "children", "worker", "gateway", "sandboxes", "broker", "docker")
+def machine_cpu() -> float:
+    """The machine's busy CPU seconds so far, every core (/proc/stat: user, nice, system, irq, softirq, steal)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+# Parts of a call's CPU, by process, as printed (``sandbox``: the snapshot's ``sandboxes``, the containers' cgroups).
+CPU_PARTS = {"client": "client", "children": "children", "worker": "worker", "gateway": "gateway",
+             "sandbox": "sandboxes", "broker": "broker", "docker": "docker", "shims": "shims"}
+IDLE_S = 5.0  # the idle window measured before the phases
+BARE_PATHS = ("bare", "baresync")  # their children (chroot and the program) are their sandbox
 
 
 # --- bare: the image's root filesystem, chrooted ----------------------------------------------------------------
@@ -383,11 +470,14 @@ class Bare:
         finally:
             shutil.rmtree(host, ignore_errors=True)
 
-    async def run(self, argv: list[str], stdin: str = "") -> tuple[int, str, str]:
+    def chrooted(self, argv: list[str]) -> list[str]:
         enter = ["sh", "-c", f'echo $$ > {self.cgroup}/tasks && exec "$0" "$@"'] if self.cgroup else []
+        return [*enter, CHROOT, "--userspec=1000:1000", str(self.root), *argv]
+
+    async def run(self, argv: list[str], stdin: str = "") -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(
-            *enter, CHROOT, "--userspec=1000:1000", str(self.root), *argv, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self.env)
+            *self.chrooted(argv), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=self.env)
         out, err = await proc.communicate(stdin.encode())
         return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
@@ -396,6 +486,17 @@ class Bare:
         with self.call_dir(n, {"main.py": PROGRAM}) as d:
             code, out, err = await self.run(["python3", f"{d}/main.py"], stdin)
         return None if code == 0 and out.strip() == expected else f"exit {code}: {out[-200:]!r} {err[-300:]!r}"
+
+    def python_sync(self, n: int) -> str | None:
+        """The same call from a pool thread: ``subprocess.run``, as a synchronous reward function runs it (no time
+        limit, as ``python``)."""
+        stdin, expected = job(n)
+        with self.call_dir(n, {"main.py": PROGRAM}) as d:
+            done = subprocess.run(self.chrooted(["python3", f"{d}/main.py"]), input=stdin.encode(),
+                                  capture_output=True, env=self.env, check=False)
+        out, err = done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+        ok = done.returncode == 0 and out.strip() == expected
+        return None if ok else f"exit {done.returncode}: {out[-200:]!r} {err[-300:]!r}"
 
     async def cpp(self, n: int) -> str | None:
         stdin, expected = job(n)
@@ -449,19 +550,43 @@ class DockerExec:
 # --- kiln's paths -----------------------------------------------------------------------------------------------
 
 
-def gateway_call(url: str, language: str = "python") -> Call:
+def gateway_request(n: int, language: str) -> tuple[Any, str]:
+    """Call ``n``'s SandboxFusion request and expected output."""
     import sandbox_fusion  # type: ignore[import-untyped]  # the peer's client, unmodified
 
+    stdin, expected = job(n)
+    return sandbox_fusion.RunCodeRequest(code=PROGRAM if language == "python" else CPP, language=language, stdin=stdin,
+                                         compile_timeout=60, run_timeout=10), expected
+
+
+def gateway_wrong(response: Any, expected: str) -> str | None:
+    import sandbox_fusion
+
+    run = response.run_result
+    if response.status != sandbox_fusion.RunStatus.Success or run is None or (run.stdout or "").strip() != expected:
+        return f"{response.status}: {response.message} {run}"[:400]
+    return None
+
+
+def gateway_call(url: str, language: str = "python") -> Call:
+    import sandbox_fusion
+
     async def one(n: int) -> str | None:
-        stdin, expected = job(n)
-        request = sandbox_fusion.RunCodeRequest(code=PROGRAM if language == "python" else CPP, language=language,
-                                                stdin=stdin, compile_timeout=60, run_timeout=10)
+        request, expected = gateway_request(n, language)
         # One attempt (a retry would hide a failure) and verl's client timeout.
         response = await sandbox_fusion.run_code_async(request, endpoint=url, max_attempts=1, client_timeout=30)
-        run = response.run_result
-        if response.status != sandbox_fusion.RunStatus.Success or run is None or (run.stdout or "").strip() != expected:
-            return f"{response.status}: {response.message} {run}"[:400]
-        return None
+        return gateway_wrong(response, expected)
+    return one
+
+
+def gateway_sync_call(url: str) -> SyncCall:
+    """verl's call: the client's synchronous ``run_code`` (``requests``), one attempt, verl's client timeout."""
+    import sandbox_fusion
+
+    def one(n: int) -> str | None:
+        request, expected = gateway_request(n, "python")
+        return gateway_wrong(sandbox_fusion.run_code(request, endpoint=url, max_attempts=1, client_timeout=30),
+                             expected)
     return one
 
 
@@ -575,17 +700,27 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         exec_client = ExecClient(kiln)
         accounts = Accounts(client, metrics_port, worker.proc.pid, url.rsplit(":", 1)[1], tmp / "locks",
                             docker_exec.containers, settings.bootstrap_servers.rsplit(":", 1)[1])
-        runs: dict[str, PathRun] = {"bare": per_call(bare.python), "docker_exec": per_call(docker_exec.python),
+        runs: dict[str, PathRun] = {"bare": per_call(bare.python), "baresync": pooled(bare.python_sync),
+                                    "docker_exec": per_call(docker_exec.python),
                                     "gateway": per_call(gateway_call(url)),
+                                    "gatewaysync": pooled(gateway_sync_call(url)),
                                     "execcheck": execcheck_run(verifier, args.group), "trl": trl_run(reward)}
-        kiln_paths = ["docker_exec", "gateway", "execcheck", "trl"]
+        baselines = {"baresync": "bare", "docker_exec": "bare", "gateway": "bare", "gatewaysync": "baresync",
+                     "execcheck": "bare", "trl": "bare"}
+        # What the shared parts spend with no call in flight: over a phase, that rate ÷ its calls/s is in its
+        # per-call figures (the machine's other work).
+        before = await asyncio.to_thread(accounts.snapshot)
+        await asyncio.sleep(IDLE_S)
+        after = await asyncio.to_thread(accounts.snapshot)
+        for part in ("broker", "docker", "machine"):
+            metrics[f"reward_idle_cpu_ms_per_s_{part}"] = round((after[part] - before[part]) * 1000 / IDLE_S, 1)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as progress:
             for i, c in enumerate(args.concurrency):
                 calls = max(args.calls, c * args.rounds) if not args.quick else args.calls
                 phases = await measure(runs, calls, c, args.rounds, args.warm, progress, 1_000_000 * (i + 1),
                                        accounts)
-                metrics.update(metrics_of("reward_", phases, c, "bare", kiln_paths))
+                metrics.update(metrics_of("reward_", phases, c, baselines))
                 notes.update({f"first errors {name} c{c}": " | ".join(p.first_errors)
                               for name, p in phases.items() if p.first_errors})
             c = args.case_concurrency
@@ -597,7 +732,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                 calls = max(args.case_calls, c) if not args.quick else args.case_calls
                 phases = await measure(case_runs, calls, c, max(1, min(args.rounds, calls // c)), args.warm,
                                        progress, 10_000_000 * (j + 1), accounts)
-                metrics.update(metrics_of(f"reward_{case}_", phases, c, "bare", [kiln_path]))
+                metrics.update(metrics_of(f"reward_{case}_", phases, c, {kiln_path: "bare"}))
                 notes.update({f"first errors {case} {name}": " | ".join(p.first_errors)
                               for name, p in phases.items() if p.first_errors})
     finally:

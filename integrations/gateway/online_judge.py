@@ -9,6 +9,11 @@ A case passes when its run exits 0 and its output matches the expected one as Sa
 line, trimmed, case-insensitive, numbers within a relative 1e-5. The expected outputs never enter the sandbox. Without
 ``config.extra.run_all_cases`` the answer stops at the first failing case, as SandboxFusion's does.
 
+What the program prints is bounded for the whole submit (``KILN_GATEWAY_MAX_SUBMIT_OUTPUT_BYTES``): each case's
+stdout and stderr get an equal share, never less than its expected output and 4 KiB more, never more than
+``KILN_GATEWAY_MAX_OUTPUT_BYTES``. A case whose stdout was cut there fails (SandboxFusion, which cuts nothing, would
+have compared the rest: "the answer, then a flood" must not pass on its first part).
+
 Refused with HTTP 400, saying why: a dataset type or data kiln does not serve, no language, a language kiln does
 not serve, timeouts over kiln's caps (the run_code ones: ``KILN_GATEWAY_MAX_TIMEOUT_S``, ``KILN_GATEWAY_MAX_COMPILE_S``
 per language), more cases than ``KILN_GATEWAY_MAX_SUBMIT_CASES``, a problem without cases (it would accept any
@@ -45,6 +50,7 @@ from kiln.workers.exec.client import ExecClient
 router = APIRouter(tags=["SandboxFusion"])
 DATASET_TYPE = "CommonOJDataset"
 CALL_STEPS = 16  # steps one run_once call takes (ExecRequest.steps)
+OUTPUT_MARGIN = 4096  # bytes a case may print beyond its expected output, whatever its share of the submit's budget
 SHOWN_CHARS = 1000  # a passed case's input and output strings are shortened to this in the answer, as SandboxFusion's
 
 
@@ -151,9 +157,9 @@ def _shortened(text: str) -> str:
     return f"{text[:keep]}...{text[-keep:]}"
 
 
-def _outcome(case: StdioCase, info: RunCodeResponse, full: bool) -> EvalTestCase:
+def _outcome(case: StdioCase, info: RunCodeResponse, cut: bool, full: bool) -> EvalTestCase:
     ran = info.run_result
-    passed = (info.status == RunStatus.success and ran is not None
+    passed = (info.status == RunStatus.success and ran is not None and not cut
               and same_output(ran.stdout or "", case.output["stdout"]))
     shown = case.model_dump()
     if passed and not full:
@@ -161,9 +167,18 @@ def _outcome(case: StdioCase, info: RunCodeResponse, full: bool) -> EvalTestCase
     return EvalTestCase(passed=passed, exec_info=info, test_info=shown)
 
 
+def output_cap(settings: GatewaySettings, chunk: list[StdioCase], cases: int) -> int:
+    """Bytes each stream of each case of ``chunk`` may print: its share of the submit's budget (``cases`` in all), at
+    least the chunk's longest expected output and a margin, at most the run_code cap."""
+    share = settings.max_submit_output_bytes // (2 * cases)
+    expected = max(len(case.output["stdout"].encode()) for case in chunk)
+    return min(settings.max_output_bytes, max(share, expected + OUTPUT_MARGIN))
+
+
 async def _run_chunk(exec_client: ExecClient, settings: GatewaySettings, run: RunCodeRequest,
-                     chunk: list[StdioCase], first: int) -> list[RunCodeResponse]:
-    """One ``run_once`` call: the program compiled once, then run on every case of ``chunk``."""
+                     chunk: list[StdioCase], first: int, total: int) -> list[tuple[RunCodeResponse, bool]]:
+    """One ``run_once`` call: the program compiled once, then run on every case of ``chunk`` (of ``total``); each
+    case's answer, and whether its stdout was cut at its cap (its stderr is never compared)."""
     language = LANGUAGES[run.language]
     compiling = compile_steps(run)
     try:
@@ -174,14 +189,16 @@ async def _run_chunk(exec_client: ExecClient, settings: GatewaySettings, run: Ru
     try:
         result = await exec_client.run_once(settings.toolchain_image, files={f"run/{language.source}": run.code},
                                             steps=[*compiling, *cases], cwd="run",
-                                            max_output_bytes=settings.max_output_bytes)
+                                            max_output_bytes=output_cap(settings, chunk, total))
     except KilnError as e:
         raise HTTPException(500, f"the sandbox could not run the cases: {e}") from None
-    steps = {s.name: command_result(s) for s in result.steps}
+    outputs = {s.name: s for s in result.steps}
+    steps = {name: command_result(s) for name, s in outputs.items()}
     compiled = steps.get("compile") if compiling else None
     if compiled is not None and compiled.return_code != 0:  # nothing ran: each case reports the failed compile
-        return [run_response(compiled, None) for _ in chunk]
-    return [run_response(compiled, steps.get(step.name)) for step in cases]
+        return [(run_response(compiled, None), False) for _ in chunk]
+    return [(run_response(compiled, steps.get(step.name)), step.name in outputs and outputs[step.name].stdout_truncated)
+            for step in cases]
 
 
 async def judge(exec_client: ExecClient, settings: GatewaySettings, body: SubmitRequest) -> EvalResult:
@@ -200,12 +217,12 @@ async def judge(exec_client: ExecClient, settings: GatewaySettings, body: Submit
     refuse_beyond_limits(run, settings)
     per_call = CALL_STEPS - len(compile_steps(run))
     chunks = [cases[i:i + per_call] for i in range(0, len(cases), per_call)]
-    answers = await asyncio.gather(*(_run_chunk(exec_client, settings, run, chunk, i * per_call)
+    answers = await asyncio.gather(*(_run_chunk(exec_client, settings, run, chunk, i * per_call, len(cases))
                                      for i, chunk in enumerate(chunks)))
     full = bool(config.extra.get("return_full_case", False))
     outcomes: list[EvalTestCase] = []
-    for case, info in zip(cases, [info for answer in answers for info in answer], strict=True):
-        outcomes.append(_outcome(case, info, full))
+    for case, (info, cut) in zip(cases, [ran for answer in answers for ran in answer], strict=True):
+        outcomes.append(_outcome(case, info, cut, full))
         if not outcomes[-1].passed and not config.extra.get("run_all_cases", False):
             break
     return EvalResult(id=body.id, accepted=all(o.passed for o in outcomes), extracted_code=code, tests=outcomes)

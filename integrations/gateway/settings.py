@@ -24,6 +24,11 @@ class GatewaySettings(BaseSettings):
                                             "cpp 120, rust 120, go 300); a request over its language's is refused.")
     max_submit_cases: int = Field(512, ge=1, description="Cap on the test cases of one SandboxFusion /submit; a "
                                   "problem with more is refused.")
+    max_submit_output_bytes: int = Field(64 << 20, ge=1 << 20, description="Cap on what one SandboxFusion "
+                                         "/submit's cases may print together (stdout and stderr): each case's "
+                                         "streams get an equal share of it, at least that case's expected output "
+                                         "and 4 KiB more, at most KILN_GATEWAY_MAX_OUTPUT_BYTES; a case printing "
+                                         "past its share fails.")
     max_memory_mb: int = Field(4096, ge=32, description="Cap on run_code memory_limit_MB.")
     max_output_bytes: int = Field(512 << 10, ge=1024, description="Per stream (stdout, stderr) of a run_code step.")
     exec_output_bytes: int = Field(4 << 20, ge=1024, description="Output one exec command of the gateway may return "

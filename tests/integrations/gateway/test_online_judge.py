@@ -3,7 +3,8 @@ SandboxFusion's own client (``sandbox-fusion`` from PyPI, unmodified) against th
 the completion's program found as SandboxFusion finds it, run on every case (compiled once per call of up to 15
 cases), compared as SandboxFusion compares; ``run_all_cases`` reports every case, else up to the first failure.
 Attacked: a program that forges its verdict or looks for the expected output, ``custom_extract_logic`` (Python the
-server would run), and caps a request tries to raise."""
+server would run), caps a request tries to raise, and a flood of output (bounded per submit; a case cut there
+fails)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from sandbox_fusion import SubmitRequest, TestConfig, submit
 from sandbox_fusion.async_client import submit as async_submit
 
+from kiln.streams.settings import KilnSettings
 from tests.integrations.gateway.conftest import Gateway
 from tests.integrations.gateway.test_run_code_integrity import FORGE
 
@@ -92,10 +94,20 @@ async def test_compiled_once_per_call(gateway: Gateway) -> None:
         assert test.exec_info.compile_result is not None and "error" in (test.exec_info.compile_result.stderr or "")
 
 
-def test_the_program_cannot_game_its_cases(gateway: Gateway) -> None:
+def test_the_program_cannot_game_its_cases(gateway: Gateway, kafka: KilnSettings) -> None:
     """The expected outputs never enter the sandbox; a program that forges its verdict onto its reporter's channel
-    (and kills it) still fails every case with what it really printed."""
+    (and kills it) still fails every case with what it really printed; nothing of kiln's control plane answers it
+    (the broker, the gateway, Docker's socket)."""
     url = gateway()
+    broker_host, broker_port = kafka.bootstrap_servers.split(",")[0].rsplit(":", 1)
+    gateway_port = int(url.rsplit(":")[-1])
+    targets = [(broker_host, int(broker_port)), ("127.0.0.1", int(broker_port)), ("127.0.0.1", gateway_port)]
+    reach = (f"```python\nimport os, socket\nfor target in {targets!r}:\n    try:\n"
+             "        socket.create_connection(target, 2).close()\n        print('reached', target)\n"
+             "    except OSError:\n        pass\n"
+             "print('docker.sock' if os.path.exists('/var/run/docker.sock') else 'alone')\n```")
+    alone = submit(request(reach, [case("", "alone")]), endpoint=url, max_attempts=1)
+    assert alone.accepted, alone.tests[0].exec_info
     secret = f"kiln-expected-{uuid.uuid4().hex}"
     search = ("```python\nimport os\nfound = []\nfor root in ('/work', '/tmp'):\n"
               "    for d, _, names in os.walk(root):\n        for n in names:\n"
@@ -114,6 +126,31 @@ def test_the_program_cannot_game_its_cases(gateway: Gateway) -> None:
     for test in forged.tests:
         ran = test.exec_info.run_result
         assert ran is not None and ran.return_code == 1 and ran.stdout == "honest\n", test
+
+
+def test_what_a_program_prints_is_bounded(gateway: Gateway) -> None:
+    """A submit's output budget (1 MiB here) shared by its cases, each stream of a case at least its expected output
+    and 4 KiB: printing past it is cut there, and a case whose stdout was cut fails — the answer followed by a flood
+    must not pass on its first part, as SandboxFusion (which cuts nothing) would compare the rest; stderr is cut
+    without failing the case (it is never compared)."""
+    url = gateway(KILN_GATEWAY_MAX_SUBMIT_OUTPUT_BYTES=str(1 << 20))
+    program = ("```python\nimport sys\nn = input()\nprint('y' * 100_000 if n == 'big' else n)\n"
+               "if n == 'flood': sys.stdout.write(' ' * 70_000 + 'X\\n')\n"
+               "if n == 'spaces': sys.stdout.write(' ' * 50_000 + '\\n')\n"
+               "if n == 'loud': sys.stderr.write('w' * 300_000)\n```")
+    # 8 cases: 1 MiB / 16 streams = 64 KiB a stream.
+    names = ["ok", "flood", "spaces", "loud", "ok", "ok", "ok", "ok"]
+    shared = submit(request(program, [case(n, n) for n in names], extra={"run_all_cases": True}), endpoint=url,
+                    max_attempts=1)
+    assert [t.passed for t in shared.tests] == [True, False, True, True, True, True, True, True], shared.tests
+    flood, loud = shared.tests[1].exec_info.run_result, shared.tests[3].exec_info.run_result
+    assert flood is not None and flood.stdout is not None and flood.stdout.startswith("flood\n")
+    assert len(flood.stdout) <= 64 << 10 and "X" not in flood.stdout  # cut: stripped, it reads "flood"
+    assert loud is not None and loud.stderr is not None and 60 << 10 < len(loud.stderr) <= 64 << 10
+    # An expected output above the share: its call's cases may print it (and 4 KiB more).
+    big = submit(request(program, [case("big", "y" * 100_000), *[case("ok", "ok")] * 7]), endpoint=url,
+                 max_attempts=1)
+    assert big.accepted, big.tests[0].exec_info
 
 
 def test_what_submit_refuses_is_said(gateway: Gateway, tmp_path: Path) -> None:
