@@ -486,7 +486,10 @@ worker_tag() {
   (cd "$INFRA_DIR/.." && git ls-files -s -- "${paths[@]}" && git diff HEAD -- "${paths[@]}" \
     && cat "$HERE/k8s-worker.Dockerfile" tests/fakes/lean_repl.py) | sha256sum | cut -c1-12
 }
-engine_tag() { sha256sum "$HERE/engine-$ENGINE_MODE.Dockerfile" "$HERE/engine-entrypoint.sh" | sha256sum | cut -c1-12; }
+engine_tag() {
+  sha256sum "$HERE/engine-$ENGINE_MODE.Dockerfile" "$HERE/engine-entrypoint.sh" "$INFRA_DIR/lib.sh" \
+    "$INFRA_DIR/egress/egress.sh" | sha256sum | cut -c1-12
+}
 
 image_refs() {
   printf '%s\n' "pause=kiln/k8s-pause:$K8S_VERSION" "coredns=kiln/k8s-coredns:$COREDNS_VERSION" \
@@ -522,6 +525,7 @@ build_image() {
       "$DOCKER" image inspect kiln/base:latest >/dev/null 2>&1 || "$INFRA_DIR/docker/docker.sh" base >/dev/null
       local ctx; ctx=$(mktemp -d "$KILN_CACHE/k8s-engine.XXXX")
       cp "$HERE/engine-$ENGINE_MODE.Dockerfile" "$ctx/Dockerfile" && cp "$HERE/engine-entrypoint.sh" "$ctx/"
+      cp "$INFRA_DIR/lib.sh" "$INFRA_DIR/egress/egress.sh" "$ctx/"  # the rootful engine runs kiln's egress proxy
       "$DOCKER" build --network host --build-arg BASE_IMAGE=kiln/base:latest -t "$ref" "$ctx" >"$ctx.log" 2>&1 \
         || { tail -30 "$ctx.log" >&2; rm -rf "$ctx"; die "building $ref failed"; }
       rm -rf "$ctx" "$ctx.log" ;;
