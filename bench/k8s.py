@@ -10,10 +10,14 @@ apply`` with values that shrink the pods' requests to fit 2 CPUs. Then, each pha
 - ``chain``: a repository served by ``git daemon`` on the bridge ingested (Saucer), built into an image (build pod,
   its engine sidecar, pushed to the registry), its tests run in an exec session on that image, and patches scored
   through the verify stage (the demo's calc repository and candidate patches).
+- ``spare``: the spare-CPU DaemonSet's Lean worker: its slots are the node's CPUs times its ``KILN_CPU_FRACTION``
+  (its heartbeat, ``k8s_spare_slots`` against ``k8s_spare_expected_slots``), and it answers a share of a burst of
+  Lean jobs beside the Lean Deployment (``k8s_spare_lean_jobs`` of ``k8s_spare_burst``).
 - ``scale``: a queue on the exec stage; KEDA (through the autoscaler's /keda/exec) raises its Ready replicas from 1
-  to ``--scale-to`` and, once the queue drained, brings them back (``k8s_scale_up_s``, ``k8s_scale_down_s``).
+  to ``--scale-to`` and, once the queue drained, brings them back (``k8s_scale_up_s``, ``k8s_scale_down_s``); the
+  rescales of the HPA KEDA made are counted from its events (``k8s_hpa_rescales``).
 
-    python -m bench.k8s [--phases up,apply,jobs,replay,limits,chain,scale] [--down]
+    python -m bench.k8s [--phases up,apply,jobs,replay,limits,chain,spare,scale] [--down]
 
 Ports: Kafka 59092 (pods reach its NODES listener at <bridge>:59095), S3 59570, registry 59500, git daemon 59600 (on
 the bridge).
@@ -41,8 +45,10 @@ from kiln.schemas.builder import BuildRequest
 from kiln.schemas.builtin import EchoRequest, SleepRequest
 from kiln.schemas.exec import SessionLimits
 from kiln.schemas.ingest import IngestRequest
+from kiln.schemas.lean import LeanRequest
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.client import KilnClient
+from kiln.streams.k8s.render import STATS_PORT
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import stage_specs
 from kiln.workers.builder.client import BuilderClient
@@ -57,7 +63,9 @@ CLUSTER = INFRA / "k8s" / "cluster.sh"
 KAFKA_PORT, S3_PORT, REGISTRY_PORT, GIT_PORT = 59092, 59570, 59500, 59600
 NS = "kiln"
 METRICS_PORT = 9400  # the render's default
-PHASES = ("up", "apply", "jobs", "replay", "limits", "chain", "scale")
+LEAN_PROOF = "theorem t : p \u2192 p := by\n  intro h\n  exact h"
+PHASES = ("up", "apply", "jobs", "replay", "limits", "chain", "spare", "scale")
+SPARE_CPU_FRACTION = 1.0  # the node has 2 CPUs: 0.25 or 0.5 would give the 1-slot floor, not the fraction's slots
 
 
 def sh(*args: str, env: dict[str, str] | None = None, stdin: str | None = None, timeout: float = 900) -> str:
@@ -117,7 +125,7 @@ def smoke_values(host: str, refs: dict[str, str], env: dict[str, str], scale_to:
             "bootstrap_servers": f"{host}:{KAFKA_PORT + 3}", "s3_endpoint": env["KILN_S3_ENDPOINT"],
             "control_plane_cidrs": [f"{host}/32"], "control_plane_ports": [KAFKA_PORT + 3, S3_PORT, REGISTRY_PORT],
             "goal_minutes": 0.5, "autoscaler_tick_s": 10, "polling_interval_s": 10, "scale_down_window_s": 30,
-            "stages": stages}
+            "stages": stages, "spare_cpu": {"cpu_fraction": SPARE_CPU_FRACTION}}
 
 
 def ready_replicas(deployment: str) -> int:
@@ -171,7 +179,7 @@ async def jobs(settings: KilnSettings, session_image: str, metrics: dict[str, fl
     async with KilnClient(settings, "k8s-bench-jobs") as kiln:
         for name, job in (
                 ("echo", kiln.call("echo", EchoRequest(data="k8s"))),
-                ("lean", LeanClient(kiln).run_code("theorem t : p \u2192 p := by\n  intro h\n  exact h")),
+                ("lean", LeanClient(kiln).run_code(LEAN_PROOF)),
                 ("verify", VerifyClient(kiln).verify(RolloutTask(task_id="k8s", prompt="2+2", answer="4"), ["4"])),
                 ("exec", ExecClient(kiln).run_once(session_image, "echo from-the-sandbox; id -u"))):
             began = time.monotonic()
@@ -264,6 +272,42 @@ async def limits(settings: KilnSettings, session_image: str, metrics: dict[str, 
     notes["fork bomb"] = str(fork_out)[:200]
 
 
+# A build step's view from a build pod's engine (its kiln-egress network): allowlisted registries through the proxy,
+# everything else refused; Kafka, the API server, services, the pod itself and the gateway's other ports unreachable.
+EGRESS_PROBE = """
+import socket, urllib.request
+proxy = urllib.request.build_opener(urllib.request.ProxyHandler(
+    {"http": "http://172.31.250.1:3128", "https": "http://172.31.250.1:3128"}))
+for url in ("https://pypi.org/simple/pip/", "https://github.com/"):
+    try:
+        print("proxy", url, proxy.open(url, timeout=30).status)
+    except Exception as e:
+        print("proxy", url, "refused", str(e)[:60].replace(" ", "_"))
+for target in %s:
+    try:
+        socket.create_connection(target, timeout=3).close()
+        print("direct", "%%s:%%d" %% target, "OPEN")
+    except OSError:
+        print("direct", "%%s:%%d" %% target, "closed")
+"""
+
+
+def egress_probe(host: str, image: str, metrics: dict[str, float], notes: dict[str, str]) -> None:
+    pod = kubectl("-n", NS, "get", "pods", "-l", "app.kubernetes.io/name=kiln-worker-build", "-o",
+                  'jsonpath={.items[0].metadata.name} {.items[0].status.podIP}').split()
+    targets = [(host, KAFKA_PORT + 3), (host, S3_PORT), (host, REGISTRY_PORT), (host, 6443), ("10.96.0.1", 443),
+               (pod[1], METRICS_PORT), ("172.31.250.1", METRICS_PORT), ("1.1.1.1", 443)]
+    out = kubectl("-n", NS, "exec", pod[0], "-c", "engine", "--", "docker", "-H", "unix:///run/kiln-engine/docker.sock",
+                  "run", "--rm", "--network", "kiln-egress", "--user", "1000", image, "python3", "-c",
+                  EGRESS_PROBE % repr(targets), timeout=180)
+    lines = [line.split() for line in out.splitlines() if line.startswith(("proxy", "direct"))]
+    metrics["k8s_egress_registry_ok"] = float(any(w[1].startswith("https://pypi.org") and w[2] == "200" for w in lines))
+    metrics["k8s_egress_other_refused"] = float(any(w[1].startswith("https://github.com") and w[2] == "refused"
+                                                    for w in lines))
+    metrics["k8s_egress_direct_open"] = float(sum(1 for w in lines if w[0] == "direct" and w[2] == "OPEN"))
+    notes["egress from a build pod's engine"] = " ".join(" ".join(w[1:]) for w in lines)[:400]
+
+
 async def chain(settings: KilnSettings, host: str, metrics: dict[str, float], notes: dict[str, str]) -> None:
     story = Story(settings, DemoSettings(), console)  # the demo's repository, checkout and candidate patches
     story.work = Path(os.environ.get("TMPDIR", "/tmp")) / "kiln-k8s-chain"
@@ -284,6 +328,7 @@ async def chain(settings: KilnSettings, host: str, metrics: dict[str, float], no
             built = await BuilderClient(kiln).build(BuildRequest(repository=NAME))
             steps.append(("build", time.monotonic() - began))
             notes["chain build"] = f"usable={built.usable} image={built.image} {built.failure}: {built.detail}"[:300]
+            await asyncio.to_thread(egress_probe, host, f"{host}:{REGISTRY_PORT}/kiln/base:latest", metrics, notes)
             if built.image is None:
                 return
             began = time.monotonic()
@@ -310,6 +355,44 @@ async def chain(settings: KilnSettings, host: str, metrics: dict[str, float], no
             metrics[f"k8s_chain_{name}_s"] = seconds
 
 
+def stats_workers() -> dict[str, Any]:
+    """The stats app's last heartbeat of each worker (its /workers page, from its pod's IP)."""
+    ip = kubectl("-n", NS, "get", "pods", "-l", "app.kubernetes.io/name=kiln-stats", "-o",
+                 "jsonpath={.items[0].status.podIP}")
+    with urllib.request.urlopen(f"http://{ip}:{STATS_PORT}/workers", timeout=10) as page:
+        workers: dict[str, Any] = json.loads(page.read())
+    return workers
+
+
+async def spare(settings: KilnSettings, metrics: dict[str, float], notes: dict[str, str]) -> None:
+    pod = kubectl("-n", NS, "get", "pods", "-l", "app.kubernetes.io/name=kiln-spare-lean", "-o",
+                  "jsonpath={.items[0].metadata.name}")
+    cpus = int(kubectl("get", "nodes", "-o", "jsonpath={.items[0].status.capacity.cpu}"))
+    beats = [b for w, b in (await asyncio.to_thread(stats_workers)).items() if w.startswith(f"{pod}-")]
+    metrics["k8s_spare_slots"] = float(beats[0]["slots"]) if beats else float("nan")
+    metrics["k8s_spare_expected_slots"] = float(max(1, int(cpus * SPARE_CPU_FRACTION)))
+    notes["spare-CPU pod"] = f"{pod}: heartbeat {beats[0] if beats else 'none'}"[:300]
+    burst = 16
+    async with KilnClient(settings, "k8s-bench-spare") as kiln:
+        futures = [await kiln.submit("lean", LeanRequest(op="run_code", code=LEAN_PROOF), key=f"spare-{i}")
+                   for i in range(burst)]
+        envelopes = await asyncio.wait_for(asyncio.gather(*futures), 300)
+    by_worker: dict[str, int] = {}
+    for envelope in envelopes:
+        by_worker[envelope.worker.rsplit("-", 2)[0]] = by_worker.get(envelope.worker.rsplit("-", 2)[0], 0) + 1
+    metrics["k8s_spare_burst"] = float(burst)
+    metrics["k8s_spare_lean_jobs"] = float(by_worker.get(pod, 0))
+    metrics["k8s_spare_lean_ok"] = float(sum(1 for e in envelopes if e.status == "ok"))
+    notes["lean burst answered by"] = json.dumps(by_worker)
+
+
+def hpa_rescales(name: str) -> list[str]:
+    """The HPA's SuccessfulRescale events: what KEDA's HPA did to the replica count."""
+    events = json.loads(kubectl("-n", NS, "get", "events", "--field-selector",
+                                f"involvedObject.name={name},reason=SuccessfulRescale", "-o", "json"))["items"]
+    return [e["message"].split(";")[0] for e in sorted(events, key=lambda e: e.get("lastTimestamp") or "")]
+
+
 async def scale(settings: KilnSettings, session_image: str, scale_to: int, metrics: dict[str, float],
                 notes: dict[str, str]) -> None:
     await wait_until("exec at 1 Ready replica", lambda: ready_replicas("kiln-worker-exec") == 1, 600)
@@ -332,10 +415,13 @@ async def scale(settings: KilnSettings, session_image: str, scale_to: int, metri
         metrics["k8s_scale_jobs_failed"] = float(sum(1 for r in results if isinstance(r, BaseException)))
     try:
         metrics["k8s_scale_down_s"] = await wait_until(
-            "exec back to 1 Ready replica", lambda: ready_replicas("kiln-worker-exec") == 1, 900)
+            "exec back to 1 Ready replica", lambda: ready_replicas("kiln-worker-exec") == 1, 600)
     except RuntimeError as e:
         metrics["k8s_scale_down_s"] = float("nan")
         notes["scale down"] = str(e)
+    rescales = hpa_rescales("keda-hpa-kiln-worker-exec")
+    metrics["k8s_hpa_rescales"] = float(len(rescales))
+    notes["HPA rescales"] = " | ".join(rescales)[:400]
 
 
 # ---- main --------------------------------------------------------------------------------------------------------
@@ -381,6 +467,7 @@ def main() -> None:
             "replay": lambda: replay(settings, metrics, notes),
             "limits": lambda: limits(settings, session_image, metrics, notes),
             "chain": lambda: chain(settings, host, metrics, notes),
+            "spare": lambda: spare(settings, metrics, notes),
             "scale": lambda: scale(settings, session_image, args.scale_to, metrics, notes)}
         for name, phase in runs.items():
             if name in phases:
