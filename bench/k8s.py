@@ -115,6 +115,7 @@ def smoke_values(host: str, refs: dict[str, str], env: dict[str, str], scale_to:
     stages["ingest"].update(env={"KILN_INGEST_ALLOW_HOSTS": json.dumps([host])})
     stages["build"].update(env={"KILN_BUILD_REGISTRY": registry,
                                 "KILN_BUILD_BASE_IMAGE": f"{registry}/kiln/base:latest",
+                                "KILN_BUILD_TOOLCHAIN_IMAGE": f"{registry}/kiln/toolchain:latest",
                                 "KILN_BUILD_REGISTRY_USER": env.get("KILN_BUILD_REGISTRY_USER", "kiln"),
                                 "KILN_BUILD_REGISTRY_PASSWORD": env.get("KILN_BUILD_REGISTRY_PASSWORD", "")})
     stages["lean"].update(env={"KILN_LEAN_REPL": "/usr/bin/python3 /opt/kiln/fakes/lean_repl.py",
@@ -412,7 +413,10 @@ async def scale(settings: KilnSettings, session_image: str, scale_to: int, metri
         results = await asyncio.gather(*queue, return_exceptions=True)
         drained = time.monotonic()
         metrics["k8s_scale_queue_s"] = drained - began
-        metrics["k8s_scale_jobs_failed"] = float(sum(1 for r in results if isinstance(r, BaseException)))
+        failed = [r for r in results if isinstance(r, BaseException)]
+        metrics["k8s_scale_jobs_failed"] = float(len(failed))
+        if failed:
+            notes["scale: a failed job"] = f"{type(failed[0]).__name__}: {failed[0]}"[:300]
     try:
         metrics["k8s_scale_down_s"] = await wait_until(
             "exec back to 1 Ready replica", lambda: ready_replicas("kiln-worker-exec") == 1, 600)
@@ -455,6 +459,9 @@ def main() -> None:
     push_env = {"KILN_K8S_PUSH_USER": env["KILN_BUILD_REGISTRY_USER"],
                 "KILN_K8S_PUSH_PASSWORD": env["KILN_BUILD_REGISTRY_PASSWORD"]}
     cluster("push", "kiln/base:latest", session_image, env=push_env)
+    if "chain" in phases:  # the build pod's engine pulls its base images from the registry
+        cluster("push", "kiln/toolchain:latest", f"{host}:{REGISTRY_PORT}/kiln/toolchain:latest", env=push_env,
+                timeout=1800)
     try:
         if "apply" in phases:
             try:
