@@ -561,13 +561,20 @@ images() {
 # push LOCAL REMOTE: an image of the Docker engine (imported into containerd if it is not there) pushed to a plain-HTTP
 # registry (KILN_K8S_PUSH_USER / _PASSWORD), e.g. the session image exec pods' engines pull: the engine of this
 # machine is not told to trust that registry, containerd's client needs no such setting.
+# An image containerd lacks is imported for the push alone: not unpacked, its blobs compressed, and removed again
+# afterwards (the toolchain image is GBs; a full disk has the kubelet collect the cluster's own images).
 push() {
-  local local_ref=$1 remote=$2
+  local local_ref=$1 remote=$2 imported=0
   containerd_ready || containerd_up
-  in_containerd "$local_ref" || import_image "$local_ref"
+  if ! in_containerd "$local_ref"; then
+    "$DOCKER" save "$local_ref" | ctr_ images import --no-unpack --compress-blobs - >/dev/null
+    imported=1
+  fi
   ctr_ images tag --force "docker.io/$local_ref" "$remote" >/dev/null
   ctr_ images push --plain-http ${KILN_K8S_PUSH_USER:+--user "$KILN_K8S_PUSH_USER:${KILN_K8S_PUSH_PASSWORD:-}"} \
     "$remote" >/dev/null
+  ctr_ images rm "$remote" >/dev/null
+  if ((imported)); then ctr_ images rm --sync "docker.io/$local_ref" >/dev/null; fi
   log "pushed $local_ref as $remote"
 }
 
