@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import subprocess
@@ -98,6 +99,21 @@ def services(host: str) -> dict[str, str]:
     sh("bash", str(INFRA / "registry/registry.sh"), "start", env=registry)
     return {**assignments(sh("bash", str(INFRA / "s3/s3.sh"), "env", env=s3)),
             **assignments(sh("bash", str(INFRA / "registry/registry.sh"), "env", env=registry))}
+
+
+def in_registry(ref: str, push_env: dict[str, str]) -> bool:
+    """The registry has ``ref`` (HOST:PORT/NAME:TAG) already (GBs of toolchain are not pushed twice)."""
+    address, _, rest = ref.partition("/")
+    name, _, tag = rest.rpartition(":")
+    request = urllib.request.Request(f"http://{address}/v2/{name}/manifests/{tag}", method="HEAD", headers={
+        "Accept": "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json",
+        "Authorization": "Basic " + base64.b64encode(
+            f"{push_env['KILN_K8S_PUSH_USER']}:{push_env['KILN_K8S_PUSH_PASSWORD']}".encode()).decode()})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
 
 
 def smoke_values(host: str, refs: dict[str, str], env: dict[str, str], scale_to: int) -> dict[str, Any]:
@@ -326,7 +342,9 @@ async def chain(settings: KilnSettings, host: str, metrics: dict[str, float], no
             steps.append(("ingest", time.monotonic() - began))
             notes["chain ingest"] = f"{ingested.status}: {ingested.commits} commits, refs {sorted(ingested.refs)}"
             began = time.monotonic()
-            built = await BuilderClient(kiln).build(BuildRequest(repository=NAME))
+            # Layered: the image is pushed to the registry, where the exec pods' engines pull it (the build pod's
+            # engine is not theirs).
+            built = await BuilderClient(kiln).build(BuildRequest(repository=NAME, layered=True))
             steps.append(("build", time.monotonic() - began))
             notes["chain build"] = f"usable={built.usable} image={built.image} {built.failure}: {built.detail}"[:300]
             await asyncio.to_thread(egress_probe, host, f"{host}:{REGISTRY_PORT}/kiln/base:latest", metrics, notes)
@@ -400,6 +418,14 @@ async def scale(settings: KilnSettings, session_image: str, scale_to: int, metri
     async with KilnClient(settings, "k8s-bench-scale") as kiln:
         client = ExecClient(kiln)
         began = time.monotonic()
+        samples: list[tuple[float, int]] = []  # (seconds since the queue began, Ready replicas)
+
+        async def sample() -> None:
+            while True:
+                samples.append((time.monotonic() - began, await asyncio.to_thread(ready_replicas, "kiln-worker-exec")))
+                await asyncio.sleep(2)
+
+        sampler = asyncio.ensure_future(sample())
         queue = [asyncio.ensure_future(client.run_once(session_image, "sleep 5", timeout_s=60)) for _ in range(45)]
         try:
             metrics["k8s_scale_up_s"] = await wait_until(
@@ -423,6 +449,14 @@ async def scale(settings: KilnSettings, session_image: str, scale_to: int, metri
     except RuntimeError as e:
         metrics["k8s_scale_down_s"] = float("nan")
         notes["scale down"] = str(e)
+    sampler.cancel()
+    peak = max(samples, key=lambda t: t[1], default=(0.0, 0))
+    metrics["k8s_scale_peak_replicas"] = float(peak[1])
+    # The Harmonic rule lowers the minimum once the queue clears within a minute at the current rate (Lq < Rmin):
+    # exec may be back at 1 before the queue is empty.
+    metrics["k8s_scale_back_to_1_s"] = next((t for t, n in samples if t > peak[0] and n == 1), float("nan"))
+    notes["exec Ready replicas (s: n)"] = " ".join(f"{t:.0f}:{n}" for i, (t, n) in enumerate(samples)
+                                                    if i == 0 or n != samples[i - 1][1])[:300]
     rescales = hpa_rescales("keda-hpa-kiln-worker-exec")
     metrics["k8s_hpa_rescales"] = float(len(rescales))
     notes["HPA rescales"] = " | ".join(rescales)[:400]
@@ -459,9 +493,9 @@ def main() -> None:
     push_env = {"KILN_K8S_PUSH_USER": env["KILN_BUILD_REGISTRY_USER"],
                 "KILN_K8S_PUSH_PASSWORD": env["KILN_BUILD_REGISTRY_PASSWORD"]}
     cluster("push", "kiln/base:latest", session_image, env=push_env)
-    if "chain" in phases:  # the build pod's engine pulls its base images from the registry
-        cluster("push", "kiln/toolchain:latest", f"{host}:{REGISTRY_PORT}/kiln/toolchain:latest", env=push_env,
-                timeout=1800)
+    toolchain = f"{host}:{REGISTRY_PORT}/kiln/toolchain:latest"
+    if "chain" in phases and not in_registry(toolchain, push_env):  # the build pod's engine pulls its bases there
+        cluster("push", "kiln/toolchain:latest", toolchain, env=push_env, timeout=1800)
     try:
         if "apply" in phases:
             try:
