@@ -10,10 +10,14 @@ apply`` with values that shrink the pods' requests to fit 2 CPUs. Then, each pha
 - ``chain``: a repository served by ``git daemon`` on the bridge ingested (Saucer), built into an image (build pod,
   its engine sidecar, pushed to the registry), its tests run in an exec session on that image, and patches scored
   through the verify stage (the demo's calc repository and candidate patches).
+- ``spare``: the spare-CPU DaemonSet's Lean worker: its slots are the node's CPUs times its ``KILN_CPU_FRACTION``
+  (its heartbeat, ``k8s_spare_slots`` against ``k8s_spare_expected_slots``), and it answers a share of a burst of
+  Lean jobs beside the Lean Deployment (``k8s_spare_lean_jobs`` of ``k8s_spare_burst``).
 - ``scale``: a queue on the exec stage; KEDA (through the autoscaler's /keda/exec) raises its Ready replicas from 1
-  to ``--scale-to`` and, once the queue drained, brings them back (``k8s_scale_up_s``, ``k8s_scale_down_s``).
+  to ``--scale-to`` and, once the queue drained, brings them back (``k8s_scale_up_s``, ``k8s_scale_down_s``); the
+  rescales of the HPA KEDA made are counted from its events (``k8s_hpa_rescales``).
 
-    python -m bench.k8s [--phases up,apply,jobs,replay,limits,chain,scale] [--down]
+    python -m bench.k8s [--phases up,apply,jobs,replay,limits,chain,spare,scale] [--down]
 
 Ports: Kafka 59092 (pods reach its NODES listener at <bridge>:59095), S3 59570, registry 59500, git daemon 59600 (on
 the bridge).
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import subprocess
@@ -41,8 +46,10 @@ from kiln.schemas.builder import BuildRequest
 from kiln.schemas.builtin import EchoRequest, SleepRequest
 from kiln.schemas.exec import SessionLimits
 from kiln.schemas.ingest import IngestRequest
+from kiln.schemas.lean import LeanRequest
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.client import KilnClient
+from kiln.streams.k8s.render import STATS_PORT
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import stage_specs
 from kiln.workers.builder.client import BuilderClient
@@ -57,7 +64,9 @@ CLUSTER = INFRA / "k8s" / "cluster.sh"
 KAFKA_PORT, S3_PORT, REGISTRY_PORT, GIT_PORT = 59092, 59570, 59500, 59600
 NS = "kiln"
 METRICS_PORT = 9400  # the render's default
-PHASES = ("up", "apply", "jobs", "replay", "limits", "chain", "scale")
+LEAN_PROOF = "theorem t : p \u2192 p := by\n  intro h\n  exact h"
+PHASES = ("up", "apply", "jobs", "replay", "limits", "chain", "spare", "scale")
+SPARE_CPU_FRACTION = 1.0  # the node has 2 CPUs: 0.25 or 0.5 would give the 1-slot floor, not the fraction's slots
 
 
 def sh(*args: str, env: dict[str, str] | None = None, stdin: str | None = None, timeout: float = 900) -> str:
@@ -92,6 +101,21 @@ def services(host: str) -> dict[str, str]:
             **assignments(sh("bash", str(INFRA / "registry/registry.sh"), "env", env=registry))}
 
 
+def in_registry(ref: str, push_env: dict[str, str]) -> bool:
+    """The registry has ``ref`` (HOST:PORT/NAME:TAG) already (GBs of toolchain are not pushed twice)."""
+    address, _, rest = ref.partition("/")
+    name, _, tag = rest.rpartition(":")
+    request = urllib.request.Request(f"http://{address}/v2/{name}/manifests/{tag}", method="HEAD", headers={
+        "Accept": "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json",
+        "Authorization": "Basic " + base64.b64encode(
+            f"{push_env['KILN_K8S_PUSH_USER']}:{push_env['KILN_K8S_PUSH_PASSWORD']}".encode()).decode()})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
 def smoke_values(host: str, refs: dict[str, str], env: dict[str, str], scale_to: int) -> dict[str, Any]:
     """Every stage's pods at 100m CPU (requests only) and 512 MiB, exec up to ``scale_to``; KEDA and the autoscaler
     polled every 10 s, a 30 s scale-down window; the rootful engine (this node is cgroup v1)."""
@@ -107,6 +131,7 @@ def smoke_values(host: str, refs: dict[str, str], env: dict[str, str], scale_to:
     stages["ingest"].update(env={"KILN_INGEST_ALLOW_HOSTS": json.dumps([host])})
     stages["build"].update(env={"KILN_BUILD_REGISTRY": registry,
                                 "KILN_BUILD_BASE_IMAGE": f"{registry}/kiln/base:latest",
+                                "KILN_BUILD_TOOLCHAIN_IMAGE": f"{registry}/kiln/toolchain:latest",
                                 "KILN_BUILD_REGISTRY_USER": env.get("KILN_BUILD_REGISTRY_USER", "kiln"),
                                 "KILN_BUILD_REGISTRY_PASSWORD": env.get("KILN_BUILD_REGISTRY_PASSWORD", "")})
     stages["lean"].update(env={"KILN_LEAN_REPL": "/usr/bin/python3 /opt/kiln/fakes/lean_repl.py",
@@ -117,7 +142,7 @@ def smoke_values(host: str, refs: dict[str, str], env: dict[str, str], scale_to:
             "bootstrap_servers": f"{host}:{KAFKA_PORT + 3}", "s3_endpoint": env["KILN_S3_ENDPOINT"],
             "control_plane_cidrs": [f"{host}/32"], "control_plane_ports": [KAFKA_PORT + 3, S3_PORT, REGISTRY_PORT],
             "goal_minutes": 0.5, "autoscaler_tick_s": 10, "polling_interval_s": 10, "scale_down_window_s": 30,
-            "stages": stages}
+            "stages": stages, "spare_cpu": {"cpu_fraction": SPARE_CPU_FRACTION}}
 
 
 def ready_replicas(deployment: str) -> int:
@@ -171,7 +196,7 @@ async def jobs(settings: KilnSettings, session_image: str, metrics: dict[str, fl
     async with KilnClient(settings, "k8s-bench-jobs") as kiln:
         for name, job in (
                 ("echo", kiln.call("echo", EchoRequest(data="k8s"))),
-                ("lean", LeanClient(kiln).run_code("theorem t : p \u2192 p := by\n  intro h\n  exact h")),
+                ("lean", LeanClient(kiln).run_code(LEAN_PROOF)),
                 ("verify", VerifyClient(kiln).verify(RolloutTask(task_id="k8s", prompt="2+2", answer="4"), ["4"])),
                 ("exec", ExecClient(kiln).run_once(session_image, "echo from-the-sandbox; id -u"))):
             began = time.monotonic()
@@ -264,6 +289,42 @@ async def limits(settings: KilnSettings, session_image: str, metrics: dict[str, 
     notes["fork bomb"] = str(fork_out)[:200]
 
 
+# A build step's view from a build pod's engine (its kiln-egress network): allowlisted registries through the proxy,
+# everything else refused; Kafka, the API server, services, the pod itself and the gateway's other ports unreachable.
+EGRESS_PROBE = """
+import socket, urllib.request
+proxy = urllib.request.build_opener(urllib.request.ProxyHandler(
+    {"http": "http://172.31.250.1:3128", "https": "http://172.31.250.1:3128"}))
+for url in ("https://pypi.org/simple/pip/", "https://github.com/"):
+    try:
+        print("proxy", url, proxy.open(url, timeout=30).status)
+    except Exception as e:
+        print("proxy", url, "refused", str(e)[:60].replace(" ", "_"))
+for target in %s:
+    try:
+        socket.create_connection(target, timeout=3).close()
+        print("direct", "%%s:%%d" %% target, "OPEN")
+    except OSError:
+        print("direct", "%%s:%%d" %% target, "closed")
+"""
+
+
+def egress_probe(host: str, image: str, metrics: dict[str, float], notes: dict[str, str]) -> None:
+    pod = kubectl("-n", NS, "get", "pods", "-l", "app.kubernetes.io/name=kiln-worker-build", "-o",
+                  'jsonpath={.items[0].metadata.name} {.items[0].status.podIP}').split()
+    targets = [(host, KAFKA_PORT + 3), (host, S3_PORT), (host, REGISTRY_PORT), (host, 6443), ("10.96.0.1", 443),
+               (pod[1], METRICS_PORT), ("172.31.250.1", METRICS_PORT), ("1.1.1.1", 443)]
+    out = kubectl("-n", NS, "exec", pod[0], "-c", "engine", "--", "docker", "-H", "unix:///run/kiln-engine/docker.sock",
+                  "run", "--rm", "--network", "kiln-egress", "--user", "1000", image, "python3", "-c",
+                  EGRESS_PROBE % repr(targets), timeout=180)
+    lines = [line.split() for line in out.splitlines() if line.startswith(("proxy", "direct"))]
+    metrics["k8s_egress_registry_ok"] = float(any(w[1].startswith("https://pypi.org") and w[2] == "200" for w in lines))
+    metrics["k8s_egress_other_refused"] = float(any(w[1].startswith("https://github.com") and w[2] == "refused"
+                                                    for w in lines))
+    metrics["k8s_egress_direct_open"] = float(sum(1 for w in lines if w[0] == "direct" and w[2] == "OPEN"))
+    notes["egress from a build pod's engine"] = " ".join(" ".join(w[1:]) for w in lines)[:400]
+
+
 async def chain(settings: KilnSettings, host: str, metrics: dict[str, float], notes: dict[str, str]) -> None:
     story = Story(settings, DemoSettings(), console)  # the demo's repository, checkout and candidate patches
     story.work = Path(os.environ.get("TMPDIR", "/tmp")) / "kiln-k8s-chain"
@@ -281,9 +342,12 @@ async def chain(settings: KilnSettings, host: str, metrics: dict[str, float], no
             steps.append(("ingest", time.monotonic() - began))
             notes["chain ingest"] = f"{ingested.status}: {ingested.commits} commits, refs {sorted(ingested.refs)}"
             began = time.monotonic()
-            built = await BuilderClient(kiln).build(BuildRequest(repository=NAME))
+            # Layered: the image is pushed to the registry, where the exec pods' engines pull it (the build pod's
+            # engine is not theirs).
+            built = await BuilderClient(kiln).build(BuildRequest(repository=NAME, layered=True))
             steps.append(("build", time.monotonic() - began))
             notes["chain build"] = f"usable={built.usable} image={built.image} {built.failure}: {built.detail}"[:300]
+            await asyncio.to_thread(egress_probe, host, f"{host}:{REGISTRY_PORT}/kiln/base:latest", metrics, notes)
             if built.image is None:
                 return
             began = time.monotonic()
@@ -310,12 +374,58 @@ async def chain(settings: KilnSettings, host: str, metrics: dict[str, float], no
             metrics[f"k8s_chain_{name}_s"] = seconds
 
 
+def stats_workers() -> dict[str, Any]:
+    """The stats app's last heartbeat of each worker (its /workers page, from its pod's IP)."""
+    ip = kubectl("-n", NS, "get", "pods", "-l", "app.kubernetes.io/name=kiln-stats", "-o",
+                 "jsonpath={.items[0].status.podIP}")
+    with urllib.request.urlopen(f"http://{ip}:{STATS_PORT}/workers", timeout=10) as page:
+        workers: dict[str, Any] = json.loads(page.read())
+    return workers
+
+
+async def spare(settings: KilnSettings, metrics: dict[str, float], notes: dict[str, str]) -> None:
+    pod = kubectl("-n", NS, "get", "pods", "-l", "app.kubernetes.io/name=kiln-spare-lean", "-o",
+                  "jsonpath={.items[0].metadata.name}")
+    cpus = int(kubectl("get", "nodes", "-o", "jsonpath={.items[0].status.capacity.cpu}"))
+    beats = [b for w, b in (await asyncio.to_thread(stats_workers)).items() if w.startswith(f"{pod}-")]
+    metrics["k8s_spare_slots"] = float(beats[0]["slots"]) if beats else float("nan")
+    metrics["k8s_spare_expected_slots"] = float(max(1, int(cpus * SPARE_CPU_FRACTION)))
+    notes["spare-CPU pod"] = f"{pod}: heartbeat {beats[0] if beats else 'none'}"[:300]
+    burst = 16
+    async with KilnClient(settings, "k8s-bench-spare") as kiln:
+        futures = [await kiln.submit("lean", LeanRequest(op="run_code", code=LEAN_PROOF), key=f"spare-{i}")
+                   for i in range(burst)]
+        envelopes = await asyncio.wait_for(asyncio.gather(*futures), 300)
+    by_worker: dict[str, int] = {}
+    for envelope in envelopes:
+        by_worker[envelope.worker.rsplit("-", 2)[0]] = by_worker.get(envelope.worker.rsplit("-", 2)[0], 0) + 1
+    metrics["k8s_spare_burst"] = float(burst)
+    metrics["k8s_spare_lean_jobs"] = float(by_worker.get(pod, 0))
+    metrics["k8s_spare_lean_ok"] = float(sum(1 for e in envelopes if e.status == "ok"))
+    notes["lean burst answered by"] = json.dumps(by_worker)
+
+
+def hpa_rescales(name: str) -> list[str]:
+    """The HPA's SuccessfulRescale events: what KEDA's HPA did to the replica count."""
+    events = json.loads(kubectl("-n", NS, "get", "events", "--field-selector",
+                                f"involvedObject.name={name},reason=SuccessfulRescale", "-o", "json"))["items"]
+    return [e["message"].split(";")[0] for e in sorted(events, key=lambda e: e.get("lastTimestamp") or "")]
+
+
 async def scale(settings: KilnSettings, session_image: str, scale_to: int, metrics: dict[str, float],
                 notes: dict[str, str]) -> None:
     await wait_until("exec at 1 Ready replica", lambda: ready_replicas("kiln-worker-exec") == 1, 600)
     async with KilnClient(settings, "k8s-bench-scale") as kiln:
         client = ExecClient(kiln)
         began = time.monotonic()
+        samples: list[tuple[float, int]] = []  # (seconds since the queue began, Ready replicas)
+
+        async def sample() -> None:
+            while True:
+                samples.append((time.monotonic() - began, await asyncio.to_thread(ready_replicas, "kiln-worker-exec")))
+                await asyncio.sleep(2)
+
+        sampler = asyncio.ensure_future(sample())
         queue = [asyncio.ensure_future(client.run_once(session_image, "sleep 5", timeout_s=60)) for _ in range(45)]
         try:
             metrics["k8s_scale_up_s"] = await wait_until(
@@ -329,13 +439,27 @@ async def scale(settings: KilnSettings, session_image: str, scale_to: int, metri
         results = await asyncio.gather(*queue, return_exceptions=True)
         drained = time.monotonic()
         metrics["k8s_scale_queue_s"] = drained - began
-        metrics["k8s_scale_jobs_failed"] = float(sum(1 for r in results if isinstance(r, BaseException)))
+        failed = [r for r in results if isinstance(r, BaseException)]
+        metrics["k8s_scale_jobs_failed"] = float(len(failed))
+        if failed:
+            notes["scale: a failed job"] = f"{type(failed[0]).__name__}: {failed[0]}"[:300]
     try:
         metrics["k8s_scale_down_s"] = await wait_until(
-            "exec back to 1 Ready replica", lambda: ready_replicas("kiln-worker-exec") == 1, 900)
+            "exec back to 1 Ready replica", lambda: ready_replicas("kiln-worker-exec") == 1, 600)
     except RuntimeError as e:
         metrics["k8s_scale_down_s"] = float("nan")
         notes["scale down"] = str(e)
+    sampler.cancel()
+    peak = max(samples, key=lambda t: t[1], default=(0.0, 0))
+    metrics["k8s_scale_peak_replicas"] = float(peak[1])
+    # The Harmonic rule lowers the minimum once the queue clears within a minute at the current rate (Lq < Rmin):
+    # exec may be back at 1 before the queue is empty.
+    metrics["k8s_scale_back_to_1_s"] = next((t for t, n in samples if t > peak[0] and n == 1), float("nan"))
+    notes["exec Ready replicas (s: n)"] = " ".join(f"{t:.0f}:{n}" for i, (t, n) in enumerate(samples)
+                                                    if i == 0 or n != samples[i - 1][1])[:300]
+    rescales = hpa_rescales("keda-hpa-kiln-worker-exec")
+    metrics["k8s_hpa_rescales"] = float(len(rescales))
+    notes["HPA rescales"] = " | ".join(rescales)[:400]
 
 
 # ---- main --------------------------------------------------------------------------------------------------------
@@ -369,6 +493,9 @@ def main() -> None:
     push_env = {"KILN_K8S_PUSH_USER": env["KILN_BUILD_REGISTRY_USER"],
                 "KILN_K8S_PUSH_PASSWORD": env["KILN_BUILD_REGISTRY_PASSWORD"]}
     cluster("push", "kiln/base:latest", session_image, env=push_env)
+    toolchain = f"{host}:{REGISTRY_PORT}/kiln/toolchain:latest"
+    if "chain" in phases and not in_registry(toolchain, push_env):  # the build pod's engine pulls its bases there
+        cluster("push", "kiln/toolchain:latest", toolchain, env=push_env, timeout=1800)
     try:
         if "apply" in phases:
             try:
@@ -381,6 +508,7 @@ def main() -> None:
             "replay": lambda: replay(settings, metrics, notes),
             "limits": lambda: limits(settings, session_image, metrics, notes),
             "chain": lambda: chain(settings, host, metrics, notes),
+            "spare": lambda: spare(settings, metrics, notes),
             "scale": lambda: scale(settings, session_image, args.scale_to, metrics, notes)}
         for name, phase in runs.items():
             if name in phases:

@@ -486,7 +486,10 @@ worker_tag() {
   (cd "$INFRA_DIR/.." && git ls-files -s -- "${paths[@]}" && git diff HEAD -- "${paths[@]}" \
     && cat "$HERE/k8s-worker.Dockerfile" tests/fakes/lean_repl.py) | sha256sum | cut -c1-12
 }
-engine_tag() { sha256sum "$HERE/engine-$ENGINE_MODE.Dockerfile" "$HERE/engine-entrypoint.sh" | sha256sum | cut -c1-12; }
+engine_tag() {
+  sha256sum "$HERE/engine-$ENGINE_MODE.Dockerfile" "$HERE/engine-entrypoint.sh" "$INFRA_DIR/lib.sh" \
+    "$INFRA_DIR/egress/egress.sh" | sha256sum | cut -c1-12
+}
 
 image_refs() {
   printf '%s\n' "pause=kiln/k8s-pause:$K8S_VERSION" "coredns=kiln/k8s-coredns:$COREDNS_VERSION" \
@@ -522,6 +525,7 @@ build_image() {
       "$DOCKER" image inspect kiln/base:latest >/dev/null 2>&1 || "$INFRA_DIR/docker/docker.sh" base >/dev/null
       local ctx; ctx=$(mktemp -d "$KILN_CACHE/k8s-engine.XXXX")
       cp "$HERE/engine-$ENGINE_MODE.Dockerfile" "$ctx/Dockerfile" && cp "$HERE/engine-entrypoint.sh" "$ctx/"
+      cp "$INFRA_DIR/lib.sh" "$INFRA_DIR/egress/egress.sh" "$ctx/"  # the rootful engine runs kiln's egress proxy
       "$DOCKER" build --network host --build-arg BASE_IMAGE=kiln/base:latest -t "$ref" "$ctx" >"$ctx.log" 2>&1 \
         || { tail -30 "$ctx.log" >&2; rm -rf "$ctx"; die "building $ref failed"; }
       rm -rf "$ctx" "$ctx.log" ;;
@@ -557,13 +561,20 @@ images() {
 # push LOCAL REMOTE: an image of the Docker engine (imported into containerd if it is not there) pushed to a plain-HTTP
 # registry (KILN_K8S_PUSH_USER / _PASSWORD), e.g. the session image exec pods' engines pull: the engine of this
 # machine is not told to trust that registry, containerd's client needs no such setting.
+# An image containerd lacks is imported for the push alone: not unpacked, its blobs compressed, and removed again
+# afterwards (the toolchain image is GBs; a full disk has the kubelet collect the cluster's own images).
 push() {
-  local local_ref=$1 remote=$2
+  local local_ref=$1 remote=$2 imported=0
   containerd_ready || containerd_up
-  in_containerd "$local_ref" || import_image "$local_ref"
+  if ! in_containerd "$local_ref"; then
+    "$DOCKER" save "$local_ref" | ctr_ images import --no-unpack --compress-blobs - >/dev/null
+    imported=1
+  fi
   ctr_ images tag --force "docker.io/$local_ref" "$remote" >/dev/null
   ctr_ images push --plain-http ${KILN_K8S_PUSH_USER:+--user "$KILN_K8S_PUSH_USER:${KILN_K8S_PUSH_PASSWORD:-}"} \
     "$remote" >/dev/null
+  ctr_ images rm "$remote" >/dev/null
+  if ((imported)); then ctr_ images rm --sync "docker.io/$local_ref" >/dev/null; fi
   log "pushed $local_ref as $remote"
 }
 

@@ -79,15 +79,20 @@ class LocalBackend:
 
 class KedaBackend:
     """The minimum per stage, served at ``/keda/<stage>`` as ``{"desired": n}`` (KEDA metrics-api trigger with
-    ``valueLocation: desired`` and ``targetValue: "1"``); Kubernetes runs the pods, so the current count is the
-    workers the heartbeats show."""
+    ``valueLocation: desired`` and ``targetValue: "1"``); Kubernetes runs the pods.
+
+    The current count the decision starts from is the minimum last served, not the pods running: those lag behind
+    it (the HPA's scale-down window) or exceed it (KEDA's CPU trigger), and a minimum that echoed them back would
+    hold them up forever -- each scale-down would last one tick, and the HPA keeps the highest recommendation of its
+    window. Before the first decision the workers the heartbeats show (``seen``) stand in, so a restarted
+    autoscaler lowers the minimum of running pods only after its ``down_ticks``."""
 
     def __init__(self) -> None:
         self.desired: dict[str, int] = {}
         self.seen: dict[str, int] = {}
 
     def current(self, stage: str) -> int:
-        return self.seen.get(stage, self.desired.get(stage, 0))
+        return self.desired.get(stage, self.seen.get(stage, 0))
 
     def scale(self, stage: str, workers: int) -> None:
         self.desired[stage] = workers

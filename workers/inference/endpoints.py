@@ -19,12 +19,14 @@ process that never updated weights, such as a rollout worker): the only version 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import httpx
 
 from kiln.workers.inference.errors import EndpointAnswerError, WeightUpdateError, WeightUpdateRejected
-from kiln.workers.inference.weights import InitProcessGroupRequest, UpdateTimings, WeightUpdateRequest
+
+if TYPE_CHECKING:  # weights.py imports torch (the rl extra): a rollout worker samples without it
+    from kiln.workers.inference.weights import InitProcessGroupRequest, UpdateTimings, WeightUpdateRequest
 
 EndpointKind = Literal["kiln", "vllm", "sglang"]
 
@@ -161,6 +163,8 @@ class KilnEndpoint(HttpEndpoint):
         self._admin("/init_process_group", request.model_dump())
 
     def request_weight_update(self, request: WeightUpdateRequest) -> UpdateTimings:
+        from kiln.workers.inference.weights import UpdateTimings  # a trainer's call: it has the rl extra
+
         timings = UpdateTimings.model_validate(self._admin("/request_weight_update", request.model_dump()))
         self.version = request.version
         return timings

@@ -8,6 +8,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kiln.streams.autoscale.backends import KedaBackend
 from kiln.streams.autoscale.decide import Inputs, Policy, decide
 from kiln.streams.autoscale.loop import Autoscaler
 
@@ -78,3 +79,20 @@ def test_the_audit_recomputes_and_catches_a_scaler_that_jumps_to_its_maximum() -
     assert Autoscaler.audit(entries) == []
     greedy = [{**e, "decision": {**e["decision"], "chosen": 50, "wanted": 50}} for e in entries]
     assert len(Autoscaler.audit(greedy)) == len(entries)
+
+
+def test_the_keda_minimum_comes_down_while_the_pods_still_run() -> None:
+    """KEDA's pods outlive the minimum that raised them (the HPA's scale-down window, its CPU trigger): the minimum
+    the autoscaler serves, once lowered after ``down_ticks``, stays low; it never echoes the running pods back (on a
+    real cluster that held exec at 3 pods long after its queue drained: the minimum was 1 for one tick in three)."""
+    backend, policy = KedaBackend(), Policy(down_ticks=3, busy_trigger=False)
+    backend.seen["exec"] = 3  # heartbeats: three pods alive, and they stay until Kubernetes removes them
+    served, streak = [], 0
+    for _ in range(8):
+        d = decide(inputs(0, 0, 3, current=backend.current("exec"), down_streak=streak), policy)
+        backend.scale("exec", d.chosen)
+        streak = d.down_streak
+        served.append(backend.desired["exec"])
+    assert served == [3, 3, 1, 1, 1, 1, 1, 1]
+    rising = decide(inputs(500, 0, 3, current=backend.current("exec")), policy)
+    assert rising.chosen > 1 and rising.branch == "cold-start"

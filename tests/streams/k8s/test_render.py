@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -177,3 +179,18 @@ def test_the_options_a_one_node_cluster_needs() -> None:
     autoscaler = by_name[("Deployment", "kiln-autoscaler")]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert autoscaler[autoscaler.index("--tick-s") + 1] == "10"
     assert "advanced" not in next(d for d in _manifests(Values()) if d["kind"] == "ScaledObject")["spec"]
+
+
+def test_every_rendered_stage_starts_without_the_rl_extra() -> None:
+    """Each stage Deployment runs kiln's worker image, which has the worker and ops extras, not the rl extra (torch,
+    several GB): every registered stage's handler module imports with torch and transformers absent (the rollout
+    stage only samples over HTTP; the trainer's weight updates are what need torch)."""
+    modules = sorted({spec.handler.partition(":")[0] for spec in stage_specs().values()})
+    assert "kiln.workers.rollout.stage" in modules
+    script = ("import importlib, sys\n"
+              "for name in ('torch', 'transformers', 'trl', 'safetensors'):\n"
+              "    sys.modules[name] = None\n"
+              f"for module in {modules!r}:\n"
+              "    importlib.import_module(module)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
