@@ -198,14 +198,15 @@ class Faults:
         return node, f"leads {led} of the storm's partitions"
 
     def coordinator(self, group: str) -> int:
-        """The node coordinating ``group``: the leader of its partition of ``__consumer_offsets`` (the group id's
-        Java hash code, as the broker picks it)."""
-        offsets = self._metadata().topics["__consumer_offsets"].partitions
-        code, units = 0, group.encode("utf-16-be")
-        for i in range(0, len(units), 2):
-            code = (31 * code + int.from_bytes(units[i:i + 2], "big")) & 0xFFFFFFFF
-        signed = code - (1 << 32) if code >= 1 << 31 else code
-        return int(offsets[(0 if signed == -(1 << 31) else abs(signed)) % len(offsets)].leader)
+        """The node coordinating ``group``."""
+        failures = 0
+        while True:  # asked again when the broker asked does not answer (it may be the one paused)
+            try:
+                return admin.group_coordinator(self.admin, group)
+            except Exception as e:
+                failures += 1
+                if failures == 5:
+                    raise InfraError(f"no metadata from the cluster: {e}") from e
 
     def whole(self) -> bool:
         brokers, parts = self._partitions()
