@@ -58,9 +58,10 @@ def test_the_cluster_replicates_its_internal_topics(cluster: KilnSettings) -> No
     broker = ConfigResource(ResourceType.BROKER, "1")
     configs = client.describe_configs([broker])[broker].result(30)
     assert {k: configs[k].value for k in ("default.replication.factor", "min.insync.replicas",
-                                           "offsets.topic.replication.factor", "unclean.leader.election.enable")} \
+                                           "offsets.topic.replication.factor", "unclean.leader.election.enable",
+                                           "group.consumer.heartbeat.interval.ms")} \
         == {"default.replication.factor": "3", "min.insync.replicas": "2", "offsets.topic.replication.factor": "3",
-            "unclean.leader.election.enable": "false"}
+            "unclean.leader.election.enable": "false", "group.consumer.heartbeat.interval.ms": "3000"}
     pids = kafka_sh("pids").split()
     assert len(pids) == 6 and pids[0::2] == ["1", "2", "3"]
 
