@@ -287,3 +287,14 @@ def group_membership(settings: KilnSettings) -> dict[str, Any]:
         return {"group.protocol": protocol, "partition.assignment.strategy": "cooperative-sticky",
                 "session.timeout.ms": 10000, "heartbeat.interval.ms": 1000, "max.poll.interval.ms": 300000}
     return {"group.protocol": protocol}
+
+
+def group_coordinator(admin: AdminClient, group: str, timeout: float = 10.0) -> int:
+    """The broker coordinating ``group`` (existing or not): the leader of its partition of ``__consumer_offsets``,
+    which the broker picks by the group id's Java hash code. For fault injection: the broker whose loss moves it."""
+    offsets = admin.list_topics(timeout=timeout).topics["__consumer_offsets"].partitions
+    code, units = 0, group.encode("utf-16-be")
+    for i in range(0, len(units), 2):
+        code = (31 * code + int.from_bytes(units[i:i + 2], "big")) & 0xFFFFFFFF
+    signed = code - (1 << 32) if code >= 1 << 31 else code
+    return int(offsets[(0 if signed == -(1 << 31) else abs(signed)) % len(offsets)].leader)
