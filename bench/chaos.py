@@ -206,6 +206,18 @@ class Storm:
             await asyncio.sleep(1 / (rate or self.args.rate))
         producer.flush(30)
 
+    def unanswered(self, results_topics: list[str], journal: Path) -> tuple[set[str], set[str]]:
+        """(failed, lost): the requests whose future failed with a typed error, printed by client and error, and
+        those with neither an answer nor an error, each explained (``explain_lost``)."""
+        failed = set(self.failed) - set(self.delivered)
+        if failed:
+            causes = Counter((self.origin[rid], self.failed[rid].split(":")[0]) for rid in failed)
+            console.print(f"[yellow]failed, their callers told, {len(failed)}[/] by client and error: {dict(causes)}")
+        lost = self.sent - set(self.delivered) - failed
+        if lost:
+            self.explain_lost(lost, results_topics, journal)
+        return failed, lost
+
     def explain_lost(self, lost: set[str], results_topics: list[str], journal: Path) -> None:
         """Print what is known of each lost request (no answer, no error): its client, when it was sent (against
         the storm's moments), how often it ran, and whether its result is on its results topic (sent, never
@@ -418,13 +430,7 @@ async def _storm(args: argparse.Namespace) -> dict[str, float]:
             w.stop(10)
     # A request whose future failed with a typed error was not lost: its caller was told (the broker away past the
     # producer's message.timeout.ms, 120 s, or the client closed before the broker took it) and may send it again.
-    failed = set(storm.failed) - set(storm.delivered)
-    if failed:
-        causes = Counter((storm.origin[rid], storm.failed[rid].split(":")[0]) for rid in failed)
-        console.print(f"[yellow]failed, their callers told, {len(failed)}[/] by client and error: {dict(causes)}")
-    lost = storm.sent - set(storm.delivered) - failed
-    if lost:
-        storm.explain_lost(lost, [results, skewed_results, recreated_results], journal)
+    failed, lost = storm.unanswered([results, skewed_results, recreated_results], journal)
     admin.delete_topics(settings, [request, f"{request}.dlq", results, skewed_results, recreated_results])
     starts: Counter[str] = Counter()
     reruns_after_end = 0

@@ -583,13 +583,7 @@ async def _load(args: argparse.Namespace, settings: KilnSettings, storm: Cluster
 
 def _figures(settings: KilnSettings, storm: ClusterStorm, faults: list[Fault], started: float, load_end: float,
              bound_s: float, wall_offset: float) -> dict[str, float]:
-    failed = set(storm.failed) - set(storm.delivered)
-    if failed:
-        causes = Counter((storm.origin[rid], storm.failed[rid].split(":")[0]) for rid in failed)
-        console.print(f"[yellow]failed, their callers told, {len(failed)}[/] by client and error: {dict(causes)}")
-    lost = storm.sent - set(storm.delivered) - failed
-    if lost:
-        storm.explain_lost(lost, [RESULTS], storm.journal)
+    failed, lost = storm.unanswered([RESULTS], storm.journal)
     raw, one_run = raw_duplicates(settings, storm.sent)
     starts: Counter[str] = Counter()
     ends: list[float] = []
