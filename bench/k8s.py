@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from bench.common import console, report
+from bench.common import console, report, until
 from kiln.integrations.demo.story import CANDIDATES, NAME, DemoSettings, Story
 from kiln.schemas.builder import BuildRequest
 from kiln.schemas.builtin import EchoRequest, SleepRequest
@@ -150,15 +150,6 @@ def ready_replicas(deployment: str) -> int:
     return int(out or 0)
 
 
-async def wait_until(what: str, check: Any, timeout_s: float, every_s: float = 2.0) -> float:
-    began = time.monotonic()
-    while not await asyncio.to_thread(check):
-        if time.monotonic() - began > timeout_s:
-            raise RuntimeError(f"{what}: not after {timeout_s:g} s")
-        await asyncio.sleep(every_s)
-    return time.monotonic() - began
-
-
 # ---- phases ------------------------------------------------------------------------------------------------------
 
 
@@ -234,7 +225,7 @@ async def replay(settings: KilnSettings, metrics: dict[str, float], notes: dict[
             pods[0] = busy_sleep_pod()
             return pods[0] is not None
 
-        await wait_until("the long job started", started, 120)
+        await until(started, "the long job started", 120, 2.0)
         others = [await kiln.submit("sleep", SleepRequest(seconds=1, tag=f"bg{i}"), key=f"bg{i}") for i in range(20)]
         deleted = time.monotonic()
         kubectl("-n", NS, "delete", "pod", str(pods[0]), "--grace-period=0", "--force")
@@ -414,7 +405,7 @@ def hpa_rescales(name: str) -> list[str]:
 
 async def scale(settings: KilnSettings, session_image: str, scale_to: int, metrics: dict[str, float],
                 notes: dict[str, str]) -> None:
-    await wait_until("exec at 1 Ready replica", lambda: ready_replicas("kiln-worker-exec") == 1, 600)
+    await until(lambda: ready_replicas("kiln-worker-exec") == 1, "exec at 1 Ready replica", 600, 2.0)
     async with KilnClient(settings, "k8s-bench-scale") as kiln:
         client = ExecClient(kiln)
         began = time.monotonic()
@@ -428,8 +419,8 @@ async def scale(settings: KilnSettings, session_image: str, scale_to: int, metri
         sampler = asyncio.ensure_future(sample())
         queue = [asyncio.ensure_future(client.run_once(session_image, "sleep 5", timeout_s=60)) for _ in range(45)]
         try:
-            metrics["k8s_scale_up_s"] = await wait_until(
-                f"exec at {scale_to} Ready replicas", lambda: ready_replicas("kiln-worker-exec") >= scale_to, 900)
+            metrics["k8s_scale_up_s"] = await until(
+                lambda: ready_replicas("kiln-worker-exec") >= scale_to, f"exec at {scale_to} Ready replicas", 900, 2.0)
         except RuntimeError as e:
             metrics["k8s_scale_up_s"] = float("nan")
             notes["scale up"] = str(e)
@@ -444,8 +435,8 @@ async def scale(settings: KilnSettings, session_image: str, scale_to: int, metri
         if failed:
             notes["scale: a failed job"] = f"{type(failed[0]).__name__}: {failed[0]}"[:300]
     try:
-        metrics["k8s_scale_down_s"] = await wait_until(
-            "exec back to 1 Ready replica", lambda: ready_replicas("kiln-worker-exec") == 1, 600)
+        metrics["k8s_scale_down_s"] = await until(
+            lambda: ready_replicas("kiln-worker-exec") == 1, "exec back to 1 Ready replica", 600, 2.0)
     except RuntimeError as e:
         metrics["k8s_scale_down_s"] = float("nan")
         notes["scale down"] = str(e)
