@@ -325,22 +325,72 @@ def _tar(files: list[tuple[str, bytes, int]]) -> bytes:
     return buffer.getvalue()
 
 
-def _read_capped(stream: Any, cap: int) -> tuple[bytes, bytes, bool, bool]:
-    out, err = bytearray(), bytearray()
-    out_cut = err_cut = False
+class EndMark:
+    """A fresh mark the wrapper prints on stdout and stderr after the command has ended: dockerd can drop the end of
+    an attached exec stream when a process exits quickly under load (moby#27289, docker-py#2042), and a cut stream
+    reads exactly like a command that printed nothing. A stream whose mark did not arrive was cut."""
+
+    def __init__(self) -> None:
+        self.mark = f"\x1ekiln-end:{secrets.token_hex(8)}\x1e".encode()
+
+    def wrap(self, script: str) -> str:
+        """``script`` (its ``exit`` and ``exec`` included: it runs in a subshell), then the mark on both streams, then
+        the script's exit status."""
+        mark = shlex.quote(self.mark.decode())
+        return f"(\n{script}\n)\nrc=$?\nprintf %s {mark}\nprintf %s {mark} >&2\nexit $rc"
+
+
+class Capture:
+    """One stream as it arrives: its first ``cap`` bytes kept without the mark, its length counted, and where the
+    mark's last copy fell (the wrapper prints it after the command, so a copy the command printed comes earlier and
+    stays in its output; what a leftover process prints after the mark stays too)."""
+
+    def __init__(self, cap: int, mark: bytes) -> None:
+        self.cap, self.mark = cap, mark
+        self.head = bytearray()
+        self.length = 0
+        self.at: int | None = None
+        self._carry = b""
+
+    def feed(self, chunk: bytes) -> None:
+        window = self._carry + chunk
+        found = window.rfind(self.mark)
+        if found >= 0:
+            self.at = self.length - len(self._carry) + found
+        room = self.cap + len(self.mark) - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+        self.length += len(chunk)
+        self._carry = window[-(len(self.mark) - 1):]
+
+    @property
+    def ended(self) -> bool:
+        return self.at is not None
+
+    def output(self) -> tuple[bytes, bool]:
+        """(the stream without the mark, its first ``cap`` bytes; whether it was longer)."""
+        data, length = bytes(self.head), self.length
+        if self.at is not None:
+            data = data[:self.at] + data[self.at + len(self.mark):]
+            length -= len(self.mark)
+        return data[:self.cap], length > self.cap
+
+
+def _read_marked(stream: Any, cap: int, mark: bytes) -> tuple[Capture, Capture]:
+    out, err = Capture(cap, mark), Capture(cap, mark)
     for chunk_out, chunk_err in stream:
-        for chunk, buf, which in ((chunk_out, out, "out"), (chunk_err, err, "err")):
-            if not chunk:
-                continue
-            room = cap - len(buf)
-            if room > 0:
-                buf += chunk[:room]
-            if len(chunk) > room:
-                if which == "out":
-                    out_cut = True
-                else:
-                    err_cut = True
-    return bytes(out), bytes(err), out_cut, err_cut
+        if chunk_out:
+            out.feed(chunk_out)
+        if chunk_err:
+            err.feed(chunk_err)
+    return out, err
+
+
+def cut_by_dockerd(code: int | None, *captures: Capture) -> bool:
+    """A mark missing while the wrapper exited on its own (a status below 128): the stream lost output the command
+    printed. A wrapper killed by a signal (the command may kill its own wrapper) never printed the mark: that answer
+    stands as it arrived — a command cannot turn its own failure into an infrastructure one."""
+    return code is not None and code < 128 and not all(c.ended for c in captures)
 
 
 class SessionManager:
@@ -622,8 +672,9 @@ class SessionManager:
     def run(self, session: Session, command: str, timeout_s: float, cap: int,
             env: dict[str, str] | None = None) -> CommandOutput:
         started = time.monotonic()
+        end = EndMark()
         try:
-            wrapper = f"timeout -s KILL {timeout_s:g} bash -c {shlex.quote(command)}"
+            wrapper = end.wrap(f"timeout -s KILL {timeout_s:g} bash -c {shlex.quote(command)}")
             exec_id = self.client.api.exec_create(session.container.id, ["bash", "-c", wrapper], user="1000:1000",
                                                   workdir="/work", environment={"HOME": "/tmp", **(env or {})})["Id"]
             stream = self.client.api.exec_start(exec_id, stream=True, demux=True)
@@ -634,15 +685,18 @@ class SessionManager:
         watchdog.daemon = True
         watchdog.start()
         try:
-            out, err, out_cut, err_cut = _read_capped(stream, cap)
+            stdout, stderr = _read_marked(stream, cap, end.mark)
         finally:
             watchdog.cancel()
         code = self.client.api.exec_inspect(exec_id).get("ExitCode")
         elapsed = time.monotonic() - started
         killed = self.sweep(session)
+        if cut_by_dockerd(code, stdout, stderr):
+            raise InfraError(f"session {session.id}: dockerd closed the command's output stream early")
         timed_out = code == 137 and elapsed >= timeout_s * 0.95
         if timed_out:
             KILLS.inc(killed)
+        (out, out_cut), (err, err_cut) = stdout.output(), stderr.output()
         return CommandOutput(exit_code=code, stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"),
                              stdout_truncated=out_cut, stderr_truncated=err_cut, timed_out=timed_out,
                              duration_s=round(elapsed, 4))
@@ -675,16 +729,19 @@ class SessionManager:
                 except ProcessLookupError:
                     pass
                 except PermissionError:  # a worker without the right to signal them: uid 1000 does it
-                    self._exec_io(session, ["bash", "-c", "kill -9 -1"], None)
+                    self._exec_io(session, "kill -9 -1", [], None)
             time.sleep(0.002 * attempt)
         raise InfraError(f"session {session.id}: processes survive SIGKILL")
 
-    def _exec_io(self, session: Session, argv: list[str], stdin: bytes | None) -> tuple[int, bytes, bytes]:
-        """One process as uid 1000 in the session, ``stdin`` fed in full; returns (exit code, stdout, stderr)."""
+    def _exec_io(self, session: Session, script: str, args: list[str], stdin: bytes | None) -> tuple[int, bytes, bytes]:
+        """``script`` run by bash as uid 1000 in the session with ``args`` as its arguments, ``stdin`` fed in full;
+        returns (exit code, stdout, stderr)."""
         api = self.client.api
+        end = EndMark()
         try:
-            exec_id = api.exec_create(session.container.id, argv, stdin=stdin is not None, user="1000:1000",
-                                      workdir="/work", environment={"HOME": "/tmp"})["Id"]
+            exec_id = api.exec_create(session.container.id, ["bash", "-c", end.wrap(script), "kiln", *args],
+                                      stdin=stdin is not None, user="1000:1000", workdir="/work",
+                                      environment={"HOME": "/tmp"})["Id"]
             if stdin is None:
                 out, err = api.exec_start(exec_id, demux=True)
             else:
@@ -697,18 +754,22 @@ class SessionManager:
                     out, err = consume_socket_output(frames, demux=True)
                 finally:
                     sock.close()
-            code = int(api.exec_inspect(exec_id).get("ExitCode") or 0)
+            code = api.exec_inspect(exec_id).get("ExitCode")
         except (APIError, DockerException, OSError) as e:
             raise InfraError(f"file transfer in session {session.id}: {e}") from e
-        return code, out or b"", err or b""
+        stdout, stderr = Capture(MAX_READ_TOTAL << 1, end.mark), Capture(MAX_READ_TOTAL, end.mark)
+        stdout.feed(out or b"")
+        stderr.feed(err or b"")
+        if cut_by_dockerd(code, stdout, stderr):
+            raise InfraError(f"file transfer in session {session.id}: dockerd closed its output stream early")
+        return int(code or 0), stdout.output()[0], stderr.output()[0]
 
     def write_files(self, session: Session, files: list[FileContent]) -> None:
         entries = []
         for f in files:
             data = f.text.encode() if f.text is not None else base64.b64decode(f.content_b64 or "", validate=True)
             entries.append((safe_path(f.path), data, f.mode))
-        code, _, err = self._exec_io(session, ["bash", "-c", _WRITE, "kiln-write", *(e[0] for e in entries)],
-                                     _tar(entries))
+        code, _, err = self._exec_io(session, _WRITE, [e[0] for e in entries], _tar(entries))
         self.sweep(session)
         if code != 0:
             raise SessionError(f"writing files failed: {err.decode(errors='replace').strip()[-500:]}")
@@ -718,7 +779,7 @@ class SessionManager:
         rels = [safe_path(p) for p in paths]
         if not rels:
             return []
-        code, data, err = self._exec_io(session, ["bash", "-c", _READ, "kiln-read", *rels], None)
+        code, data, err = self._exec_io(session, _READ, rels, None)
         self.sweep(session)
         if code != 0:
             raise SessionError(err.decode(errors="replace").strip()[-500:] or f"reading files failed ({code})")
@@ -746,7 +807,7 @@ class SessionManager:
 
     def put_tmp(self, session: Session, name: str, data: bytes) -> str:
         """``data`` as a fresh file in /tmp (written as uid 1000, like any session file)."""
-        code, _, err = self._exec_io(session, ["bash", "-c", f"cat > /tmp/{shlex.quote(name)}"], data)
+        code, _, err = self._exec_io(session, f"cat > /tmp/{shlex.quote(name)}", [], data)
         if code != 0:
             raise SessionError(f"writing /tmp/{name} failed: {err.decode(errors='replace')[-300:]}")
         return f"/tmp/{name}"

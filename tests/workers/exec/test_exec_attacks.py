@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -143,6 +144,31 @@ async def test_a_command_cannot_outlive_itself_or_forge_the_next_test_report(
         result = await client.run_tests(s, timeout_s=300)
         assert result.tests is not None and result.tests.failed >= 1, result.tests
         assert not [c for c in result.tests.cases if c.name == "forged"], result.tests
+        await client.close_session(s)
+
+
+async def test_a_command_can_neither_forge_the_end_of_its_output_nor_turn_its_failure_into_an_infra_error(
+        project_image: str, exec_settings: KilnSettings, worker: WorkerProcess) -> None:
+    """The wrapper marks the end of each stream (a stream cut by dockerd is retried, never answered as silence): the
+    mark a command can read from its wrapper's arguments stays in its own output, and a command that kills its
+    wrapper before the mark is answered as it ran, not retried as an infrastructure failure."""
+    async with KilnClient(exec_settings, "agent") as kiln:
+        client = ExecClient(kiln)
+        s = await client.open_session(project_image)
+        forged = await client.run(s, "mark=$(cat /proc/*/cmdline 2>/dev/null | grep -a -o 'kiln[-]end:[0-9a-f]*' "
+                                     "| head -1); printf 'a\\036%s\\036b' \"$mark\"; printf '\\036%s\\036' "
+                                     "\"$mark\" >&2; exit 3")
+        mark = forged.stdout[2:-2]
+        assert mark.startswith("kiln-end:") and len(mark) == len("kiln-end:") + 16, forged
+        assert (forged.exit_code, forged.stdout, forged.stderr) == (3, f"a\x1e{mark}\x1eb", f"\x1e{mark}\x1e")
+        started = time.monotonic()
+        killer = await client.run(s, "echo partial; pkill -9 -f 'kiln[-]end'; sleep 5; echo never", timeout_s=20)
+        assert (killer.exit_code, killer.stdout) == (137, "partial\n"), killer
+        assert time.monotonic() - started < 15  # answered once, not retried
+        planted = f"tail\x1e{mark}\x1e"  # files travel through the same marked streams
+        await client.write_files(s, {"planted.txt": planted})
+        assert await client.read_files(s, ["planted.txt"]) == {"planted.txt": planted.encode()}
+        assert (await client.run(s, "echo still alive")).stdout == "still alive\n"
         await client.close_session(s)
 
 

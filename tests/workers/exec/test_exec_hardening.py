@@ -23,7 +23,15 @@ from kiln.streams.settings import KilnSettings
 from kiln.workers.common.liveness import namespace, owner_alive
 from kiln.workers.exec.client import ExecClient, signed
 from kiln.workers.exec.errors import SessionDenied
-from kiln.workers.exec.sessions import LabelSeal, Session, SessionManager, result_bytes
+from kiln.workers.exec.sessions import (
+    Capture,
+    EndMark,
+    LabelSeal,
+    Session,
+    SessionManager,
+    cut_by_dockerd,
+    result_bytes,
+)
 from tests.workers.exec.conftest import exec_worker, session_containers
 
 BASE = "kiln/base:latest"  # a shell is all these sessions need
@@ -305,3 +313,23 @@ async def test_a_result_past_the_replay_cache_is_refused_on_replay(docker_engine
             assert again.output.stdout == small_first.output.stdout == "small\n"
             assert (await client.run(session, "wc -l < /work/count.txt")).stdout == "2\n"
             await client.close_session(session)
+
+
+def test_a_stream_dockerd_cut_short_is_told_from_a_silent_command() -> None:
+    """dockerd can close an attached exec stream before the last output of a quick command (moby#27289): the
+    wrapper's end mark, split across chunks or past the output cap, tells a whole stream from a cut one."""
+    end = EndMark()
+    whole = Capture(4, end.mark)
+    for chunk in (b"abcdef", end.mark[:3], end.mark[3:7], end.mark[7:], b"late"):
+        whole.feed(chunk)
+    assert whole.output() == (b"abcd", True) and whole.ended
+    short = Capture(64, end.mark)
+    for chunk in (b"ok\n", end.mark[:-1], end.mark, b"!"):
+        short.feed(chunk)
+    assert short.output() == (b"ok\n" + end.mark[:-1] + b"!", False)
+    cut = Capture(64, end.mark)
+    assert cut.output() == (b"", False) and not cut.ended
+    assert cut_by_dockerd(0, whole, cut) and cut_by_dockerd(1, cut, cut)
+    assert not cut_by_dockerd(0, whole, short)
+    # A wrapper killed by a signal never printed its mark: that answer stands as it arrived.
+    assert not cut_by_dockerd(137, whole, cut) and not cut_by_dockerd(None, cut, cut)
