@@ -297,6 +297,7 @@ class ClusterStorm(Storm):
         self.deliveries: list[tuple[float, str]] = []  # (monotonic, client) of each request's first delivery
         self.wrong: list[str] = []
         self.errors: Counter[str] = Counter()  # answered with an error, by kind and type
+        self.error_reasons: dict[str, str] = {}  # the first reason of each kind and type
         self.sessions_opened = self.sessions_lost = self.verify_batches = self.unjudged = 0
 
     def spawn(self, stage: str = "sleep") -> None:
@@ -344,7 +345,7 @@ class ClusterStorm(Storm):
             try:
                 result = await execs.run_once(IMAGE, f"echo once-{n}", timeout_s=30)
             except KilnError as e:
-                self.errors[f"run_once {getattr(e, 'error_type', '') or type(e).__name__}"] += 1
+                self.error(f"run_once {getattr(e, 'error_type', '') or type(e).__name__}", e)
                 return
             if result.output is None or result.output.stdout.strip() != f"once-{n}":
                 self.wrong.append(f"run_once {n}: {result.output}")
@@ -357,6 +358,10 @@ class ClusterStorm(Storm):
             await asyncio.sleep(1 / self.args.exec_rate)
         if tasks:
             await asyncio.wait(tasks)
+
+    def error(self, kind: str, e: Exception) -> None:
+        self.errors[kind] += 1
+        self.error_reasons.setdefault(kind, str(e)[:400])
 
     async def session_load(self, client: ExecClient, index: int, stop: asyncio.Event) -> None:
         """One session at a time, ``--session-commands`` commands each, then closed and another opened; one lost
@@ -381,10 +386,10 @@ class ClusterStorm(Storm):
                 if e.error_type == "SessionLost":
                     self.sessions_lost += 1
                 else:
-                    self.errors[f"session {e.error_type}"] += 1
+                    self.error(f"session {e.error_type}", e)
                 session = None
             except KilnError as e:
-                self.errors[f"session {type(e).__name__}"] += 1
+                self.error(f"session {type(e).__name__}", e)
                 session = None
             await asyncio.sleep(self.args.session_pause_s)
         if session is not None:
@@ -619,6 +624,8 @@ def _figures(settings: KilnSettings, storm: ClusterStorm, faults: list[Fault], s
         console.print(f"[red]wrong answer:[/] {line}")
     if storm.errors:
         console.print(f"answered with an error: {dict(storm.errors)}")
+        for kind, reason in storm.error_reasons.items():
+            console.print(f"  first {kind}: {reason}", markup=False)
     kills = stalls["kill"]
     if kills:
         console.print(f"stall after a broker kill: max {max(kills):.2f} s, "
