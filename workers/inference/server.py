@@ -138,9 +138,12 @@ def create_app(engine: Engine, settings: InferenceSettings, receiver: WeightRece
     receiver = receiver or WeightReceiver(engine, staging=settings.staging)
     tokenizer = engine.tokenizer
 
-    async def generate(prompts: list[list[int]], make: Callable[[int], SamplingParams]) -> list[Generation]:
+    async def generate(prompts: list[list[int]], n: int, make: Callable[[int], SamplingParams]) -> list[Generation]:
+        """``n`` sequences of each prompt, the i-th of all with ``make(i)``: each prompt's ``n`` share its prefill
+        (``Engine.submit_many``)."""
         try:
-            futures = [asyncio.wrap_future(engine.submit(p, make(i))) for i, p in enumerate(prompts)]
+            futures = [asyncio.wrap_future(f) for p in prompts
+                       for f in engine.submit_many(p, [make(i) for i in range(n)])]
         except PromptTooLong as e:
             raise HTTPException(400, str(e)) from None
         return list(await asyncio.gather(*futures))
@@ -169,11 +172,11 @@ def create_app(engine: Engine, settings: InferenceSettings, receiver: WeightRece
         async def completions_route(body: CompletionRequest) -> dict[str, Any]:
             REQUESTS.labels("completions").inc()
             vocab = engine.tokenizer.vocab_size
-            prompts = [p for p in prompt_ids(body.prompt, tokenizer) for _ in range(body.n)]
-            if any(not 0 <= t < vocab for p in prompts for t in p):
+            requested = prompt_ids(body.prompt, tokenizer)
+            if any(not 0 <= t < vocab for p in requested for t in p):
                 raise HTTPException(400, f"prompt token ids must be in [0, {vocab})")
             top = body.logprobs or 0
-            gens = await generate(prompts, lambda i: body.params(body.max_tokens, top, i % body.n))
+            gens = await generate(requested, body.n, lambda i: body.params(body.max_tokens, top, i))
             choices = []
             for index, g in enumerate(gens):
                 choice: dict[str, Any] = {"index": index, "text": g.text, "finish_reason": g.finish_reason,
@@ -191,14 +194,15 @@ def create_app(engine: Engine, settings: InferenceSettings, receiver: WeightRece
                 choices.append(choice)
             return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                     "model": settings.model_name, "choices": choices,
-                    "usage": _usage([len(p) for p in prompts], gens), "kiln": _versions(gens)}
+                    "usage": _usage([len(p) for p in requested for _ in range(body.n)], gens),
+                    "kiln": _versions(gens)}
 
         @app.post("/v1/chat/completions")
         async def chat_route(body: ChatRequest) -> dict[str, Any]:
             REQUESTS.labels("chat").inc()
             prompt = tokenizer.chat([m.model_dump() for m in body.messages])
             top = body.top_logprobs or 0
-            gens = await generate([prompt] * body.n,
+            gens = await generate([prompt], body.n,
                                   lambda i: body.params(body.max_completion_tokens or body.max_tokens, top, i))
             choices = []
             for index, g in enumerate(gens):
