@@ -130,6 +130,7 @@ class Engine:
         self.tokens_while_receiving = 0
         self._receiving = 0
         self.decode_steps = 0
+        self.prefills = 0  # prompts run through the model (those sharing one, once)
         self.tokens_generated = 0
         VERSION.set(version)
         self._thread = threading.Thread(target=self._main, name="kiln-inference-engine", daemon=True)
@@ -276,6 +277,7 @@ class Engine:
             shared = source.get(id(g.shares)) if g.shares is not None else None
             if shared is None:
                 logits = self.decoder.prefill(g.slot, g.prompt)
+                self.prefills += 1
             else:
                 if shared[0] != g.slot:
                     self.decoder.copy(shared[0], [g.slot])
