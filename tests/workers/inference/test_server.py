@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import openai
@@ -126,7 +127,7 @@ async def test_concurrent_generate_calls_share_requests(serve: Callable[..., Ser
     served = serve(ModelConfig(max_len=64))
     prompts = [TOKENIZER.encode(f"{a}+{a + 1}=") for a in range(24)]
     endpoint, alone_endpoint = served.endpoint(), served.endpoint()
-    sampling = {"n": 4, "max_tokens": 4, "temperature": 1.0, "top_p": 1.0}
+    sampling: dict[str, Any] = {"n": 4, "max_tokens": 4, "temperature": 1.0, "top_p": 1.0}
     alone = [await alone_endpoint.generate(p, seed=100 * i, **sampling) for i, p in enumerate(prompts)]
     before = _completions_served(served)
     together = await asyncio.gather(*(endpoint.generate(p, seed=100 * i, **sampling) for i, p in enumerate(prompts)))
