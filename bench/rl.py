@@ -29,7 +29,7 @@ run's seed picks the tasks, the policy's initial weights and every group's sampl
 Writes each run's record and the PNG of ``kiln rl report`` (part 2's runs) to ``--record-dir``.
 
 Usage: python -m bench.rl [--seeds 1,2,3] [--steps 300] [--target 0.2] [--deadline 170] [--overhead-steps 40]
-[--exec] [--modes-exec] [--model char] [--skip-overhead] [--skip-modes]
+[--exec] [--modes-exec] [--model char] [--groups-per-step 64] [--rollout-workers 2] [--skip-overhead] [--skip-modes]
 """
 
 from __future__ import annotations
@@ -218,7 +218,8 @@ async def modes(settings: KilnSettings, args: argparse.Namespace, image: str | N
     for seed in args.seeds:
         for mode in ("async", "sync"):
             config = RunConfig(name=f"{mode} s{seed}", sync=mode == "sync", steps=args.steps, target=args.target,
-                               deadline_s=args.deadline, exec_image=image, seed=seed, model=args.model)
+                               deadline_s=args.deadline, exec_image=image, seed=seed, model=args.model,
+                               **args.shape)
             if args.model == "hf":
                 config = hf_config(config, args.record_dir)
             console.print(f"[bold]{config.name}[/]: up to {args.steps} steps, {args.deadline:.0f} s or greedy "
@@ -273,10 +274,14 @@ async def main() -> None:
     parser.add_argument("--model", default="char", help="RunConfig.model: 'char', a Hugging Face model's directory, or "
                                                          "'hf' (a tiny Llama built per seed, see hf_config); part 1 "
                                                          "runs for 'char' only (the in-process baseline's model)")
+    parser.add_argument("--groups-per-step", type=int, help="RunConfig.groups_per_step (default: RunConfig's, 64)")
+    parser.add_argument("--rollout-workers", type=int, help="RunConfig.rollout_workers (default: RunConfig's, 2)")
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-modes", action="store_true")
     parser.add_argument("--record-dir", type=Path, default=Path(tempfile.gettempdir()) / "kiln-bench-rl")
     args = parser.parse_args()
+    args.shape = {name: value for name in ("groups_per_step", "rollout_workers")
+                  if (value := getattr(args, name)) is not None}  # the tests' smaller runs; RunConfig's otherwise
     settings = learning_runs(args.record_dir)
     image = None
     if args.exec or args.modes_exec:
@@ -284,7 +289,7 @@ async def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             image = await build_image(Path(tmp), docker_client())
     if not args.skip_overhead and args.model == "char":
-        await overhead(settings, RunConfig(name="stage", steps=args.overhead_steps, seed=args.seeds[0],
+        await overhead(settings, RunConfig(name="stage", steps=args.overhead_steps, seed=args.seeds[0], **args.shape,
                                            deadline_s=600, eval_every_s=600), image if args.exec else None,
                        args.record_dir)
     if not args.skip_modes:

@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_both_parts_run_and_report(kafka: object, tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    done = subprocess.run([sys.executable, "-m", "bench.rl", "--steps", "4", "--overhead-steps", "4", "--seeds", "1",
-                           "--deadline", "40", "--target", "0.99", "--record-dir", str(tmp_path)],
+    done = subprocess.run([sys.executable, "-m", "bench.rl", "--steps", "2", "--overhead-steps", "3", "--seeds", "1",
+                           "--deadline", "60", "--target", "0.99", "--groups-per-step", "8", "--rollout-workers", "1",
+                           "--record-dir", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=540, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     metrics = {line.split()[1]: float(line.split()[2]) for line in done.stdout.splitlines()

@@ -18,6 +18,7 @@ process that never updated weights, such as a rollout worker): the only version 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -148,16 +149,35 @@ class HttpEndpoint:
         return result
 
 
+@dataclass
+class _Call:
+    """One ``generate`` call waiting for its batch's answer."""
+
+    prompt_ids: list[int]
+    seed: int | None
+    done: asyncio.Future[list[Turn]]
+
+
 class KilnEndpoint(HttpEndpoint):
     """kiln's server (``kiln rl serve``). ``admin_url`` when the weight-update routes are on a separate (private)
-    address."""
+    address.
+
+    ``generate`` calls travel together: while ``max_in_flight`` requests are out, calls wait and go as one request
+    when one comes back (up to ``batch_prompts`` prompts, one per call, each with its seed: the server's ``seeds``
+    extension), so a lone call goes at once and a flood costs a request per batch, not per group. The server
+    samples each as if it had come alone."""
 
     packs = True
     health_path = "/healthz"
 
     def __init__(self, url: str, admin_token: str = "", admin_url: str | None = None, timeout_s: float = 120.0,
-                 model: str = "kiln-tiny") -> None:
+                 model: str = "kiln-tiny", max_in_flight: int = 2, batch_prompts: int = 64) -> None:
         super().__init__(url, admin_token, admin_url, timeout_s, model)
+        self.max_in_flight = max_in_flight
+        self.batch_prompts = batch_prompts
+        self._waiting: dict[tuple[int, int, float, float, bool], list[_Call]] = {}
+        self._in_flight = 0
+        self._requests: set[asyncio.Task[None]] = set()
 
     def init_process_group(self, request: InitProcessGroupRequest) -> None:
         self._admin("/init_process_group", request.model_dump())
@@ -171,19 +191,77 @@ class KilnEndpoint(HttpEndpoint):
 
     async def generate(self, prompt_ids: list[int], *, n: int, max_tokens: int, temperature: float, top_p: float,
                        seed: int | None = None, user: str | None = None) -> list[Turn]:
-        """kiln's server: its ``kiln`` extension carries each choice's token ids and per-token versions."""
-        answer = await self._post("/v1/completions",
-                                  self.completion_body(prompt_ids, n, max_tokens, temperature, top_p, seed, user))
+        """kiln's server: its ``kiln`` extension carries each choice's token ids and per-token versions. Calls with
+        the same sampling settings share a request (see the class); ``user`` is not sent (kiln's server has no use
+        for it)."""
+        call = _Call(prompt_ids, seed, asyncio.get_running_loop().create_future())
+        self._waiting.setdefault((n, max_tokens, temperature, top_p, seed is None), []).append(call)
+        self._send()
+        return await call.done
+
+    def _send(self) -> None:
+        while self._in_flight < self.max_in_flight and self._waiting:
+            key, calls = next(iter(self._waiting.items()))
+            del self._waiting[key]
+            calls = [c for c in calls if not c.done.done()]  # a caller cancelled while its call waited
+            if len(calls) > self.batch_prompts:
+                self._waiting[key] = calls[self.batch_prompts:]
+            if not calls[:self.batch_prompts]:
+                continue
+            self._in_flight += 1
+            request = asyncio.ensure_future(self._answer(key, calls[:self.batch_prompts]))
+            self._requests.add(request)
+            request.add_done_callback(self._requests.discard)
+
+    async def _answer(self, key: tuple[int, int, float, float, bool], calls: list[_Call]) -> None:
+        answers: list[list[Turn] | BaseException]
+        try:
+            answers = list(await self._request(key, calls))
+        except httpx.HTTPStatusError as e:
+            if e.response.status_code in (400, 422) and len(calls) > 1:
+                # a prompt refused (too long, ids out of range) fails only its own call: each again alone
+                alone = await asyncio.gather(*(self._request(key, [c]) for c in calls), return_exceptions=True)
+                answers = [a[0] if isinstance(a, list) else a for a in alone]
+            else:
+                answers = [e] * len(calls)
+        except asyncio.CancelledError:
+            for call in calls:
+                call.done.cancel()
+            raise
+        except Exception as e:
+            answers = [e] * len(calls)
+        finally:
+            self._in_flight -= 1
+            self._send()
+        for call, answer in zip(calls, answers, strict=True):
+            if call.done.done():  # its caller was cancelled
+                continue
+            if isinstance(answer, BaseException):
+                call.done.set_exception(answer)
+            else:
+                call.done.set_result(answer)
+
+    async def _request(self, key: tuple[int, int, float, float, bool], calls: list[_Call]) -> list[list[Turn]]:
+        n, max_tokens, temperature, top_p, unseeded = key
+        body: dict[str, Any] = {"model": self.model, "prompt": [c.prompt_ids for c in calls], "n": n,
+                                "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "logprobs": 0}
+        if not unseeded:
+            body["seeds"] = [c.seed for c in calls]
+        answer = await self._post("/v1/completions", body)
+        where = f"{self.url}/v1/completions"
+        choices = answer["choices"]
+        if len(choices) != n * len(calls):
+            raise EndpointAnswerError(f"{where}: {len(choices)} choices for {len(calls)} prompts of {n}")
         turns = []
-        for choice in answer["choices"]:
-            kiln, where = choice.get("kiln") or {}, f"{self.url}/v1/completions"
+        for choice in choices:
+            kiln = choice.get("kiln") or {}
             if "token_ids" not in kiln or not choice.get("logprobs"):
                 raise EndpointAnswerError(f"{where}: no kiln.token_ids or logprobs (is it kiln's server?)")
             ids = list(kiln["token_ids"])
             turns.append(Turn(choice["text"], ids, _logprobs(choice["logprobs"]["token_logprobs"], where),
                               list(kiln.get("token_versions") or [self.version] * len(ids)),
                               choice["finish_reason"]))
-        return turns
+        return [turns[j * n:(j + 1) * n] for j in range(len(calls))]
 
 
 class SGLangEndpoint(HttpEndpoint):

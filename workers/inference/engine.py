@@ -66,6 +66,7 @@ class Generation:
     text: str = ""
     slot: int = -1
     done: Future[Generation] = field(default_factory=Future)
+    shares: object | None = None  # generations submitted together on one prompt (``submit_many``) share a token
 
 
 def sample_token(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[int, Tensor]:
@@ -100,6 +101,10 @@ class Decoder(Protocol):
         """Append each slot's newest token to its cache; the logits of the next one [len(slots), vocab]."""
         ...
 
+    def copy(self, source: int, slots: list[int]) -> None:
+        """Give each of ``slots`` ``source``'s cache (its positions and their count): a prompt prefilled once."""
+        ...
+
 
 class Engine:
     """Owns the model and its KV cache; only its thread runs the model (``submit`` and ``paused`` are the ways in).
@@ -125,6 +130,7 @@ class Engine:
         self.tokens_while_receiving = 0
         self._receiving = 0
         self.decode_steps = 0
+        self.prefills = 0  # prompts run through the model (those sharing one, once)
         self.tokens_generated = 0
         VERSION.set(version)
         self._thread = threading.Thread(target=self._main, name="kiln-inference-engine", daemon=True)
@@ -133,21 +139,30 @@ class Engine:
     # ---- the ways in --------------------------------------------------------------------------------------
 
     def submit(self, prompt: list[int], params: SamplingParams) -> Future[Generation]:
+        return self.submit_many(prompt, [params])[0]
+
+    def submit_many(self, prompt: list[int], params: list[SamplingParams]) -> list[Future[Generation]]:
+        """A sequence per ``params`` on the one ``prompt`` (a group's samples, OpenAI's ``n``): the prompt is
+        prefilled once for those admitted together and its cache copied into their slots; each samples with its
+        own generator from the same logits, so every sequence is what ``submit`` alone would have sampled."""
         if len(prompt) == 0:
             prompt = list(self.decoder.start)
         if len(prompt) >= self.decoder.max_len:
             raise PromptTooLong(f"prompt of {len(prompt)} tokens; the model's context is {self.decoder.max_len}")
-        generator = torch.Generator(self.decoder.device)
-        if params.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(params.seed)
-        generation = Generation(prompt=prompt, params=params, generator=generator)
+        shared = object() if len(params) > 1 else None
+        generations = []
+        for p in params:
+            generator = torch.Generator(self.decoder.device)
+            if p.seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(p.seed)
+            generations.append(Generation(prompt=prompt, params=p, generator=generator, shares=shared))
         with self._wake:
-            self._waiting.append(generation)
+            self._waiting += generations
             WAITING.set(len(self._waiting))
             self._wake.notify()
-        return generation.done
+        return [g.done for g in generations]
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -229,8 +244,7 @@ class Engine:
                     admitted = [self._waiting.pop(0) for _ in range(min(len(self._waiting), len(self._free)))]
                     WAITING.set(len(self._waiting))
                 try:
-                    for generation in admitted:
-                        self._prefill(generation)
+                    self._prefill(admitted)
                     if self._running:
                         self._step()
                 except Exception as e:  # a bug or bad weights must fail these requests, not hang every later one
@@ -249,12 +263,28 @@ class Engine:
                 g.done.set_exception(error)
         RUNNING.set(len(self._running))
 
-    def _prefill(self, g: Generation) -> None:
-        g.slot = self._free.pop()
-        g.version_start = self.version
-        self._running[g.slot] = g
-        RUNNING.set(len(self._running))
-        self._sample(g, self.decoder.prefill(g.slot, g.prompt))
+    def _prefill(self, admitted: list[Generation]) -> None:
+        """Admitted sequences into slots, in order; those sharing a prompt (``submit_many``) that are admitted
+        together are prefilled once, the others take a copy of its cache."""
+        # id(shares) -> the slot that last took the prompt's cache, and its logits. Those sharing a prompt are
+        # admitted one after another, so that slot is intact (or, finished at its first token, the next one's).
+        source: dict[int, tuple[int, Tensor]] = {}
+        for g in admitted:
+            g.slot = self._free.pop()
+            g.version_start = self.version
+            self._running[g.slot] = g
+            RUNNING.set(len(self._running))
+            shared = source.get(id(g.shares)) if g.shares is not None else None
+            if shared is None:
+                logits = self.decoder.prefill(g.slot, g.prompt)
+                self.prefills += 1
+            else:
+                if shared[0] != g.slot:
+                    self.decoder.copy(shared[0], [g.slot])
+                logits = shared[1]
+            if g.shares is not None:
+                source[id(g.shares)] = (g.slot, logits)
+            self._sample(g, logits)
 
     def _step(self) -> None:
         slots = sorted(self._running)

@@ -112,6 +112,13 @@ class HFDecoder:
         self.lengths[slot] = len(prompt)
         return logits[0]
 
+    def copy(self, source: int, slots: list[int]) -> None:
+        length = int(self.lengths[source])
+        for store in (self.cache.keys, self.cache.values):
+            for tensor in store:
+                tensor[slots, :, :length] = tensor[source:source + 1, :, :length]
+        self.lengths[slots] = length
+
     def decode(self, slots: list[int], tokens: list[int]) -> Tensor:
         index = torch.tensor(slots)
         starts = self.lengths[index]

@@ -195,6 +195,12 @@ class TinyDecoder:
     def decode(self, slots: list[int], tokens: list[int]) -> Tensor:
         return self.tiny.decode(torch.tensor(tokens), self.cache, torch.tensor(slots))
 
+    def copy(self, source: int, slots: list[int]) -> None:
+        length = int(self.cache.lengths[source])
+        for store in (self.cache.keys, self.cache.values):
+            store[:, slots, :, :length] = store[:, source:source + 1, :, :length]
+        self.cache.lengths[slots] = length
+
 
 def token_logprobs(logits: Tensor, temperature: float) -> Tensor:
     """Log-probabilities of the distribution sampled from: softmax(logits / T) (T = 1 for greedy decoding)."""

@@ -73,10 +73,11 @@ class _Sampling(BaseModel):
     stop: str | list[str] | None = None
     ignore_eos: bool = Field(False, description="vLLM's extension: keep generating past the end-of-text token")
 
-    def params(self, max_tokens: int | None, top: int, index: int) -> SamplingParams:
+    def params(self, max_tokens: int | None, top: int, seed: int | None, index: int) -> SamplingParams:
+        """Choice ``index`` of a prompt seeded with ``seed`` (the request's ``seed``, or its prompt's ``seeds``)."""
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(max_tokens=max_tokens or 16, temperature=self.temperature, top_p=self.top_p,
-                              seed=None if self.seed is None else self.seed + index, stop=stop, top_logprobs=top,
+                              seed=None if seed is None else seed + index, stop=stop, top_logprobs=top,
                               ignore_eos=self.ignore_eos)
 
 
@@ -84,6 +85,9 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
         description="text, texts, token ids (as vLLM takes them: tokenised once by the caller) or lists of them")
     logprobs: int | None = Field(None, ge=0, le=20)
+    seeds: list[int] | None = Field(None, description="kiln's extension, instead of seed: a seed per prompt (prompt "
+                                    "j's choice i samples with seeds[j] + i), so one request carries several groups, "
+                                    "each sampled as its own request with its seed would be")
 
 
 class ChatMessage(BaseModel):
@@ -138,9 +142,13 @@ def create_app(engine: Engine, settings: InferenceSettings, receiver: WeightRece
     receiver = receiver or WeightReceiver(engine, staging=settings.staging)
     tokenizer = engine.tokenizer
 
-    async def generate(prompts: list[list[int]], make: Callable[[int], SamplingParams]) -> list[Generation]:
+    async def generate(prompts: list[list[int]], n: int,
+                       make: Callable[[int, int], SamplingParams]) -> list[Generation]:
+        """``n`` sequences of each prompt, the i-th of prompt j with ``make(j, i)``: each prompt's ``n`` share its
+        prefill (``Engine.submit_many``)."""
         try:
-            futures = [asyncio.wrap_future(engine.submit(p, make(i))) for i, p in enumerate(prompts)]
+            futures = [asyncio.wrap_future(f) for j, p in enumerate(prompts)
+                       for f in engine.submit_many(p, [make(j, i) for i in range(n)])]
         except PromptTooLong as e:
             raise HTTPException(400, str(e)) from None
         return list(await asyncio.gather(*futures))
@@ -166,14 +174,17 @@ def create_app(engine: Engine, settings: InferenceSettings, receiver: WeightRece
                                                 "owned_by": "kiln", "kiln": {"version": engine.version}}]}
 
         @app.post("/v1/completions")
-        async def completions_route(body: CompletionRequest) -> dict[str, Any]:
+        async def completions_route(body: CompletionRequest) -> JSONResponse:
             REQUESTS.labels("completions").inc()
             vocab = engine.tokenizer.vocab_size
-            prompts = [p for p in prompt_ids(body.prompt, tokenizer) for _ in range(body.n)]
-            if any(not 0 <= t < vocab for p in prompts for t in p):
+            requested = prompt_ids(body.prompt, tokenizer)
+            if any(not 0 <= t < vocab for p in requested for t in p):
                 raise HTTPException(400, f"prompt token ids must be in [0, {vocab})")
+            if body.seeds is not None and (body.seed is not None or len(body.seeds) != len(requested)):
+                raise HTTPException(400, f"seeds: one per prompt ({len(requested)}), instead of seed")
+            seeds: list[int | None] = [*body.seeds] if body.seeds is not None else [body.seed] * len(requested)
             top = body.logprobs or 0
-            gens = await generate(prompts, lambda i: body.params(body.max_tokens, top, i % body.n))
+            gens = await generate(requested, body.n, lambda j, i: body.params(body.max_tokens, top, seeds[j], i))
             choices = []
             for index, g in enumerate(gens):
                 choice: dict[str, Any] = {"index": index, "text": g.text, "finish_reason": g.finish_reason,
@@ -189,17 +200,19 @@ def create_app(engine: Engine, settings: InferenceSettings, receiver: WeightRece
                         "top_logprobs": [{token_text(tokenizer, i): v for i, v in top_k} for top_k in g.top_logprobs]
                         if top else None}
                 choices.append(choice)
-            return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                    "model": settings.model_name, "choices": choices,
-                    "usage": _usage([len(p) for p in prompts], gens), "kiln": _versions(gens)}
+            # JSON as built: a returned dict would go through FastAPI's encoder first, value by value
+            return JSONResponse({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                                 "created": int(time.time()), "model": settings.model_name, "choices": choices,
+                                 "usage": _usage([len(p) for p in requested for _ in range(body.n)], gens),
+                                 "kiln": _versions(gens)})
 
         @app.post("/v1/chat/completions")
-        async def chat_route(body: ChatRequest) -> dict[str, Any]:
+        async def chat_route(body: ChatRequest) -> JSONResponse:
             REQUESTS.labels("chat").inc()
             prompt = tokenizer.chat([m.model_dump() for m in body.messages])
             top = body.top_logprobs or 0
-            gens = await generate([prompt] * body.n,
-                                  lambda i: body.params(body.max_completion_tokens or body.max_tokens, top, i))
+            gens = await generate([prompt], body.n, lambda _j, i: body.params(
+                body.max_completion_tokens or body.max_tokens, top, body.seed, i))
             choices = []
             for index, g in enumerate(gens):
                 logprobs = None
@@ -213,9 +226,9 @@ def create_app(engine: Engine, settings: InferenceSettings, receiver: WeightRece
                         for k, (t, lp) in enumerate(zip(g.tokens, g.logprobs, strict=True))]}
                 choices.append({"index": index, "message": {"role": "assistant", "content": g.text},
                                 "finish_reason": g.finish_reason, "logprobs": logprobs, "kiln": _kiln(g)})
-            return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                    "model": settings.model_name, "choices": choices,
-                    "usage": _usage([len(prompt)] * body.n, gens), "kiln": _versions(gens)}
+            return JSONResponse({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                                 "created": int(time.time()), "model": settings.model_name, "choices": choices,
+                                 "usage": _usage([len(prompt)] * body.n, gens), "kiln": _versions(gens)})
 
     if admin:
         def authorised(authorization: str = Header("")) -> None:

@@ -40,12 +40,15 @@ def test_engine_logprobs_equal_a_teacher_forced_forward(hf_model: Callable[..., 
                    for i, p in enumerate(prompts[:2])]
         while engine.tokens_generated < 20:  # the others join a batch already running
             time.sleep(0.001)
-        futures += [engine.submit(tokenizer.encode(p), SamplingParams(max_tokens=40 + 10 * i, temperature=0.8,
-                                                                       seed=i, ignore_eos=True))
-                    for i, p in enumerate(prompts[2:], start=2)]
+        # two samples of one prompt share its prefill: the second's cache is a copy of the first's
+        futures += engine.submit_many(tokenizer.encode(prompts[2]), [
+            SamplingParams(max_tokens=50 + 10 * i, temperature=0.8, seed=i, ignore_eos=True) for i in (2, 4)])
+        futures.append(engine.submit(tokenizer.encode(prompts[3]), SamplingParams(max_tokens=70, temperature=0.8,
+                                                                                  seed=3, ignore_eos=True)))
         generations = [f.result(60) for f in futures]
     finally:
         engine.stop()
+    assert engine.prefills == 4 and generations[2].tokens != generations[3].tokens
     for g in generations:
         assert len(g.tokens) == g.params.max_tokens
         with torch.no_grad():

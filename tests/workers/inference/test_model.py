@@ -48,6 +48,38 @@ def test_sampler_logprobs_equal_the_trainers_full_forward() -> None:
     assert engine.decode_steps < sum(len(g.tokens) for g in generations)  # they were decoded together
 
 
+def test_a_groups_samples_share_one_prefill_and_sample_what_each_alone_would() -> None:
+    """``submit_many``: the group's prompt is prefilled once per admission and its cache copied into the others'
+    slots. Six slots for eight samples: the group is admitted in two parts; samples ending at their first token
+    give their slot back to the next one at once. Each samples, with its own generator, the tokens ``submit`` gives
+    it, and its log-probs are the trainer's full forward pass's (a wrong copy of the cache would change them)."""
+    model = TinyLM(ModelConfig(d_model=64, n_layers=2, n_heads=4, max_len=128, seed=4))
+    prompt = TOKENIZER.encode("12+30=")
+    params = [SamplingParams(max_tokens=1 if i % 3 == 0 else 30, temperature=1.0, seed=7 + i) for i in range(8)]
+    engines = [Engine(model, max_batch=6), Engine(model, max_batch=6)]  # each its own (empty) cache
+    try:
+        with engines[0].paused():  # admitted together, as the group is
+            futures = [engines[0].submit(prompt, p) for p in params]
+        alone = [f.result(60) for f in futures]
+        with engines[1].paused():
+            futures = engines[1].submit_many(prompt, params)
+        together = [f.result(60) for f in futures]
+    finally:
+        for engine in engines:
+            engine.stop()
+    assert engines[0].prefills == 8 and engines[1].prefills == 2  # once per admission
+    assert [g.tokens for g in together] == [g.tokens for g in alone]
+    assert [len(g.tokens) for g in together] == [p.max_tokens for p in params]
+    tokens = torch.zeros(len(together), len(prompt) + 30, dtype=torch.long)
+    for row, g in enumerate(together):
+        tokens[row, :len(prompt) + len(g.tokens)] = torch.tensor(prompt + g.tokens)
+    with torch.no_grad():
+        trainer = sequence_logprobs(model, tokens, [len(prompt)] * len(together))
+    for row, g in enumerate(together):
+        start = len(prompt) - 1
+        assert torch.allclose(trainer[row, start:start + len(g.tokens)], torch.tensor(g.logprobs), atol=1e-4)
+
+
 def test_a_short_request_finishes_while_a_long_one_runs() -> None:
     engine = Engine(TinyLM(ModelConfig(max_len=1024)), max_batch=4)
     try:

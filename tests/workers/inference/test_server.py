@@ -3,7 +3,9 @@ and usage), tags every token with its policy version, and refuses what it must."
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import openai
@@ -12,7 +14,7 @@ import pytest
 from kiln.streams.blobstore import open_blob_store
 from kiln.streams.processes import free_port
 from kiln.streams.settings import KilnSettings
-from kiln.workers.inference.model import ModelConfig, TinyLM, save_checkpoint, weights_digest
+from kiln.workers.inference.model import TOKENIZER, ModelConfig, TinyLM, save_checkpoint, weights_digest
 from kiln.workers.inference.process import ServerProcess
 
 
@@ -90,3 +92,51 @@ def test_it_serves_a_checkpoint_and_keeps_the_admin_routes_private(serve: Callab
     assert private == {"version": 12, "sha256": weights_digest(policy)}
     answer = httpx.post(f"{served.url}/v1/completions", json={"prompt": "a", "max_tokens": 3}).json()
     assert answer["kiln"] == {"version_start": 12, "version_end": 12}
+
+
+def _completions_served(served: ServerProcess) -> float:
+    """The server's ``kiln_inference_requests_total`` for the completions route."""
+    for line in httpx.get(f"{served.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith('kiln_inference_requests_total{route="completions"}'):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_one_request_carries_several_seeded_groups(serve: Callable[..., ServerProcess]) -> None:
+    """kiln's ``seeds``: a seed per prompt of a list, each prompt's choices sampled as its own request with that seed
+    would have them; a count that does not match the prompts, or seeds beside seed, is refused."""
+    served = serve(ModelConfig(max_len=64))
+    prompts, seeds = [TOKENIZER.encode(p) for p in ("1+2=", "30+4=", "5+5=")], [11, 2000, 7]
+    sampling = {"max_tokens": 6, "temperature": 1.0, "n": 4, "logprobs": 0}
+    with httpx.Client(base_url=served.url, timeout=60) as http:
+        together = http.post("/v1/completions", json={"prompt": prompts, "seeds": seeds, **sampling}).json()
+        alone = [http.post("/v1/completions", json={"prompt": p, "seed": s, **sampling}).json()
+                 for p, s in zip(prompts, seeds, strict=True)]
+        refused = [http.post("/v1/completions", json={"prompt": prompts, **sampling, **extra}).status_code
+                   for extra in ({"seeds": [1, 2]}, {"seeds": seeds, "seed": 3})]
+    assert [c["kiln"]["token_ids"] for c in together["choices"]] == [c["kiln"]["token_ids"] for a in alone
+                                                                      for c in a["choices"]]
+    assert len({tuple(c["kiln"]["token_ids"]) for c in together["choices"]}) > 3  # not one sample repeated
+    assert together["usage"]["prompt_tokens"] == 4 * sum(len(p) for p in prompts)
+    assert refused == [400, 400]
+
+
+async def test_concurrent_generate_calls_share_requests(serve: Callable[..., ServerProcess]) -> None:
+    """``KilnEndpoint.generate``: calls made while two requests are out wait and go together in one; each gets what
+    it would have got alone, and a prompt the server refuses fails only its own call."""
+    served = serve(ModelConfig(max_len=64))
+    prompts = [TOKENIZER.encode(f"{a}+{a + 1}=") for a in range(24)]
+    endpoint, alone_endpoint = served.endpoint(), served.endpoint()
+    sampling: dict[str, Any] = {"n": 4, "max_tokens": 4, "temperature": 1.0, "top_p": 1.0}
+    alone = [await alone_endpoint.generate(p, seed=100 * i, **sampling) for i, p in enumerate(prompts)]
+    before = _completions_served(served)
+    together = await asyncio.gather(*(endpoint.generate(p, seed=100 * i, **sampling) for i, p in enumerate(prompts)))
+    assert _completions_served(served) - before <= 3  # two at once, then the other 22 in one
+    assert [[t.token_ids for t in group] for group in together] == [[t.token_ids for t in group] for group in alone]
+    assert [lp for group in together for t in group for lp in t.logprobs] == pytest.approx(
+        [lp for group in alone for t in group for lp in t.logprobs], abs=1e-4)
+    too_long = TOKENIZER.encode("9" * 80)
+    answers = await asyncio.gather(*(endpoint.generate(p, seed=i, **sampling) for i, p in
+                                     enumerate([prompts[0], prompts[1], prompts[2], too_long, prompts[3]])),
+                                   return_exceptions=True)
+    assert [type(a).__name__ for a in answers] == ["list", "list", "list", "HTTPStatusError", "list"]
