@@ -149,6 +149,10 @@ class HttpEndpoint:
         return result
 
 
+_BatchKey = tuple[int, int, float, float, bool, str | None]
+"""What calls sharing a request have in common: n, max_tokens, temperature, top_p, unseeded, user."""
+
+
 @dataclass
 class _Call:
     """One ``generate`` call waiting for its batch's answer."""
@@ -175,7 +179,7 @@ class KilnEndpoint(HttpEndpoint):
         super().__init__(url, admin_token, admin_url, timeout_s, model)
         self.max_in_flight = max_in_flight
         self.batch_prompts = batch_prompts
-        self._waiting: dict[tuple[int, int, float, float, bool], list[_Call]] = {}
+        self._waiting: dict[_BatchKey, list[_Call]] = {}
         self._in_flight = 0
         self._requests: set[asyncio.Task[None]] = set()
 
@@ -192,10 +196,10 @@ class KilnEndpoint(HttpEndpoint):
     async def generate(self, prompt_ids: list[int], *, n: int, max_tokens: int, temperature: float, top_p: float,
                        seed: int | None = None, user: str | None = None) -> list[Turn]:
         """kiln's server: its ``kiln`` extension carries each choice's token ids and per-token versions. Calls with
-        the same sampling settings share a request (see the class); ``user`` is not sent (kiln's server has no use
-        for it)."""
+        the same sampling settings and ``user`` share a request (see the class; OpenAI's ``user`` is one per
+        request); a request of one call is OpenAI's own shape (one prompt, ``seed``, ``user``)."""
         call = _Call(prompt_ids, seed, asyncio.get_running_loop().create_future())
-        self._waiting.setdefault((n, max_tokens, temperature, top_p, seed is None), []).append(call)
+        self._waiting.setdefault((n, max_tokens, temperature, top_p, seed is None, user), []).append(call)
         self._send()
         return await call.done
 
@@ -213,7 +217,7 @@ class KilnEndpoint(HttpEndpoint):
             self._requests.add(request)
             request.add_done_callback(self._requests.discard)
 
-    async def _answer(self, key: tuple[int, int, float, float, bool], calls: list[_Call]) -> None:
+    async def _answer(self, key: _BatchKey, calls: list[_Call]) -> None:
         answers: list[list[Turn] | BaseException]
         try:
             answers = list(await self._request(key, calls))
@@ -241,12 +245,20 @@ class KilnEndpoint(HttpEndpoint):
             else:
                 call.done.set_result(answer)
 
-    async def _request(self, key: tuple[int, int, float, float, bool], calls: list[_Call]) -> list[list[Turn]]:
-        n, max_tokens, temperature, top_p, unseeded = key
-        body: dict[str, Any] = {"model": self.model, "prompt": [c.prompt_ids for c in calls], "n": n,
-                                "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "logprobs": 0}
-        if not unseeded:
-            body["seeds"] = [c.seed for c in calls]
+    async def _request(self, key: _BatchKey, calls: list[_Call]) -> list[list[Turn]]:
+        n, max_tokens, temperature, top_p, unseeded, user = key
+        body: dict[str, Any] = {"model": self.model, "n": n, "max_tokens": max_tokens, "temperature": temperature,
+                                "top_p": top_p, "logprobs": 0}
+        if len(calls) == 1:
+            body["prompt"] = calls[0].prompt_ids
+            if not unseeded:
+                body["seed"] = calls[0].seed
+        else:
+            body["prompt"] = [c.prompt_ids for c in calls]
+            if not unseeded:
+                body["seeds"] = [c.seed for c in calls]
+        if user is not None:
+            body["user"] = user
         answer = await self._post("/v1/completions", body)
         where = f"{self.url}/v1/completions"
         choices = answer["choices"]
