@@ -13,7 +13,7 @@ test:
 	bash infra/bootstrap.sh
 	.venv/bin/kiln setup --all
 	$(MAKE) --no-print-directory lint
-	.venv/bin/python -m pytest -q -ra
+	.venv/bin/python -m pytest -q -ra --durations=40
 
 lint:
 	$(DEPS)/bin/ruff check .
