@@ -17,15 +17,27 @@ PolicyFailure = Literal["timeout", "crashed", "memory", "output_limit"]
 nonzero exit or a signal, outgrew its memory bound, or flooded its output past the cap. A real verdict: reward 0."""
 
 
+class SentTogether(BaseModel):
+    """Requests a client sent at once (a training step's groups, one request each): ``id`` theirs, ``requests`` how
+    many. A worker's exec batches wait for the rest of them (within ``KILN_VERIFY_EXEC_BATCH_WINDOW_S``) instead of
+    sending the first to arrive alone. A hint about timing only: no verdict depends on it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=64)
+    requests: int = Field(ge=1, le=1_000_000)
+
+
 class VerifyRequest(BaseModel):
     """``task`` says what the verifier needs (``verifier`` names it, ``check`` is what it reads: an exec checker, a
     repository's image and test patch, a Lean statement, an expected ``answer``); every completion is checked
-    against it."""
+    against it. ``sent_together``: the requests it was sent with, if any."""
 
     model_config = ConfigDict(extra="forbid")
 
     task: RolloutTask
     completions: list[str] = Field(min_length=1, max_length=4096)
+    sent_together: SentTogether | None = None
 
 
 class CompletionVerdict(BaseModel):

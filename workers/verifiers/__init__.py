@@ -31,6 +31,7 @@ from kiln.workers.verifiers.contract import (
     FAILURES,
     POLICY_ERRORS,
     POLICY_FAILURES,
+    SENT_TOGETHER,
     Failure,
     Verdict,
     Verifier,
@@ -47,9 +48,9 @@ from kiln.workers.verifiers.registry import BUILT_IN, Verifiers
 from kiln.workers.verifiers.repository import SWECheck, SWEVerifier, TestsCheck, TestsVerifier
 
 __all__ = [
-    "BUILT_IN", "FAILURES", "POLICY_ERRORS", "POLICY_FAILURES", "PROGRAM_RUNNERS", "CheckTimeout", "ExactMatch",
-    "ExecCheck", "ExecVerifier", "Failure", "InvalidTask", "LeanCheck", "LeanCodeCheck", "LeanCodeVerifier",
-    "LeanVerifier", "ProgramCheck", "ProgramVerifier", "SWECheck", "SWEVerifier", "SandboxError", "TestsCheck",
-    "TestsVerifier", "Verdict", "Verifier", "VerifierContext", "Verifiers", "VerifyError", "checked", "exact_match",
-    "measured", "parse_verdicts", "unjudged",
+    "BUILT_IN", "FAILURES", "POLICY_ERRORS", "POLICY_FAILURES", "PROGRAM_RUNNERS", "SENT_TOGETHER", "CheckTimeout",
+    "ExactMatch", "ExecCheck", "ExecVerifier", "Failure", "InvalidTask", "LeanCheck", "LeanCodeCheck",
+    "LeanCodeVerifier", "LeanVerifier", "ProgramCheck", "ProgramVerifier", "SWECheck", "SWEVerifier", "SandboxError",
+    "TestsCheck", "TestsVerifier", "Verdict", "Verifier", "VerifierContext", "Verifiers", "VerifyError", "checked",
+    "exact_match", "measured", "parse_verdicts", "unjudged",
 ]

@@ -18,6 +18,7 @@ The verify stage fills in the rest (``reason``, the test counts, the time).
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, get_args
 
@@ -25,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from kiln.schemas.exec import CommandOutput
 from kiln.schemas.rl import RolloutTask
-from kiln.schemas.verify import CompletionVerdict, FailureKind, PolicyFailure
+from kiln.schemas.verify import CompletionVerdict, FailureKind, PolicyFailure, SentTogether
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import ClientError, RequestFailed
 from kiln.workers.exec.client import ExecClient
@@ -74,6 +75,10 @@ class VerifierContext:
     exec_batch_quiet_s: float = 0.005
     failures_as_verdicts: bool = False  # per completion: a typed failed verdict instead of failing the whole group
 
+
+SENT_TOGETHER: ContextVar[SentTogether | None] = ContextVar("kiln_sent_together", default=None)
+"""The requests the one being judged was sent with (``VerifyRequest.sent_together``), set by the verify stage around
+its judging: a verifier that batches requests (``ExecVerifier``) waits for the rest of them."""
 
 _M = TypeVar("_M", bound=BaseModel)
 

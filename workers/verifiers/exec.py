@@ -24,7 +24,14 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from kiln.schemas.rl import RolloutTask
 from kiln.streams.errors import RequestFailed
 from kiln.workers.exec.client import ExecClient
-from kiln.workers.verifiers.contract import FAILURES, POLICY_FAILURES, Verdict, VerifierContext, checked
+from kiln.workers.verifiers.contract import (
+    FAILURES,
+    POLICY_FAILURES,
+    SENT_TOGETHER,
+    Verdict,
+    VerifierContext,
+    checked,
+)
 from kiln.workers.verifiers.errors import CheckTimeout, InvalidTask, SandboxError, VerifyError
 
 
@@ -58,6 +65,8 @@ class ExecVerifier:
         # When a group with each checker last joined a batch, oldest first; kept for a quiet gap (a flood's memory).
         self._joined: OrderedDict[_Key, float] = OrderedDict()
         self._calling: Counter[_Key] = Counter()  # calls with each checker in flight (a sustained flood)
+        # Of requests sent together (``SENT_TOGETHER``), how many have joined a batch so far, newest last.
+        self._arrived: OrderedDict[str, int] = OrderedDict()
         self._running: set[asyncio.Future[None]] = set()
 
     async def close(self) -> None:
@@ -73,13 +82,19 @@ class ExecVerifier:
             return await pending.done
         key = (check.image, check.command, check.timeout_s, json.dumps(check.files, sort_keys=True))
         now = time.monotonic()
+        together = SENT_TOGETHER.get()
         batch = self._batches.get(key)
         if batch is None:
             # A flood: groups with this checker kept coming until just now, or its calls are still running (a
-            # steady stream, each group sent as another is answered), so more are likely on their way.
-            flood = key in self._calling or now - self._joined.get(key, -math.inf) < self.batch_quiet_s
+            # steady stream, each group sent as another is answered), or the request says others were sent with it,
+            # so more are likely on their way.
+            flood = key in self._calling or now - self._joined.get(key, -math.inf) < self.batch_quiet_s or (
+                together is not None and together.requests > 1)
             batch = self._batches[key] = _Batch(opened=now, flood=flood)
             self._spawn(self._dispatch(key, batch, check))
+        if together is not None:
+            batch.awaited.add(together.id)
+            self._arrive(together.id, together.requests)
         batch.groups.append(pending)
         batch.joined.set()
         self._joined[key] = now
@@ -89,6 +104,17 @@ class ExecVerifier:
         if len(batch.groups) >= self.batch_groups:
             del self._batches[key]  # full: the next group opens the next batch
         return await pending.done
+
+    def _arrive(self, together: str, requests: int) -> None:
+        arrived = self._arrived.pop(together, 0) + 1
+        if arrived < requests:  # still expecting some (a request of them answered elsewhere is waited for no longer
+            self._arrived[together] = arrived  # than the window)
+            while len(self._arrived) > _TOGETHER_KEPT:
+                self._arrived.popitem(last=False)
+
+    def _expecting(self, batch: _Batch) -> bool:
+        """Requests sent with some of the batch's are still on their way."""
+        return any(t in self._arrived for t in batch.awaited)
 
     def _spawn(self, dispatch: Coroutine[Any, Any, None]) -> None:
         running = asyncio.ensure_future(dispatch)
@@ -115,17 +141,21 @@ class ExecVerifier:
         loop (the requests delivered with its first group join it), a lone group goes at once; in a flood (groups
         joined with this checker just before or in that turn, or a call with it still running) the batch waits
         while groups keep joining — until none has for ``batch_quiet_s``, it is full, or ``batch_window_s`` has
-        passed since it opened."""
+        passed since it opened. Requests sent together (``SENT_TOGETHER``) are waited for whatever the gaps between
+        them, within the window."""
         await asyncio.sleep(0)
         if not batch.flood and len(batch.groups) == 1:
             return
         deadline = batch.opened + self.batch_window_s
         while len(batch.groups) < self.batch_groups and (left := deadline - time.monotonic()) > 0:
             batch.joined.clear()
+            expecting = self._expecting(batch)
             try:
-                await asyncio.wait_for(batch.joined.wait(), min(self.batch_quiet_s, left))
+                await asyncio.wait_for(batch.joined.wait(), left if expecting else min(self.batch_quiet_s, left))
             except TimeoutError:
                 return
+            if expecting and not self._expecting(batch) and len(batch.groups) < self.batch_groups:
+                return  # the last of them joined: nothing more is on its way
 
     async def _run(self, batch: list[_Pending], check: ExecCheck) -> None:
         """One ``run_once`` call, one checker process for the whole batch, in a sandbox nothing of it outlives."""
@@ -167,6 +197,7 @@ class _Pending:
 
 
 _Key = tuple[str, str, float, str]  # a checker: image, command, timeout, files
+_TOGETHER_KEPT = 1024  # requests sent together still awaited, newest kept
 
 
 @dataclass
@@ -175,6 +206,7 @@ class _Batch:
     flood: bool  # groups with its checker were arriving when it opened
     groups: list[_Pending] = field(default_factory=list)
     joined: asyncio.Event = field(default_factory=asyncio.Event)  # set as a group joins
+    awaited: set[str] = field(default_factory=set)  # ids of the requests its groups were sent with
 
 
 def parse_verdicts(line: str, expected: int, task_id: str) -> list[Verdict]:

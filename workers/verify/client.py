@@ -18,6 +18,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -25,7 +26,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.schemas.rl import RolloutTask
-from kiln.schemas.verify import CompletionVerdict, VerifyRequest, VerifyResult
+from kiln.schemas.verify import CompletionVerdict, SentTogether, VerifyRequest, VerifyResult
 from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import ClientError
@@ -107,27 +108,30 @@ class VerifyClient:
         self.kiln = kiln
         self.settings = settings or VerifySettings()
 
-    async def verify(self, task: RolloutTask, completions: Sequence[str], *,
-                     deadline_s: float | None = None) -> list[CompletionVerdict]:
+    async def verify(self, task: RolloutTask, completions: Sequence[str], *, deadline_s: float | None = None,
+                     sent_together: SentTogether | None = None) -> list[CompletionVerdict]:
         """One verdict per completion, in order; never raises for a failed check or request. kiln's failures are
-        retried within the budget (``rechecked``)."""
+        retried within the budget (``rechecked``). ``sent_together``: the requests this one goes with (its first
+        check; a re-check goes alone)."""
         if not completions:
             return []
         deadline = time.monotonic() + deadline_s if deadline_s is not None else None
+        first = [sent_together]
 
         async def check(task: RolloutTask, completions: list[str]) -> list[CompletionVerdict]:
             left = None if deadline is None else max(0.001, deadline - time.monotonic())
+            together, first[0] = first[0], None
             chunks = [completions[i:i + MAX_COMPLETIONS] for i in range(0, len(completions), MAX_COMPLETIONS)]
-            parts = await asyncio.gather(*(self._one(task, chunk, left) for chunk in chunks))
+            parts = await asyncio.gather(*(self._one(task, chunk, left, together) for chunk in chunks))
             return [v for part in parts for v in part]
 
         return await rechecked(check, task, list(completions), self.settings, deadline)
 
-    async def _one(self, task: RolloutTask, completions: list[str],
-                   deadline_s: float | None) -> list[CompletionVerdict]:
+    async def _one(self, task: RolloutTask, completions: list[str], deadline_s: float | None,
+                   together: SentTogether | None) -> list[CompletionVerdict]:
+        request = VerifyRequest(task=task, completions=completions, sent_together=together)
         try:
-            result: VerifyResult = await self.kiln.call("verify", VerifyRequest(task=task, completions=completions),
-                                                        deadline_s=deadline_s)
+            result: VerifyResult = await self.kiln.call("verify", request, deadline_s=deadline_s)
         except ClientError as e:
             log.info("task %s: the verify request for %d completions failed: %s", task.task_id, len(completions), e)
             return unavailable(len(completions), f"{type(e).__name__}: {e}")
@@ -145,8 +149,11 @@ class VerifyClient:
             if (key := keys.get(id(task))) is None:
                 key = keys[id(task)] = task.model_dump_json()
             groups.setdefault(key, (task, []))[1].append(i)
-        answers = await asyncio.gather(*(self.verify(task, [completions[i] for i in at], deadline_s=deadline_s)
-                                         for task, at in groups.values()))
+        # Sent together: the worker batches a step's groups into full exec calls, none sent ahead alone.
+        together = SentTogether(id=uuid.uuid4().hex, requests=sum(
+            -(-len(at) // MAX_COMPLETIONS) for _, at in groups.values())) if len(groups) > 1 else None
+        answers = await asyncio.gather(*(self.verify(task, [completions[i] for i in at], deadline_s=deadline_s,
+                                                     sent_together=together) for task, at in groups.values()))
         out: list[CompletionVerdict | None] = [None] * len(completions)
         for (_, at), verdicts in zip(groups.values(), answers, strict=True):
             for i, verdict in zip(at, verdicts, strict=True):

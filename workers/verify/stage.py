@@ -28,7 +28,7 @@ from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.settings import get_settings
 from kiln.streams.stage import JobContext, Stage
-from kiln.workers.verifiers import Verdict, VerifierContext, Verifiers
+from kiln.workers.verifiers import SENT_TOGETHER, Verdict, VerifierContext, Verifiers
 from kiln.workers.verify import spec
 from kiln.workers.verify.client import VerifySettings
 
@@ -78,7 +78,11 @@ async def verified(verifiers: Verifiers, request: VerifyRequest, request_id: str
     """The request's result from ``verifiers``: what a worker answers, and what ``kiln verify rescore`` re-computes
     in process with the verifiers installed where it runs."""
     task, started = request.task, time.perf_counter()
-    verdicts = await verifiers.judge(task, request.completions, request_id)
+    together = SENT_TOGETHER.set(request.sent_together)
+    try:
+        verdicts = await verifiers.judge(task, request.completions, request_id)
+    finally:
+        SENT_TOGETHER.reset(together)
     elapsed = time.perf_counter() - started
     SECONDS.labels(task.verifier).observe(elapsed)
     out = verifiers.stamped(task, verdicts, [answered(v, elapsed) for v in verdicts])

@@ -1,7 +1,8 @@
 """The verify stage's batching window adapts, end to end (client, broker, verify worker, exec worker): with a window
 of an hour and a quiet gap of 10 s, a lone request is answered in one exec call of its own without waiting for
 either; a step's batch (a request per prompt, all in flight) shares calls of up to ``KILN_VERIFY_EXEC_BATCH_GROUPS``
-groups. Every completion still gets its own verdict."""
+groups, none sent ahead alone (the requests say they were sent together). Every completion still gets its own
+verdict."""
 
 from __future__ import annotations
 
@@ -49,6 +50,6 @@ async def test_a_lone_request_goes_at_once_and_a_flood_batches(verify_settings: 
             verdicts = await client.verify_batch(tasks, completions)
             assert [v.reward for v in verdicts] == [1.0, 0.0] * 16
             flood = call_sizes(verify_settings, 4)[2:]  # the two lone calls above sort first
-            # Full batches go at once. Only a first request that reached the worker alone goes alone (it could not
-            # tell a flood was coming); every group after it joins a batch.
-            assert flood in ([8, 8], [1, 7, 8]), flood
+            # Full batches go at once; the step's requests say they were sent together, so the first to reach the
+            # worker waits for the others (however long the gaps between them) instead of going alone.
+            assert flood == [8, 8], flood
