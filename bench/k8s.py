@@ -9,7 +9,8 @@ apply`` with values that shrink the pods' requests to fit 2 CPUs. Then, each pha
   a CPU spinner against its --memory, --pids-limit and --cpus (``k8s_sandbox_*``: 1 enforced, 0 not).
 - ``chain``: a repository served by ``git daemon`` on the bridge ingested (Saucer), built into an image (build pod,
   its engine sidecar, pushed to the registry), its tests run in an exec session on that image, and patches scored
-  through the verify stage (the demo's calc repository and candidate patches).
+  through the verify stage (the demo's calc repository and candidate patches). The build pod is replaced after the
+  build and the exec pod after the chain: their engines' emptyDirs hold GBs of this shared disk.
 - ``spare``: the spare-CPU DaemonSet's Lean worker: its slots are the node's CPUs times its ``KILN_CPU_FRACTION``
   (its heartbeat, ``k8s_spare_slots`` against ``k8s_spare_expected_slots``), and it answers a share of a burst of
   Lean jobs beside the Lean Deployment (``k8s_spare_lean_jobs`` of ``k8s_spare_burst``).
