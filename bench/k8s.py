@@ -9,7 +9,8 @@ apply`` with values that shrink the pods' requests to fit 2 CPUs. Then, each pha
   a CPU spinner against its --memory, --pids-limit and --cpus (``k8s_sandbox_*``: 1 enforced, 0 not).
 - ``chain``: a repository served by ``git daemon`` on the bridge ingested (Saucer), built into an image (build pod,
   its engine sidecar, pushed to the registry), its tests run in an exec session on that image, and patches scored
-  through the verify stage (the demo's calc repository and candidate patches).
+  through the verify stage (the demo's calc repository and candidate patches). The build pod is replaced after the
+  build and the exec pod after the chain: their engines' emptyDirs hold GBs of this shared disk.
 - ``spare``: the spare-CPU DaemonSet's Lean worker: its slots are the node's CPUs times its ``KILN_CPU_FRACTION``
   (its heartbeat, ``k8s_spare_slots`` against ``k8s_spare_expected_slots``), and it answers a share of a burst of
   Lean jobs beside the Lean Deployment (``k8s_spare_lean_jobs`` of ``k8s_spare_burst``).
@@ -30,6 +31,7 @@ import asyncio
 import base64
 import json
 import os
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -339,6 +341,8 @@ async def chain(settings: KilnSettings, host: str, metrics: dict[str, float], no
             steps.append(("build", time.monotonic() - began))
             notes["chain build"] = f"usable={built.usable} image={built.image} {built.failure}: {built.detail}"[:300]
             await asyncio.to_thread(egress_probe, host, f"{host}:{REGISTRY_PORT}/kiln/base:latest", metrics, notes)
+            # The build pod's engine holds the toolchain and the build (GBs); the exec pod pulls the image again.
+            await asyncio.to_thread(release_engines, "kiln-worker-build", notes)
             if built.image is None:
                 return
             began = time.monotonic()
@@ -363,6 +367,16 @@ async def chain(settings: KilnSettings, host: str, metrics: dict[str, float], no
         await daemon.wait()
         for name, seconds in steps:
             metrics[f"k8s_chain_{name}_s"] = seconds
+        await asyncio.to_thread(release_engines, "kiln-worker-exec", notes)
+
+
+def release_engines(deployment: str, notes: dict[str, str]) -> None:
+    """The chain leaves GBs in the build and exec pods' engines (emptyDirs: the toolchain and the build, the built
+    image's pull): the deployment's pods are replaced, which frees them on this shared disk (the build's before the
+    exec pod pulls: both at once took its last 9 GB), and later phases run on fresh ones."""
+    before = shutil.disk_usage("/").free
+    kubectl("-n", NS, "delete", "pod", "-l", f"app.kubernetes.io/name={deployment}", "--wait=true", timeout=300)
+    notes[f"disk freed: {deployment}"] = f"{(shutil.disk_usage('/').free - before) / 2**30:.1f} GiB"
 
 
 def stats_workers() -> dict[str, Any]:
@@ -406,6 +420,7 @@ def hpa_rescales(name: str) -> list[str]:
 async def scale(settings: KilnSettings, session_image: str, scale_to: int, metrics: dict[str, float],
                 notes: dict[str, str]) -> None:
     await until(lambda: ready_replicas("kiln-worker-exec") == 1, "exec at 1 Ready replica", 600, 2.0)
+    metrics["k8s_scale_disk_free_gib"] = shutil.disk_usage("/").free / 2**30  # each new exec pod pulls its image
     async with KilnClient(settings, "k8s-bench-scale") as kiln:
         client = ExecClient(kiln)
         began = time.monotonic()

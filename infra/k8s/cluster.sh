@@ -407,9 +407,13 @@ readOnlyPort: 0
 maxPods: 60
 serializeImagePulls: false
 # Images are imported, never pulled: none may be collected, and no disk figure of a shared machine evicts a pod.
+# The disk signals are off ("0%"): under disk pressure the kubelet taints the node (new pods stay Pending), evicts
+# pods, and reclaims "unused" images first -- the pause image among them (containerd 1.6 does not pin it), after
+# which no pod sandbox can be made again (nothing can be pulled here). That stopped KEDA's exec replicas at 1.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+evictionHard: {memory.available: "100Mi", nodefs.available: "0%", imagefs.available: "0%", nodefs.inodesFree: "0%",
+               imagefs.inodesFree: "0%"}
 EOF
   start kubelet "$BIN/kubelet" --config "$RUN/kubelet.yaml" --kubeconfig "$RUN/kubelet.kubeconfig" \
     --root-dir "$RUN/kubelet/root" --hostname-override "$NODE_NAME" --node-ip "$HOST_ADDRESS" \

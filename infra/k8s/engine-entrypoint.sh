@@ -15,24 +15,14 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   [[ ${args[i]} == --host ]] && socket=${args[i + 1]#unix://}
 done
 [[ -n $socket ]] || { echo "kiln-engine: no --host unix://SOCKET argument" >&2; exit 2; }
-# The worker's processes, seen through the pod's shared process namespace.
-worker_alive() {
-  local cmdline
-  for cmdline in /proc/[0-9]*/cmdline; do
-    [[ $(tr '\0' ' ' <"$cmdline" 2>/dev/null) == *"/kiln worker "* ]] && return 0
-  done
-  return 1
-}
 dockerd --group 1000 --data-root /var/lib/docker --bridge=none --iptables=false --ip6tables=false \
   --ip-masq=false --userland-proxy=false --no-new-privileges "$@" &
 engine=$!
-# A pod being deleted (scale-down, rollout, preemption) sends SIGTERM to both containers at once: the worker drains
-# its jobs within its grace, and they run on this engine, so dockerd stops only once the worker has exited (the
-# kubelet's SIGKILL at terminationGracePeriodSeconds bounds the wait).
+# The render runs this container as a native sidecar: on a pod's deletion (scale-down, rollout, preemption) the
+# kubelet sends SIGTERM here only once the worker, whose jobs run on this engine, has drained and exited.
 stopping=0
 trap 'stopping=1' TERM INT
-stop_after_worker() {
-  while worker_alive; do sleep 0.5; done
+stop() {
   kill -TERM "$engine" 2>/dev/null
   wait "$engine" || true
   exit 0
@@ -40,7 +30,7 @@ stop_after_worker() {
 for _ in $(seq 1 300); do
   [[ -S $socket ]] && docker -H "unix://$socket" version >/dev/null 2>&1 && break
   kill -0 "$engine" 2>/dev/null || { wait "$engine"; exit $?; }
-  ((stopping)) && stop_after_worker
+  ((stopping)) && stop
   sleep 0.2
 done
 KILN_EGRESS_DATA=/run/kiln-egress DOCKER_HOST="unix://$socket" bash /opt/kiln/infra/egress/egress.sh start \
@@ -49,4 +39,4 @@ until ((stopping)); do
   kill -0 "$engine" 2>/dev/null || { wait "$engine"; exit $?; }
   sleep 1
 done
-stop_after_worker
+stop

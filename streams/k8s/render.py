@@ -8,7 +8,11 @@ Choices a reviewer should know:
   run privileged for its user namespaces, but its daemon runs as uid 1000: an escape from a sandbox lands as an
   unprivileged user inside one pod, on a tainted node pool of its own. The worker and the engine share the pod's
   process namespace (the exec stage empties session containers by pid) and an emptyDir for the socket; there is no
-  hostPath anywhere.
+  hostPath anywhere. The engine is a native sidecar (an init container with ``restartPolicy: Always``, Kubernetes
+  1.29+): the worker starts only once its engine answers (the sidecar's startup probe) -- a worker started first
+  exits, Docker unreachable, and the kubelet restarts it after a back-off that doubles each time (10 s, 20 s, ...),
+  holding back the Ready of a pod KEDA added -- and on a pod's deletion the engine is stopped only after the worker
+  has drained its jobs.
 - NetworkPolicies: pods with an engine may reach only the control-plane services (Kafka, S3, registry, egress
   proxy) and DNS; sandboxes inside the engine have no network of their own (``--network none``) besides that.
 - Scaling: KEDA's metrics-api trigger reads the autoscaler's minimum (Harmonic's REPL service rule) and its cpu
@@ -69,6 +73,10 @@ def _engine(values: Values) -> dict[str, Any]:
     return {"name": "engine", "image": values.engine_image, "imagePullPolicy": values.image_pull_policy,
             "env": [{"name": "DOCKER_HOST", "value": f"unix://{ENGINE_SOCKET_DIR}/docker.sock"}],
             "args": ["--host", f"unix://{ENGINE_SOCKET_DIR}/docker.sock", *values.engine_args],
+            "restartPolicy": "Always",  # a native sidecar (module docstring)
+            # Started once dockerd answers on the pod's socket (up to 5 minutes on a loaded node).
+            "startupProbe": {"exec": {"command": ["docker", "version"]}, "periodSeconds": 2, "timeoutSeconds": 10,
+                             "failureThreshold": 150},
             "securityContext": {"privileged": True, "runAsUser": 0 if values.engine_rootful else 1000},
             "volumeMounts": mounts}
 
@@ -96,7 +104,7 @@ def worker_pod(stage: str, sv: StageValues, values: Values, *, spare: bool = Fal
         worker["env"].append({"name": "DOCKER_HOST", "value": f"unix://{ENGINE_SOCKET_DIR}/docker.sock"})
         worker["volumeMounts"] = [{"name": "engine-socket", "mountPath": ENGINE_SOCKET_DIR},
                                   {"name": "exec-dirs", "mountPath": EXEC_DIRS}]
-        spec["containers"].append(_engine(values))
+        spec["initContainers"] = [_engine(values)]
         spec["shareProcessNamespace"] = True
         spec["volumes"] = [{"name": "engine-socket", "emptyDir": {}}, {"name": "exec-dirs", "emptyDir": {}}]
         if values.engine_rootful:

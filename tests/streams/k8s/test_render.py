@@ -110,7 +110,11 @@ def test_workers_drain_on_preemptible_nodes_and_never_touch_the_node() -> None:
             assert pod["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/healthz"
     assert engines == sum(1 for s in stage_specs().values() if s.deployment.container_engine) >= 2  # build and exec
     build = pods["kiln-worker-build"]
-    assert [c["name"] for c in build["containers"]] == ["worker", "engine"] and build["shareProcessNamespace"]
+    assert [c["name"] for c in build["containers"]] == ["worker"] and build["shareProcessNamespace"]
+    # The engine is a native sidecar: the worker starts once it answers, and outlives the worker on a deletion.
+    engine = build["initContainers"][0]
+    assert engine["name"] == "engine" and engine["restartPolicy"] == "Always"
+    assert engine["startupProbe"]["exec"]["command"] == ["docker", "version"]
     assert build["containers"][0]["resources"]["requests"]["cpu"] == "2"  # from its slots
     spare = pods["kiln-spare-lean"]["containers"][0]
     assert "--slots" not in spare["args"]
@@ -142,7 +146,8 @@ def test_each_stage_states_its_pods_and_values_override_a_field() -> None:
     docs = {(d["kind"], d["metadata"]["name"]): d for d in _manifests(Values(stages={"exec": {"max_workers": 40}},
                                                                              spare_cpu={"stages": []}))}
     exec_pod = docs[("Deployment", "kiln-worker-exec")]["spec"]["template"]["spec"]
-    assert [c["name"] for c in exec_pod["containers"]] == ["worker", "engine"]
+    assert [c["name"] for c in exec_pod["containers"]] == ["worker"]
+    assert [c["name"] for c in exec_pod["initContainers"]] == ["engine"]
     assert exec_pod["containers"][0]["args"][-2:] == ["--slots", "4"]  # the stage's, kept
     assert docs[("ScaledObject", "kiln-worker-exec")]["spec"]["maxReplicaCount"] == 40
     assert ("DaemonSet", "kiln-spare-lean") not in docs
@@ -161,7 +166,7 @@ def test_the_options_a_one_node_cluster_needs() -> None:
                        "metadata": {"name": "kiln", "labels": {"app.kubernetes.io/part-of": "kiln"}}}
     by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     pod = by_name[("Deployment", "kiln-worker-exec")]["spec"]["template"]["spec"]
-    worker, engine = pod["containers"]
+    (worker,), (engine,) = pod["containers"], pod["initContainers"]
     assert engine["securityContext"] == {"privileged": True, "runAsUser": 0}
     assert engine["args"][-2:] == ["--insecure-registry", "10.244.0.1:59500"]
     assert {"name": "engine-data", "mountPath": "/var/lib/docker"} in engine["volumeMounts"]
