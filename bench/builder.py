@@ -20,7 +20,8 @@ in the denominator, those rejected before the build (fetch or checksum failures)
 and the same per half of issue 50's split (``build_success_rate_real_reporting``, ``…_tuning``, per system, with
 failures per system and class). ``--half reporting|tuning`` builds one half; each project's result is appended as
 it finishes to ``~/.cache/kiln/corpus/results/rules-<rules version>-<half|all>.jsonl``, and a run started again goes
-on from there (``--restart`` forgets them); ``--list`` lists what would be built and builds nothing.
+on from there (``--restart`` forgets them; a record keeps the tails of the build's log and of the human count's run);
+``--list`` lists what would be built and builds nothing.
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ class RealOutcome:
     event: BuildEvent
     human: int  # tests the human-known command executed in the same image
     seconds: float
+    human_output: str = ""  # the tail of that command's output
 
     @property
     def usable(self) -> bool:
@@ -152,7 +154,7 @@ async def build_real(project: Project, source: Path, store: SaucerStore, client:
     started = time.monotonic()
     event = await build_revision(BuildRequest(repository=f"corpus/{project.slug}", force=True), store, client,
                                  BASES, work, limits, agent=agent)
-    seconds, human = time.monotonic() - started, 0
+    seconds, human, human_output = time.monotonic() - started, 0, ""
     if event.image:  # built: the human count, also for a run kiln could not itemise
         command = human_command(project)
         env = ImageContract.from_labels(client.images.get(event.image).labels).env
@@ -160,8 +162,8 @@ async def build_real(project: Project, source: Path, store: SaucerStore, client:
         reference = await asyncio.to_thread(
             run_sandboxed, client, event.image, f"export PATH=/opt/venv/bin:$PATH; cd /work && {command}",
             limits=limits, role="build-test", env=env)
-        human = human_count(project.system, reference.output)
-    return RealOutcome(event, human, seconds)
+        human, human_output = human_count(project.system, reference.output), reference.output[-1500:]
+    return RealOutcome(event, human, seconds, human_output)
 
 
 RESULTS = CACHE / "results"
@@ -233,7 +235,7 @@ async def real(with_agent: bool, only: list[str], half: str | None, restart: boo
                 source = prepare(project)
             except Exception as e:  # still a project of the corpus: it counts, as not usable
                 record.update(outcome="rejected", usable=False, by_agent=False, tests="", human=0, seconds=0.0,
-                              detail=str(e)[:60])
+                              detail=str(e)[:60], log=str(e)[-1500:])
             else:
                 result = await build_real(project, source, store, client, root / "work",
                                           AgentConfig() if with_agent else None)
@@ -242,7 +244,8 @@ async def real(with_agent: bool, only: list[str], half: str | None, restart: boo
                               by_agent=result.usable and event.recipe == "agent",
                               tests=f"{event.tests.passed}/{event.tests.failed}" if event.tests else "-",
                               human=result.human, seconds=round(result.seconds, 1),
-                              detail=(event.detail or "").strip().splitlines()[-1][:60] if event.detail else "")
+                              detail=(event.detail or "").strip().splitlines()[-1][:60] if event.detail else "",
+                              log=(event.detail or "")[-1500:], human_log=result.human_output)
             out.write(json.dumps(record) + "\n")
             out.flush()  # each project as it finishes: an interrupted run goes on from the next one
             records.append(record)
