@@ -20,14 +20,16 @@ in the denominator, those rejected before the build (fetch or checksum failures)
 and the same per half of issue 50's split (``build_success_rate_real_reporting``, ``…_tuning``, per system, with
 failures per system and class). ``--half reporting|tuning`` builds one half; each project's result is appended as
 it finishes to ``~/.cache/kiln/corpus/results/rules-<rules version>-<half|all>.jsonl``, and a run started again goes
-on from there (``--restart`` forgets them; a record keeps the tails of the build's log and of the human count's run);
-``--list`` lists what would be built and builds nothing.
+on from there (``--restart`` forgets them; a record keeps the tails of the build's log and of the human count's run;
+a project's image and dependency image are removed once counted); ``--list`` lists what would be built and builds
+nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from docker.errors import APIError
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -240,6 +243,10 @@ async def real(with_agent: bool, only: list[str], half: str | None, restart: boo
                 result = await build_real(project, source, store, client, root / "work",
                                           AgentConfig() if with_agent else None)
                 event = result.event
+                for image in (event.image, event.dependency_image):  # a cold run reuses none: the disk is kept
+                    if image:
+                        with contextlib.suppress(APIError):
+                            client.images.remove(image)
                 record.update(outcome=result.outcome, usable=result.usable,
                               by_agent=result.usable and event.recipe == "agent",
                               tests=f"{event.tests.passed}/{event.tests.failed}" if event.tests else "-",
