@@ -76,6 +76,9 @@ SUMMARIES = {  # the tool's own summary of what ran: (pattern, which groups coun
 }
 
 
+WRAPPED = ("python", "cargo", "go", "cmake")  # runners a make target or an npm script may run
+
+
 # Gradle prints no count when every test passes: the human run is followed by the root element of each JUnit XML file
 # its test task wrote (results of an earlier run in the image removed first), and those are counted.
 GRADLE_RESULTS = "find . -path '*/build/test-results/*' -name 'TEST-*.xml'"
@@ -88,6 +91,8 @@ def human_command(project: Project) -> str:
     result files' suites printed afterwards (the image's Gradle user home is in its environment)."""
     if project.system == "go":
         return project.test.replace("go test", "go test -v")
+    if project.system == "make":  # a target running go test: one line per test there too
+        return f"export GOFLAGS=-v; {project.test}"
     if project.system == "maven":
         return re.sub(r"(^|\s)(\./)?mvnw?\b", rf"\g<1>mvn -o -s {M2}/settings.xml", project.test, count=1)
     if project.system == "gradle":
@@ -101,7 +106,8 @@ def human_count(system: str, output: str) -> int:
     vitest, ava, TAP, node) and make-driven suites by their runner's summary line (``47 passing``, ``Tests:  46
     passed, 47 total``, ``# pass 3``, ``Tests passed: 349``, GoogleTest's and Unity's); autotools suites by their
     per-test lines (automake's ``PASS: t``, zlib's ``*** zlib test OK ***``); Maven's and meson's by the totals they
-    print at the end (per module for Maven); Gradle's by its result files' suites (``human_command``)."""
+    print at the end (per module for Maven); Gradle's by its result files' suites (``human_command``); a make target
+    or npm script that runs pytest, cargo, go test or CTest by that runner's summary."""
     if system in ("maven", "meson"):
         printed = printed_summary(system, output)
         return sum(printed) if printed else 0
@@ -110,7 +116,11 @@ def human_count(system: str, output: str) -> int:
     pattern = SUMMARIES.get(system)
     if pattern is None:
         summary = runner_summary(output)
-        return sum(summary) if summary else 0
+        if summary:
+            return sum(summary)
+        # A make target or npm script running another ecosystem's runner (make test → go test, pytest, tox):
+        # that runner's own summary.
+        return next((n for other in WRAPPED if (n := human_count(other, output))), 0)
     if system == "python":  # the last "=== N passed, M failed ... in Xs ===" line
         lines = [ln for ln in output.splitlines() if re.search(r"(passed|failed).* in [\d.]+s", ln)]
         return sum(int(m.group(1)) for m in pattern.finditer(lines[-1])) if lines else 0
