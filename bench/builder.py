@@ -21,7 +21,8 @@ and the same per half of issue 50's split (``build_success_rate_real_reporting``
 failures per system and class). ``--half reporting|tuning`` builds one half; each project's result is appended as
 it finishes to ``~/.cache/kiln/corpus/results/rules-<rules version>-<half|all>.jsonl``, and a run started again goes
 on from there (``--restart`` forgets them; a record keeps the tails of the build's log and of the human count's run;
-a project's image and dependency image are removed once counted); ``--list`` lists what would be built and builds
+a project's image and dependency image are removed once counted, and the toolchain layers the run built when the
+disk runs low); ``--list`` lists what would be built and builds
 nothing.
 """
 
@@ -33,9 +34,11 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +225,21 @@ def real_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
     return metrics
 
 
+LOW_DISK = 10 << 30
+
+
+def free_disk(client: Any, since: float) -> None:
+    """Under ``LOW_DISK`` free for Docker, the toolchain layers (a JDK, a project's system libraries) this run built
+    are removed: each is built again when a later project asks for it."""
+    if shutil.disk_usage(client.info()["DockerRootDir"]).free >= LOW_DISK:
+        return
+    for image in client.images.list(name="kiln/toolchain-extra"):
+        created = datetime.fromisoformat(image.attrs["Created"][:19]).replace(tzinfo=UTC).timestamp()
+        if created >= since:
+            with contextlib.suppress(APIError):
+                client.images.remove(image.id, force=True)
+
+
 async def real(with_agent: bool, only: list[str], half: str | None, restart: bool) -> None:
     chosen = chosen_projects(only, half)
     results = results_file(half)
@@ -235,6 +253,7 @@ async def real(with_agent: bool, only: list[str], half: str | None, restart: boo
     print(f"{len(done)} of {len(chosen)} projects already recorded in {results}: going on from there", flush=True)
     run_steps(COMPONENT_STEPS["docker"])
     client = docker_client()
+    started = time.time()
     with tempfile.TemporaryDirectory() as tmp, Progress() as progress, results.open("a") as out:
         root = Path(tmp)
         store = SaucerStore(FileBlobStore(root / "blobs"), root / "cache")
@@ -257,6 +276,7 @@ async def real(with_agent: bool, only: list[str], half: str | None, restart: boo
                     if image:
                         with contextlib.suppress(APIError):
                             client.images.remove(image)
+                free_disk(client, started)
                 record.update(outcome=result.outcome, usable=result.usable,
                               by_agent=result.usable and event.recipe == "agent",
                               tests=f"{event.tests.passed}/{event.tests.failed}" if event.tests else "-",

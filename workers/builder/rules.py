@@ -25,12 +25,12 @@ import yaml
 
 from kiln.schemas.builder import Decision
 from kiln.schemas.images import REPORTS_DIR
-from kiln.workers.builder import reporters
+from kiln.workers.builder import reporters, system_packages
 from kiln.workers.builder.dockerfile import confine
 from kiln.workers.builder.errors import PlanError, ToolchainUnavailable
 from kiln.workers.common import reports
 
-RULES_VERSION = 13
+RULES_VERSION = 14
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
 LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time
 PRIORITY = ["cmake", "autotools", "meson", "cargo", "go", "maven", "gradle", "python", "npm", "make"]
@@ -898,8 +898,19 @@ C_LINT = ("for f in $(find . -name '*.c' -not -path './build/*'); do gcc -fsynta
           "done 2>&1; true")
 
 
+def _system_packages(root: Path, p: Plan) -> None:
+    """The Debian packages the build files require by name (``system_packages``), added to the plan's layer."""
+    found = system_packages.required(root, p.system)
+    if found:
+        p.packages = [*p.packages, *(package for _what, package in found)]
+        p.decide("system packages", " ".join(package for _what, package in found),
+                 "the build requires " + "; ".join(f"{what}: {package}" for what, package in found)
+                 + " (Debian bookworm's packages that ship them, a layer on the toolchain image)")
+
+
 def _cmake(root: Path, p: Plan, ci: CiJobs) -> None:
     p.manifests = []
+    _system_packages(root, p)
     p.lint_script = C_LINT
     flags = "--coverage -O0 -g"
     p.build_script = (f"cmake -S . -B build -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS='{flags}' "
@@ -1012,6 +1023,7 @@ def stale_configure(root: Path) -> str | None:
 
 def _autotools(root: Path, p: Plan, ci: CiJobs) -> None:
     _c_coverage(root, p)
+    _system_packages(root, p)
     p.build_script = "{ [ -f configure ] || autoreconf -fi; } && sh ./configure && make -j 4"
     missing = stale_configure(root)
     if missing:
@@ -1170,6 +1182,7 @@ def _gradle(root: Path, p: Plan, ci: CiJobs) -> None:
 def _meson(root: Path, p: Plan, ci: CiJobs) -> None:
     p.packages = ["meson", "ninja-build"]
     p.toolchain["meson"] = "meson 1.0, ninja 1.11 (Debian bookworm)"
+    _system_packages(root, p)
     p.lint_script = C_LINT
     p.build_script = "meson setup build --buildtype=debug -Db_coverage=true && meson compile -C build"
     p.decide("test command", "meson test", "meson project: meson test (it rebuilds first), its testlog.json read per "

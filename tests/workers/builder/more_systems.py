@@ -144,6 +144,26 @@ def meson_project(path: Path) -> Builder:
     return b
 
 
+YAML_TEST_C = """#include <string.h>
+#include <yaml.h>
+int main(int argc, char **argv) {
+  if (argc > 1) return strncmp(yaml_get_version_string(), "0.", 2) != 0;
+  int major, minor, patch;
+  yaml_get_version(&major, &minor, &patch);
+  return major != 0;
+}
+"""
+
+
+def meson_system_library_project(path: Path) -> Builder:
+    """A meson test program linking a library the toolchain image lacks (libyaml, by its pkg-config name): the
+    rules install Debian's package that ships yaml-0.1.pc."""
+    return _commit(path, {"meson.build": "project('y', 'c')\nyaml = dependency('yaml-0.1')\n"
+                                         "t = executable('yaml_test', 'yaml_test.c', dependencies: yaml)\n"
+                                         "test('version', t)\ntest('version string', t, args: ['s'])\n",
+                          "yaml_test.c": YAML_TEST_C}, "a meson project on a system library")
+
+
 SUITE_C = """#include <stdio.h>
 int add(int a, int b);
 int mul(int a, int b);
@@ -277,6 +297,7 @@ def nested_harness_project(path: Path) -> Builder:
 
 MORE_PROJECTS: dict[str, Callable[[Path], Builder]] = {
     "maven": maven_project, "gradle": gradle_project, "gradle-8": gradle_wrapper_project, "meson": meson_project,
+    "meson-system-library": meson_system_library_project,
     "subdirectory-suite": subdirectory_suite_project,
     **{runner: js_runner_project(runner) for runner in JS_RUNNERS},
     "nested-harness": nested_harness_project,
@@ -285,6 +306,7 @@ MORE_PROJECTS: dict[str, Callable[[Path], Builder]] = {
 EXPECTED: dict[str, tuple[bool, str | None, int | None, str | None]] = {
     "maven": (True, None, 2, "maven"), "gradle": (True, None, 2, "gradle"),
     "gradle-8": (False, "toolchain_unavailable", None, None), "meson": (True, None, 2, "meson test"),
+    "meson-system-library": (True, None, 2, "meson test"),
     "subdirectory-suite": (True, None, 2, "make check"), "uvu": (True, None, 2, "uvu"), "ava": (True, None, 2, "ava"),
     "jasmine": (True, None, 2, "jasmine"), "qunit": (True, None, 2, "qunit"), "tap": (True, None, 2, "tap"),
     "nested-harness": (True, None, 3, "cargo test"),

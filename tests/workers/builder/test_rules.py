@@ -439,3 +439,26 @@ def test_an_install_failing_on_one_missing_dev_dependency_retries_without_it(tmp
                    "/tmp/kiln-requirements-dev.txt; pip install -r /tmp/kiln-requirements-dev.txt")
     write(reqs, "tests/test_b.py", "from kiln_gone_tool import x\n")
     assert repair("pip install -r requirements-dev.txt", missing, reqs) is None
+
+
+def test_the_system_libraries_a_c_build_requires_are_debian_packages_of_a_layer(tmp_path: Path) -> None:
+    """Required pkg-config modules and CMake packages become the bookworm packages that ship them; optional ones,
+    names Debian lacks and vendored subprojects do not."""
+    meson = plan(checkout(tmp_path / "meson", {
+        "meson.build": "project('x', 'c')\nglib = dependency('glib-2.0', version: '>= 2.56')\n"
+                       "# dependency('libxml-2.0')\nz = dependency('zlib', required: get_option('zlib'))\n"
+                       "t = dependency('threads')\ny = dependency(\n  'yaml-0.1',\n  required: true,\n)\n",
+        "subprojects/v/meson.build": "dependency('libcurl')\n", "examples/meson.build": "dependency('sdl2')\n"}))
+    assert meson.packages == ["meson", "ninja-build", "libglib2.0-dev", "libyaml-dev"]
+    assert "glib-2.0 (pkg-config, meson.build): libglib2.0-dev" in next(
+        d.reason for d in meson.decisions if d.topic == "system packages")
+    cmake = plan(checkout(tmp_path / "cmake", {
+        "CMakeLists.txt": "find_package(GTest REQUIRED)\nfind_package(ZLIB)\nfind_package(NotInDebian REQUIRED)\n"
+                          "pkg_check_modules(DEPS REQUIRED IMPORTED_TARGET yaml-0.1>=0.2 libxml-2.0)\n"}))
+    assert cmake.packages == ["libgtest-dev", "libyaml-dev", "libxml2-dev"]
+    autotools = plan(checkout(tmp_path / "autotools", {
+        "configure.ac": "AC_INIT([x], [1])\nPKG_CHECK_MODULES([GLIB], [glib-2.0 >= 2.40 gio-2.0])\n"
+                        "PKG_CHECK_MODULES([YAML], [yaml-0.1], [have_yaml=yes], [have_yaml=no])\n"
+                        "dnl PKG_CHECK_MODULES([X], [libxml-2.0])\n",
+        "Makefile.am": "check_PROGRAMS = t\n"}))
+    assert autotools.packages == ["libglib2.0-dev"]

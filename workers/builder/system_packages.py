@@ -1,0 +1,156 @@
+"""The Debian packages a C/C++ build requires by name, read from its build files: pkg-config modules (meson's
+``dependency('x')``, CMake's ``pkg_check_modules``/``pkg_search_module``, autoconf's ``PKG_CHECK_MODULES``) and CMake
+packages (``find_package(X REQUIRED)``), each mapped to the bookworm package that ships ``x.pc`` or ``XConfig.cmake``
+by an index made from Debian's Contents files (``debian-bookworm-dev.tsv``, made again by ``python -m
+kiln.workers.builder.system_packages CONTENTS.gz…``). Only what the build requires: meson's ``required: false`` or
+``required: <option>``, CMake's calls without ``REQUIRED`` and autoconf's with an action when not found are left
+out; a name the index lacks (``threads``, a library Debian does not package) is left to the build, which fails as
+it did. Names come from a repository, packages only from the index: nothing but a bookworm package is installed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import sys
+from functools import cache
+from pathlib import Path
+
+INDEX = Path(__file__).with_name("debian-bookworm-dev.tsv")
+# Build-file trees never read: vendored projects, build outputs, and examples and docs (optional parts, whose
+# requirements, such as a GUI toolkit for a demo, are heavy and no test's).
+_SKIP = re.compile(r"(^|/)(subprojects|third[_-]?party|vendor|external|build|\.git|examples?|docs?)(/|$)")
+_MESON_DEP = re.compile(r"\bdependency\s*\(")
+_CMAKE_CALL = re.compile(r"\b(find_package|pkg_check_modules|pkg_search_module)\s*\(", re.IGNORECASE)
+_AC_PKG = re.compile(r"\bPKG_CHECK_MODULES(?:_STATIC)?\s*\(")
+_PKG_NAME = re.compile(r"^[A-Za-z][\w.+-]*$")
+_CMAKE_WORDS = {"REQUIRED", "QUIET", "IMPORTED_TARGET", "GLOBAL", "NO_CMAKE_PATH", "NO_CMAKE_ENVIRONMENT_PATH"}
+
+
+@cache
+def index() -> dict[tuple[str, str], str]:
+    """(kind, name) → package: kind ``pc`` (a pkg-config module) or ``cmake`` (a CMake package, lower case)."""
+    table = {}
+    for line in INDEX.read_text().splitlines():
+        kind, name, package = line.split("\t")
+        table[kind, name] = package
+    return table
+
+
+def _call_args(text: str, start: int) -> str:
+    """The text between the parenthesis before ``start`` and its match (comments are the caller's)."""
+    depth, i = 1, start
+    while i < len(text) and depth:
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        i += 1
+    return text[start:i - 1]
+
+
+def _meson(text: str) -> list[str]:
+    text = re.sub(r"#[^\n]*", "", text)
+    names = []
+    for m in _MESON_DEP.finditer(text):
+        args = _call_args(text, m.end())
+        required = re.search(r"\brequired\s*:\s*(\S+?)\s*(?:,|$)", args)
+        if required and required.group(1) != "true":
+            continue
+        names += re.findall(r"^\s*'([^']+)'", args)[:1]
+    return names
+
+
+def _cmake(text: str) -> list[tuple[str, str]]:
+    text = re.sub(r"#[^\n]*", "", text)
+    found: list[tuple[str, str]] = []
+    for m in _CMAKE_CALL.finditer(text):
+        words = _call_args(text, m.end()).split()
+        if "REQUIRED" not in words or not words:
+            continue
+        if m.group(1).lower() == "find_package":
+            found.append(("cmake", words[0]))
+        else:  # pkg_check_modules(PREFIX [REQUIRED] [QUIET] ... module>=version ...)
+            found += [("pc", re.split(r"[<>=]", w)[0]) for w in words[1:] if w not in _CMAKE_WORDS
+                      and not re.match(r"^[<>=]|^\d", w)]
+    return found
+
+
+def _m4_args(args: str) -> list[str]:
+    """An m4 call's arguments: split at the commas outside brackets and parentheses, quotes removed."""
+    parts, depth, current = [], 0, ""
+    for ch in args:
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    return [p.strip().strip("[]").strip() for p in [*parts, current]]
+
+
+def _autoconf(text: str) -> list[str]:
+    text = re.sub(r"(^|\s)dnl\b[^\n]*", r"\1", text)
+    names = []
+    for m in _AC_PKG.finditer(text):
+        args = _m4_args(_call_args(text, m.end()))
+        if len(args) < 2 or (len(args) >= 4 and args[3]):
+            continue
+        names += [w for w in args[1].split() if not re.match(r"^[<>=!]|^\d", w)]
+    return names
+
+
+def required(root: Path, system: str) -> list[tuple[str, str]]:
+    """(what asks for it, Debian package) for every name the build files of ``system`` require that the index maps,
+    in the order found, each package once."""
+    asked: list[tuple[str, str, str]] = []  # (file, kind, name)
+    files = {"meson": ["meson.build"], "cmake": ["CMakeLists.txt", "*.cmake"],
+             "autotools": ["configure.ac", "configure.in"]}.get(system, [])
+    for pattern in files:
+        for path in sorted(root.rglob(pattern)) if system != "autotools" else [root / pattern]:
+            rel = str(path.relative_to(root))
+            if not path.is_file() or _SKIP.search(rel):
+                continue
+            text = path.read_text(errors="replace")
+            if system == "meson":
+                asked += [(rel, "pc", n) for n in _meson(text)]
+            elif system == "cmake":
+                asked += [(rel, kind, n) for kind, n in _cmake(text)]
+            else:
+                asked += [(rel, "pc", n) for n in _autoconf(text)]
+    table, out, seen = index(), [], set()
+    for rel, kind, name in asked:
+        if not _PKG_NAME.match(name):
+            continue
+        keys = [("pc", name)] if kind == "pc" else [("cmake", name.lower()), ("pc", name.lower()),
+                                                    ("pc", f"lib{name.lower()}")]
+        package = next((table[k] for k in keys if k in table), None)
+        if package and package not in seen:
+            seen.add(package)
+            out.append((f"{name} ({'pkg-config' if kind == 'pc' else 'CMake package'}, {rel})", package))
+    return out
+
+
+_PC = re.compile(r"^usr/(?:lib/x86_64-linux-gnu|lib|share)/pkgconfig/([^/\s]+)\.pc\s+(\S+)$")
+_CMAKE_CONFIG = re.compile(r"^usr/(?:lib/x86_64-linux-gnu|lib|share)/cmake/([^/\s]+)/[^/\s]*[Cc]onfig\.cmake\s+(\S+)$")
+
+
+def make_index(contents: list[Path]) -> str:
+    """The index from Debian Contents files: per name, a ``-dev`` package first, then the shortest name."""
+    candidates: dict[tuple[str, str], set[str]] = {}
+    for path in contents:
+        with gzip.open(path, "rt", errors="replace") as f:
+            for line in f:
+                for kind, pattern in (("pc", _PC), ("cmake", _CMAKE_CONFIG)):
+                    m = pattern.match(line)
+                    if m:
+                        name = m.group(1) if kind == "pc" else re.sub(r"-[\d.]+$", "", m.group(1)).lower()
+                        for package in m.group(2).split(","):
+                            candidates.setdefault((kind, name), set()).add(package.rsplit("/", 1)[-1])
+    rows = [f"{kind}\t{name}\t{min(packages, key=lambda p: (not p.endswith('-dev'), len(p), p))}"
+            for (kind, name), packages in sorted(candidates.items())]
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    INDEX.write_text(make_index([Path(a) for a in sys.argv[1:]]))
