@@ -17,9 +17,9 @@ from functools import cache
 from pathlib import Path
 
 INDEX = Path(__file__).with_name("debian-bookworm-dev.tsv")
-# Build-file trees never read: vendored projects, build outputs, and examples and docs (optional parts, whose
-# requirements, such as a GUI toolkit for a demo, are heavy and no test's).
-_SKIP = re.compile(r"(^|/)(subprojects|third[_-]?party|vendor|external|build|\.git|examples?|docs?)(/|$)")
+# Build-file trees never read: hidden ones (.git, quilt's .pc copies), vendored projects, build outputs, and
+# examples and docs (optional parts, whose requirements, such as a GUI toolkit for a demo, are heavy and no test's).
+_SKIP = re.compile(r"(^|/)(\.[^/]*|subprojects|third[_-]?party|vendor|external|build|examples?|docs?)(/|$)")
 _MESON_DEP = re.compile(r"\bdependency\s*\(")
 _CMAKE_CALL = re.compile(r"\b(find_package|pkg_check_modules|pkg_search_module)\s*\(", re.IGNORECASE)
 _AC_PKG = re.compile(r"\bPKG_CHECK_MODULES(?:_STATIC)?\s*\(")

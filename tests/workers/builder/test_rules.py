@@ -448,7 +448,8 @@ def test_the_system_libraries_a_c_build_requires_are_debian_packages_of_a_layer(
         "meson.build": "project('x', 'c')\nglib = dependency('glib-2.0', version: '>= 2.56')\n"
                        "# dependency('libxml-2.0')\nz = dependency('zlib', required: get_option('zlib'))\n"
                        "t = dependency('threads')\ny = dependency(\n  'yaml-0.1',\n  required: true,\n)\n",
-        "subprojects/v/meson.build": "dependency('libcurl')\n", "examples/meson.build": "dependency('sdl2')\n"}))
+        "subprojects/v/meson.build": "dependency('libcurl')\n", "examples/meson.build": "dependency('sdl2')\n",
+        ".pc/a.patch/meson.build": "dependency('libcurl')\n"}))
     assert meson.packages == ["meson", "ninja-build", "libglib2.0-dev", "libyaml-dev"]
     assert "glib-2.0 (pkg-config, meson.build): libglib2.0-dev" in next(
         d.reason for d in meson.decisions if d.topic == "system packages")
