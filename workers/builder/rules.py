@@ -1098,6 +1098,13 @@ def _pom_modules(root: Path) -> list[str]:
     return [f for f in found if not f.startswith("..")]
 
 
+# A Java level JDK 17 no longer compiles (javac 17: "Source option 5 is no longer supported. Use 7 or later"),
+# named in a pom's compiler settings or the property they read (real: abego-treelayout's <source>1.5</source>).
+_OLD_JAVA_TAG = r"(source|target|[a-z.-]*(jdk|java|compiler)[a-z.-]*)"
+_OLD_JAVA = re.compile(rf"<{_OLD_JAVA_TAG}>\s*(1\.[1-6]|[1-6]|jsr14)\s*</\1>", re.IGNORECASE)
+_OLD_JAVA_SED = rf"<{_OLD_JAVA_TAG}>[[:space:]]*(1\.[1-6]|[1-6]|jsr14)[[:space:]]*</\1>"
+
+
 def _maven(root: Path, p: Plan, ci: CiJobs) -> None:
     p.packages = [*JDK, "maven"]
     p.toolchain["java"] = "OpenJDK 17, Maven 3.8 (Debian bookworm)"
@@ -1119,12 +1126,19 @@ def _maven(root: Path, p: Plan, ci: CiJobs) -> None:
     if level:
         p.decide("java level", "1.8", "no pom names a source level: Maven's default (Java 5) is older than JDK 17 "
                                       "compiles")
+    old = sorted({m.group(0) for m in _OLD_JAVA.finditer(poms_text)})
+    raise_level = ""
+    if old:
+        raise_level = (f"sed -E -i 's#{_OLD_JAVA_SED}#<\\1>1.8</\\1>#gI' "
+                       + " ".join(shlex.quote(pom) for pom in poms) + " && ")
+        p.decide("java level", "1.8", f"the poms name {', '.join(old)}: JDK 17 compiles Java 7 and later only, so "
+                                      "the image's poms ask for 1.8 instead")
     p.decide("dependencies", "Maven Central", "every repository mirrored by Maven Central through kiln's egress proxy "
                                               f"(settings.xml), into {M2}/repository in the dependency layer")
     # The build resolves what only a run asks for (Surefire's provider for the project's test framework, JaCoCo's
     # agent and report) by running the tests with a filter that matches every test class and no test method: a
     # filter matching no class would stop Surefire before it resolves its provider.
-    p.build_script = (f"{MVN}{level} {JACOCO}:prepare-agent test-compile surefire:test {JACOCO}:report "
+    p.build_script = (f"{raise_level}{MVN}{level} {JACOCO}:prepare-agent test-compile surefire:test {JACOCO}:report "
                       "'-Dtest=*#kilnResolvesTheRunnerOnly' -Dsurefire.failIfNoSpecifiedTests=false "
                       "-DfailIfNoTests=false")
     from_ci = _ci_test(ci, r"(^|\s|/)mvnw?\b.*\b(test|verify|install|package)\b")

@@ -98,6 +98,13 @@ def maven_project(path: Path) -> Builder:
     return b
 
 
+def maven_java5_project(path: Path) -> Builder:
+    """The Maven project written for Java 5 (as old poms are), which JDK 17 no longer compiles."""
+    return _commit(path, {"pom.xml": POM.replace(">1.8</maven.compiler", ">1.5</maven.compiler"),
+                          "src/main/java/com/example/Calc.java": CALC_JAVA,
+                          "src/test/java/com/example/CalcTest.java": CALC_TEST_JAVA}, "a Maven project for Java 5")
+
+
 def gradle_project(path: Path) -> Builder:
     """The same tests under Gradle, with nothing that needs a Gradle newer than Debian's 4.4.1."""
     b = Builder(path)
@@ -297,7 +304,7 @@ def nested_harness_project(path: Path) -> Builder:
 
 MORE_PROJECTS: dict[str, Callable[[Path], Builder]] = {
     "maven": maven_project, "gradle": gradle_project, "gradle-8": gradle_wrapper_project, "meson": meson_project,
-    "meson-system-library": meson_system_library_project,
+    "meson-system-library": meson_system_library_project, "maven-java5": maven_java5_project,
     "subdirectory-suite": subdirectory_suite_project,
     **{runner: js_runner_project(runner) for runner in JS_RUNNERS},
     "nested-harness": nested_harness_project,
@@ -306,7 +313,7 @@ MORE_PROJECTS: dict[str, Callable[[Path], Builder]] = {
 EXPECTED: dict[str, tuple[bool, str | None, int | None, str | None]] = {
     "maven": (True, None, 2, "maven"), "gradle": (True, None, 2, "gradle"),
     "gradle-8": (False, "toolchain_unavailable", None, None), "meson": (True, None, 2, "meson test"),
-    "meson-system-library": (True, None, 2, "meson test"),
+    "meson-system-library": (True, None, 2, "meson test"), "maven-java5": (True, None, 2, "maven"),
     "subdirectory-suite": (True, None, 2, "make check"), "uvu": (True, None, 2, "uvu"), "ava": (True, None, 2, "ava"),
     "jasmine": (True, None, 2, "jasmine"), "qunit": (True, None, 2, "qunit"), "tap": (True, None, 2, "tap"),
     "nested-harness": (True, None, 3, "cargo test"),

@@ -4,6 +4,7 @@ scripts, and what the agent may take from a README or CI file."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -463,3 +464,22 @@ def test_the_system_libraries_a_c_build_requires_are_debian_packages_of_a_layer(
                         "dnl PKG_CHECK_MODULES([X], [libxml-2.0])\n",
         "Makefile.am": "check_PROGRAMS = t\n"}))
     assert autotools.packages == ["libglib2.0-dev"]
+
+
+def test_a_java_level_jdk17_no_longer_compiles_is_raised_in_the_image(tmp_path: Path) -> None:
+    pom = ("<project><modelVersion>4.0.0</modelVersion><groupId>x</groupId><artifactId>x</artifactId>"
+           "<version>1.5</version><properties><java.version>1.6</java.version></properties><build><plugins><plugin>"
+           "<artifactId>maven-compiler-plugin</artifactId><configuration><source>1.5</source>"
+           "<target>1.5</target></configuration></plugin></plugins></build></project>")
+    p = plan(checkout(tmp_path, {"pom.xml": pom}))
+    assert "<source>1.5</source>" in next(d.reason for d in p.decisions if d.topic == "java level")
+    work = tmp_path / "work"
+    checkout(work, {"pom.xml": pom})
+
+    subprocess.run(p.build_script.split(" && ")[0], shell=True, cwd=work, check=True)
+    raised = (work / "pom.xml").read_text()
+    assert "<source>1.8</source><target>1.8</target>" in raised and "<java.version>1.8<" in raised
+    assert "<version>1.5</version>" in raised  # the project's own version is no Java level
+    assert not any(d.topic == "java level" and "1.5" in d.reason for d in plan(checkout(tmp_path / "new", {
+        "pom.xml": pom.replace(">1.5</source>", ">11</source>").replace(">1.5</target>", ">11</target>").replace(
+            ">1.6<", ">17<")})).decisions)
