@@ -1,11 +1,13 @@
 """The Debian packages a C/C++ build requires by name, read from its build files: pkg-config modules (meson's
-``dependency('x')``, CMake's ``pkg_check_modules``/``pkg_search_module``, autoconf's ``PKG_CHECK_MODULES``) and CMake
-packages (``find_package(X REQUIRED)``), each mapped to the bookworm package that ships ``x.pc`` or ``XConfig.cmake``
-by an index made from Debian's Contents files (``debian-bookworm-dev.tsv``, made again by ``python -m
-kiln.workers.builder.system_packages CONTENTS.gz…``). Only what the build requires: meson's ``required: false`` or
-``required: <option>``, CMake's calls without ``REQUIRED`` and autoconf's with an action when not found are left
-out; a name the index lacks (``threads``, a library Debian does not package) is left to the build, which fails as
-it did. Names come from a repository, packages only from the index: nothing but a bookworm package is installed.
+``dependency('x')``, CMake's ``pkg_check_modules``/``pkg_search_module``, autoconf's ``PKG_CHECK_MODULES``), CMake
+packages (``find_package(X REQUIRED)``) and meson's programs (``find_program('x')``), each mapped to the bookworm
+package that ships ``x.pc``, ``XConfig.cmake`` or ``/usr/bin/x`` (programs of the sections builds use: devel, text,
+libdevel, gnome, interpreters, graphics) by an index made from Debian's Contents files (``debian-bookworm-dev.tsv``,
+made again by ``python -m kiln.workers.builder.system_packages CONTENTS.gz…``). Only what the build requires:
+meson's ``required: false`` or ``required: <option>``, CMake's calls without ``REQUIRED`` and autoconf's with an
+action when not found are left out; a name the index lacks (``threads``, a library Debian does not package, a
+script of the repository's own) is left to the build, which fails as it did. Names come from a repository, packages
+only from the index: nothing but a bookworm package is installed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ INDEX = Path(__file__).with_name("debian-bookworm-dev.tsv")
 # Build-file trees never read: hidden ones (.git, quilt's .pc copies), vendored projects, build outputs, and
 # examples and docs (optional parts, whose requirements, such as a GUI toolkit for a demo, are heavy and no test's).
 _SKIP = re.compile(r"(^|/)(\.[^/]*|subprojects|third[_-]?party|vendor|external|build|examples?|docs?)(/|$)")
-_MESON_DEP = re.compile(r"\bdependency\s*\(")
+_MESON_DEP = re.compile(r"\b(dependency|find_program)\s*\(")
 _CMAKE_CALL = re.compile(r"\b(find_package|pkg_check_modules|pkg_search_module)\s*\(", re.IGNORECASE)
 _AC_PKG = re.compile(r"\bPKG_CHECK_MODULES(?:_STATIC)?\s*\(")
 _PKG_NAME = re.compile(r"^[A-Za-z][\w.+-]*$")
@@ -46,7 +48,7 @@ def _call_args(text: str, start: int) -> str:
     return text[start:i - 1]
 
 
-def _meson(text: str) -> list[str]:
+def _meson(text: str) -> list[tuple[str, str]]:
     text = re.sub(r"#[^\n]*", "", text)
     names = []
     for m in _MESON_DEP.finditer(text):
@@ -54,7 +56,8 @@ def _meson(text: str) -> list[str]:
         required = re.search(r"\brequired\s*:\s*(\S+?)\s*(?:,|$)", args)
         if required and required.group(1) != "true":
             continue
-        names += re.findall(r"^\s*'([^']+)'", args)[:1]
+        kind = "pc" if m.group(1) == "dependency" else "bin"
+        names += [(kind, n) for n in re.findall(r"^\s*\[?\s*'([^']+)'", args)[:1]]
     return names
 
 
@@ -113,7 +116,7 @@ def required(root: Path, system: str) -> list[tuple[str, str]]:
                 continue
             text = path.read_text(errors="replace")
             if system == "meson":
-                asked += [(rel, "pc", n) for n in _meson(text)]
+                asked += [(rel, kind, n) for kind, n in _meson(text)]
             elif system == "cmake":
                 asked += [(rel, kind, n) for kind, n in _cmake(text)]
             else:
@@ -122,15 +125,19 @@ def required(root: Path, system: str) -> list[tuple[str, str]]:
     for rel, kind, name in asked:
         if not _PKG_NAME.match(name):
             continue
-        keys = [("pc", name)] if kind == "pc" else [("cmake", name.lower()), ("pc", name.lower()),
-                                                    ("pc", f"lib{name.lower()}")]
+        keys = [(kind, name)] if kind != "cmake" else [("cmake", name.lower()), ("pc", name.lower()),
+                                                       ("pc", f"lib{name.lower()}")]
         package = next((table[k] for k in keys if k in table), None)
         if package and package not in seen:
             seen.add(package)
-            out.append((f"{name} ({'pkg-config' if kind == 'pc' else 'CMake package'}, {rel})", package))
+            out.append((f"{name} ({_KINDS[kind]}, {rel})", package))
     return out
 
 
+_KINDS = {"pc": "pkg-config", "cmake": "CMake package", "bin": "program"}
+# Cross compilers' tools and versioned copies are left out of the index (its size): builds ask for ``nasm``.
+_BIN = re.compile(r"^usr/bin/(?![^/\s]*(?:-linux-|-w64-|mingw|-elf-|-eabi))([^/\s]+?)(?<!\d)\s+(\S+)$")
+_BIN_SECTIONS = {"devel", "text", "libdevel", "gnome", "interpreters", "graphics"}
 _PC = re.compile(r"^usr/(?:lib/x86_64-linux-gnu|lib|share)/pkgconfig/([^/\s]+)\.pc\s+(\S+)$")
 _CMAKE_CONFIG = re.compile(r"^usr/(?:lib/x86_64-linux-gnu|lib|share)/cmake/([^/\s]+)/[^/\s]*[Cc]onfig\.cmake\s+(\S+)$")
 
@@ -141,12 +148,14 @@ def make_index(contents: list[Path]) -> str:
     for path in contents:
         with gzip.open(path, "rt", errors="replace") as f:
             for line in f:
-                for kind, pattern in (("pc", _PC), ("cmake", _CMAKE_CONFIG)):
+                for kind, pattern in (("pc", _PC), ("cmake", _CMAKE_CONFIG), ("bin", _BIN)):
                     m = pattern.match(line)
                     if m:
-                        name = m.group(1) if kind == "pc" else re.sub(r"-[\d.]+$", "", m.group(1)).lower()
+                        name = re.sub(r"-[\d.]+$", "", m.group(1)).lower() if kind == "cmake" else m.group(1)
                         for package in m.group(2).split(","):
-                            candidates.setdefault((kind, name), set()).add(package.rsplit("/", 1)[-1])
+                            section, _, name_of = package.rpartition("/")
+                            if kind != "bin" or section.rpartition("/")[2] in _BIN_SECTIONS:
+                                candidates.setdefault((kind, name), set()).add(name_of)
     rows = [f"{kind}\t{name}\t{min(packages, key=lambda p: (not p.endswith('-dev'), len(p), p))}"
             for (kind, name), packages in sorted(candidates.items())]
     return "\n".join(rows) + "\n"

@@ -443,15 +443,17 @@ def test_an_install_failing_on_one_missing_dev_dependency_retries_without_it(tmp
 
 
 def test_the_system_libraries_a_c_build_requires_are_debian_packages_of_a_layer(tmp_path: Path) -> None:
-    """Required pkg-config modules and CMake packages become the bookworm packages that ship them; optional ones,
-    names Debian lacks and vendored subprojects do not."""
+    """Required pkg-config modules, CMake packages and meson's programs become the bookworm packages that ship
+    them; optional ones, names Debian lacks, the repository's own scripts and vendored subprojects do not."""
     meson = plan(checkout(tmp_path / "meson", {
         "meson.build": "project('x', 'c')\nglib = dependency('glib-2.0', version: '>= 2.56')\n"
                        "# dependency('libxml-2.0')\nz = dependency('zlib', required: get_option('zlib'))\n"
-                       "t = dependency('threads')\ny = dependency(\n  'yaml-0.1',\n  required: true,\n)\n",
+                       "t = dependency('threads')\ny = dependency(\n  'yaml-0.1',\n  required: true,\n)\n"
+                       "gperf = find_program('gperf')\nfind_program('doxygen', required: false)\n"
+                       "find_program('scripts/gen.py')\n",
         "subprojects/v/meson.build": "dependency('libcurl')\n", "examples/meson.build": "dependency('sdl2')\n",
         ".pc/a.patch/meson.build": "dependency('libcurl')\n"}))
-    assert meson.packages == ["meson", "ninja-build", "libglib2.0-dev", "libyaml-dev"]
+    assert meson.packages == ["meson", "ninja-build", "libglib2.0-dev", "libyaml-dev", "gperf"]
     assert "glib-2.0 (pkg-config, meson.build): libglib2.0-dev" in next(
         d.reason for d in meson.decisions if d.topic == "system packages")
     cmake = plan(checkout(tmp_path / "cmake", {
