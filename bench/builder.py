@@ -22,8 +22,8 @@ failures per system and class). ``--half reporting|tuning`` builds one half; eac
 it finishes to ``~/.cache/kiln/corpus/results/rules-<rules version>-<half|all>.jsonl``, and a run started again goes
 on from there (``--restart`` forgets them; a record keeps the tails of the build's log and of the human count's run;
 a project's image and dependency image are removed once counted, and the toolchain layers the run built when the
-disk runs low); ``--list`` lists what would be built and builds
-nothing.
+disk runs low); ``--list`` lists what would be built and builds nothing; ``--stop-after S`` starts no project after
+S seconds and prints the figures of what is recorded (partial).
 """
 
 from __future__ import annotations
@@ -240,7 +240,8 @@ def free_disk(client: Any, since: float) -> None:
                 client.images.remove(image.id, force=True)
 
 
-async def real(with_agent: bool, only: list[str], half: str | None, restart: bool) -> None:
+async def real(with_agent: bool, only: list[str], half: str | None, restart: bool,
+               stop_after_s: float | None = None) -> None:
     chosen = chosen_projects(only, half)
     results = results_file(half)
     results.parent.mkdir(parents=True, exist_ok=True)
@@ -261,6 +262,10 @@ async def real(with_agent: bool, only: list[str], half: str | None, restart: boo
         for project in chosen:
             if project.slug in done:
                 continue
+            if stop_after_s is not None and time.time() - started > stop_after_s:
+                progress.console.print(f"stopped after {stop_after_s:.0f} s: {len(records)} of {len(chosen)} "
+                                       "recorded, the figures below are partial (run again to go on)")
+                break
             progress.update(task, description=f"{project.ecosystem} {project.name}")
             record: dict[str, Any] = {"slug": project.slug, "system": project.system, "half": project.half}
             try:
@@ -348,8 +353,10 @@ if __name__ == "__main__":
     parser.add_argument("--restart", action="store_true",
                         help="with --real: forget the results recorded for this rules version and half")
     parser.add_argument("--list", action="store_true", help="with --real: list what would be built, build nothing")
+    parser.add_argument("--stop-after", type=float, metavar="S",
+                        help="with --real: start no project after S seconds; print the figures of what is recorded")
     args = parser.parse_args()
     if args.real and args.list:
         listing(args.only, args.half)
     else:
-        asyncio.run(real(args.agent, args.only, args.half, args.restart) if args.real else main())
+        asyncio.run(real(args.agent, args.only, args.half, args.restart, args.stop_after) if args.real else main())
