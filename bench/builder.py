@@ -225,7 +225,7 @@ def real_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
     return metrics
 
 
-LOW_DISK = 10 << 30
+LOW_DISK = 6 << 30
 
 
 def free_disk(client: Any, since: float) -> None:
