@@ -1137,8 +1137,10 @@ def _maven(root: Path, p: Plan, ci: CiJobs) -> None:
                                               f"(settings.xml), into {M2}/repository in the dependency layer")
     # The build resolves what only a run asks for (Surefire's provider for the project's test framework, JaCoCo's
     # agent and report) by running the tests with a filter that matches every test class and no test method: a
-    # filter matching no class would stop Surefire before it resolves its provider.
-    p.build_script = (f"{raise_level}{MVN}{level} {JACOCO}:prepare-agent test-compile surefire:test {JACOCO}:report "
+    # filter matching no class would stop Surefire before it resolves its provider. The test phase, as the test run
+    # runs it: ``surefire:test`` by prefix would take the newest Surefire where the pom names none, not the one
+    # Maven binds to the phase (real: abego-treelayout's JUnit 4.8.2, which Surefire 3 refuses).
+    p.build_script = (f"{raise_level}{MVN}{level} {JACOCO}:prepare-agent test {JACOCO}:report "
                       "'-Dtest=*#kilnResolvesTheRunnerOnly' -Dsurefire.failIfNoSpecifiedTests=false "
                       "-DfailIfNoTests=false")
     from_ci = _ci_test(ci, r"(^|\s|/)mvnw?\b.*\b(test|verify|install|package)\b")

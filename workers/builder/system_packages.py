@@ -4,7 +4,8 @@ packages (``find_package(X REQUIRED)``) and meson's programs (``find_program('x'
 package that ships ``x.pc``, ``XConfig.cmake`` or ``/usr/bin/x`` (programs of the sections builds use: devel, text,
 libdevel, gnome, interpreters, graphics) by an index made from Debian's Contents files (``debian-bookworm-dev.tsv``,
 made again by ``python -m kiln.workers.builder.system_packages CONTENTS.gz…``). Only what the build requires:
-meson's ``required: false`` or ``required: <option>``, CMake's calls without ``REQUIRED`` and autoconf's with an
+meson's ``required: false`` or an option off by default (``required: get_option('x')``: a boolean whose value
+is false, a feature not ``enabled``), CMake's calls without ``REQUIRED`` and autoconf's with an
 action when not found are left out; a name the index lacks (``threads``, a library Debian does not package, a
 script of the repository's own) is left to the build, which fails as it did. Names come from a repository, packages
 only from the index: nothing but a bookworm package is installed.
@@ -48,13 +49,31 @@ def _call_args(text: str, start: int) -> str:
     return text[start:i - 1]
 
 
-def _meson(text: str) -> list[tuple[str, str]]:
+def meson_options_on(root: Path) -> set[str]:
+    """The project's meson options that are on by default: booleans (true unless their value says false) and
+    features whose value is ``enabled``."""
+    on = set()
+    for name in ("meson_options.txt", "meson.options"):
+        path = root / name
+        text = re.sub(r"#[^\n]*", "", path.read_text(errors="replace")) if path.is_file() else ""
+        for m in re.finditer(r"\boption\s*\(", text):
+            args = _call_args(text, m.end())
+            option, kind = re.match(r"\s*'([^']+)'", args), re.search(r"\btype\s*:\s*'(\w+)'", args)
+            value = re.search(r"\bvalue\s*:\s*'?(\w+)", args)
+            if option and kind and ((kind.group(1) == "boolean" and (value is None or value.group(1) == "true"))
+                                    or (kind.group(1) == "feature" and value and value.group(1) == "enabled")):
+                on.add(option.group(1))
+    return on
+
+
+def _meson(text: str, options_on: set[str] | frozenset[str] = frozenset()) -> list[tuple[str, str]]:
     text = re.sub(r"#[^\n]*", "", text)
     names = []
     for m in _MESON_DEP.finditer(text):
         args = _call_args(text, m.end())
         required = re.search(r"\brequired\s*:\s*(\S+?)\s*(?:,|$)", args)
-        if required and required.group(1) != "true":
+        option = re.fullmatch(r"get_option\s*\(\s*'([^']+)'\s*\)", required.group(1)) if required else None
+        if required and required.group(1) != "true" and not (option and option.group(1) in options_on):
             continue
         kind = "pc" if m.group(1) == "dependency" else "bin"
         names += [(kind, n) for n in re.findall(r"^\s*\[?\s*'([^']+)'", args)[:1]]
@@ -109,6 +128,7 @@ def required(root: Path, system: str) -> list[tuple[str, str]]:
     asked: list[tuple[str, str, str]] = []  # (file, kind, name)
     files = {"meson": ["meson.build"], "cmake": ["CMakeLists.txt", "*.cmake"],
              "autotools": ["configure.ac", "configure.in"]}.get(system, [])
+    options_on = meson_options_on(root) if system == "meson" else set()
     for pattern in files:
         for path in sorted(root.rglob(pattern)) if system != "autotools" else [root / pattern]:
             rel = str(path.relative_to(root))
@@ -116,7 +136,7 @@ def required(root: Path, system: str) -> list[tuple[str, str]]:
                 continue
             text = path.read_text(errors="replace")
             if system == "meson":
-                asked += [(rel, kind, n) for kind, n in _meson(text)]
+                asked += [(rel, kind, n) for kind, n in _meson(text, options_on)]
             elif system == "cmake":
                 asked += [(rel, kind, n) for kind, n in _cmake(text)]
             else:
