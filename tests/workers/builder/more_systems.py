@@ -240,8 +240,11 @@ JS_RUNNERS: dict[str, tuple[str, str, str, dict[str, str]]] = {
 }
 
 
-def js_runner_project(runner: str) -> Callable[[Path], Builder]:
+def js_runner_project(runner: str, version_asked: str | None = None) -> Callable[[Path], Builder]:
+    """``version_asked``: a version range of the runner the registry serves no version of (a release after the
+    registry's newest): the install is retried with the range widened to its major."""
     script, package, version, tests = JS_RUNNERS[runner]
+    version = version_asked or version
 
     def make(path: Path) -> Builder:
         return _commit(path, {"package.json": json.dumps({"name": "calc", "version": "1.0.0", "scripts": {
@@ -305,6 +308,7 @@ def nested_harness_project(path: Path) -> Builder:
 MORE_PROJECTS: dict[str, Callable[[Path], Builder]] = {
     "maven": maven_project, "gradle": gradle_project, "gradle-8": gradle_wrapper_project, "meson": meson_project,
     "meson-system-library": meson_system_library_project, "maven-java5": maven_java5_project,
+    "uvu-version-ahead": js_runner_project("uvu", "^0.5.99"),
     "subdirectory-suite": subdirectory_suite_project,
     **{runner: js_runner_project(runner) for runner in JS_RUNNERS},
     "nested-harness": nested_harness_project,
@@ -314,6 +318,7 @@ EXPECTED: dict[str, tuple[bool, str | None, int | None, str | None]] = {
     "maven": (True, None, 2, "maven"), "gradle": (True, None, 2, "gradle"),
     "gradle-8": (False, "toolchain_unavailable", None, None), "meson": (True, None, 2, "meson test"),
     "meson-system-library": (True, None, 2, "meson test"), "maven-java5": (True, None, 2, "maven"),
+    "uvu-version-ahead": (True, None, 2, "uvu"),
     "subdirectory-suite": (True, None, 2, "make check"), "uvu": (True, None, 2, "uvu"), "ava": (True, None, 2, "ava"),
     "jasmine": (True, None, 2, "jasmine"), "qunit": (True, None, 2, "qunit"), "tap": (True, None, 2, "tap"),
     "nested-harness": (True, None, 3, "cargo test"),

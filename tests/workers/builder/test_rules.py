@@ -4,6 +4,8 @@ scripts, and what the agent may take from a README or CI file."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -489,3 +491,17 @@ def test_a_java_level_jdk17_no_longer_compiles_is_raised_in_the_image(tmp_path: 
     assert not any(d.topic == "java level" and "1.5" in d.reason for d in plan(checkout(tmp_path / "new", {
         "pom.xml": pom.replace(">1.5</source>", ">11</source>").replace(">1.5</target>", ">11</target>").replace(
             ">1.6<", ">17<")})).decisions)
+
+
+def test_an_npm_install_of_versions_the_registry_lacks_is_retried_with_each_range_widened_to_its_major(
+        tmp_path: Path) -> None:
+    pkg = ('{"name": "x", "scripts": {"test": "tape test/*.js"}, "dependencies": {"a": "~0.4.1", "b": "git+https://x"},'
+           ' "devDependencies": {"tape": "^5.10.3", "eslint": "9"}}')
+    root = checkout(tmp_path / "n", {"package.json": pkg, "test/a.js": "require('tape')\n"})
+    deps = plan(root).deps_script
+    assert deps.index("installing what the tests use") < deps.index("each version range widened to its major")
+    widen = re.findall(r"node -e '([^']*)'", deps)[1]
+    subprocess.run(["node", "-e", widen], cwd=root, check=True)
+    assert json.loads((root / "package.json").read_text()) == {
+        "name": "x", "scripts": {"test": "tape test/*.js"}, "dependencies": {"a": "^0", "b": "git+https://x"},
+        "devDependencies": {"tape": "^5", "eslint": "9"}}
