@@ -978,6 +978,7 @@ def _make_suite(root: Path, p: Plan, suite: tuple[str, str, str]) -> None:
 
 
 def _make(root: Path, p: Plan, ci: CiJobs) -> None:
+    _system_packages(root, p)
     text = next((root / m).read_text(errors="replace") for m in MAKEFILES if (root / m).is_file())
     targets = re.findall(r"^([\w.-]+)\s*:(?!=)", text, re.MULTILINE)
     target = _test_target(text)

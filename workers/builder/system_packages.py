@@ -3,7 +3,10 @@
 packages (``find_package(X REQUIRED)``) and meson's programs (``find_program('x')``), each mapped to the bookworm
 package that ships ``x.pc``, ``XConfig.cmake`` or ``/usr/bin/x`` (programs of the sections builds use: devel, text,
 libdevel, gnome, interpreters, graphics) by an index made from Debian's Contents files (``debian-bookworm-dev.tsv``,
-made again by ``python -m kiln.workers.builder.system_packages CONTENTS.gz…``). Only what the build requires:
+made again by ``python -m kiln.workers.builder.system_packages TOOLCHAIN_INCLUDES CONTENTS.gz…``); and for make
+and autotools builds, whose build files name no packages, the system headers their sources include (``<x.h>``,
+``<dir/…>``) that neither the repository nor the toolchain image provides, by the package that ships them under
+/usr/include. Only what the build requires:
 meson's ``required: false`` or an option off by default (``required: get_option('x')``: a boolean whose value
 is false, a feature not ``enabled``), CMake's calls without ``REQUIRED`` and autoconf's with an
 action when not found are left out; a name the index lacks (``threads``, a library Debian does not package, a
@@ -23,6 +26,7 @@ INDEX = Path(__file__).with_name("debian-bookworm-dev.tsv")
 # Build-file trees never read: hidden ones (.git, quilt's .pc copies), vendored projects, build outputs, and
 # examples and docs (optional parts, whose requirements, such as a GUI toolkit for a demo, are heavy and no test's).
 _SKIP = re.compile(r"(^|/)(\.[^/]*|subprojects|third[_-]?party|vendor|external|build|examples?|docs?)(/|$)")
+_VENDORED = re.compile(r"(^|/)(\.[^/]*|subprojects|third[_-]?party|vendor|external|build)(/|$)")
 _MESON_DEP = re.compile(r"\b(dependency|find_program)\s*\(")
 _CMAKE_CALL = re.compile(r"\b(find_package|pkg_check_modules|pkg_search_module)\s*\(", re.IGNORECASE)
 _AC_PKG = re.compile(r"\bPKG_CHECK_MODULES(?:_STATIC)?\s*\(")
@@ -129,6 +133,8 @@ def required(root: Path, system: str) -> list[tuple[str, str]]:
     files = {"meson": ["meson.build"], "cmake": ["CMakeLists.txt", "*.cmake"],
              "autotools": ["configure.ac", "configure.in"]}.get(system, [])
     options_on = meson_options_on(root) if system == "meson" else set()
+    if system in ("make", "autotools"):  # no build file names what the sources include
+        asked += _includes(root)
     for pattern in files:
         for path in sorted(root.rglob(pattern)) if system != "autotools" else [root / pattern]:
             rel = str(path.relative_to(root))
@@ -143,7 +149,7 @@ def required(root: Path, system: str) -> list[tuple[str, str]]:
                 asked += [(rel, "pc", n) for n in _autoconf(text)]
     table, out, seen = index(), [], set()
     for rel, kind, name in asked:
-        if not _PKG_NAME.match(name):
+        if kind != "h" and not _PKG_NAME.match(name):
             continue
         keys = [(kind, name)] if kind != "cmake" else [("cmake", name.lower()), ("pc", name.lower()),
                                                        ("pc", f"lib{name.lower()}")]
@@ -154,7 +160,49 @@ def required(root: Path, system: str) -> list[tuple[str, str]]:
     return out
 
 
-_KINDS = {"pc": "pkg-config", "cmake": "CMake package", "bin": "program"}
+_KINDS = {"pc": "pkg-config", "cmake": "CMake package", "bin": "program", "h": "header"}
+_SOURCES = (".c", ".h", ".cc", ".cpp", ".cxx", ".hh", ".hpp")
+_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<([\w./+-]+)>", re.MULTILINE)
+
+
+def _includes(root: Path) -> list[tuple[str, str, str]]:
+    """(file, "h", key) for each system header the C/C++ sources include (``#include <x.h>``: key ``x.h``;
+    ``<dir/x.h>``: key ``dir/``) that no file of the repository provides, examples included (make builds them)."""
+    files = [f for f in root.rglob("*") if f.suffix in _SOURCES and f.is_file()
+             and not _VENDORED.search(str(f.relative_to(root))) and not _OTHER_PLATFORM.search(f.name)]
+    own = {str(f.relative_to(root)) for f in root.rglob("*")}
+    found: dict[str, str] = {}
+    for f in files:
+        for include in _unconditional_includes(f.read_text(errors="replace"), f.suffix.startswith(".h")):
+            key = include.split("/")[0] + "/" if "/" in include else include
+            if key not in found and not any(o in (include, include + ".in") or o.endswith(("/" + include,
+                                                                                        "/" + include + ".in"))
+                                            for o in own):
+                found[key] = str(f.relative_to(root))
+    return [(rel, "h", key) for key, rel in found.items()]
+
+
+# Sources for another platform, by their name (libiberty's pex-win32.c includes io.h, which Debian ships for
+# another purpose): never compiled here.
+_OTHER_PLATFORM = re.compile(r"win32|win64|windows|mingw|cygwin|darwin|macos|osx|beos|haiku|vms|os2|msdos|djgpp",
+                             re.IGNORECASE)
+_DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(if|ifdef|ifndef|endif|include)\b[ \t]*<?([\w./+-]*)", re.MULTILINE)
+
+
+def _unconditional_includes(text: str, header: bool) -> list[str]:
+    """The ``<…>`` includes outside any ``#if``: one under ``#ifdef _WIN32`` or ``#if HAVE_X`` is a platform's or
+    an option's (io.h, mach/, an optional library). A header's include guard (its first directive an ``#ifndef``)
+    is no condition."""
+    depth, guard, includes = 0, 0, []
+    for i, (directive, name) in enumerate(_DIRECTIVE.findall(text)):
+        if directive.startswith("if"):
+            guard = 1 if header and i == 0 and directive == "ifndef" else guard
+            depth += 1
+        elif directive == "endif":
+            depth = max(0, depth - 1)
+        elif depth <= guard and name:
+            includes.append(name)
+    return includes
 # Cross compilers' tools and versioned copies are left out of the index (its size): builds ask for ``nasm``.
 _BIN = re.compile(r"^usr/bin/(?![^/\s]*(?:-linux-|-w64-|mingw|-elf-|-eabi))([^/\s]+?)(?<!\d)\s+(\S+)$")
 _BIN_SECTIONS = {"devel", "text", "libdevel", "gnome", "interpreters", "graphics"}
@@ -162,24 +210,43 @@ _PC = re.compile(r"^usr/(?:lib/x86_64-linux-gnu|lib|share)/pkgconfig/([^/\s]+)\.
 _CMAKE_CONFIG = re.compile(r"^usr/(?:lib/x86_64-linux-gnu|lib|share)/cmake/([^/\s]+)/[^/\s]*[Cc]onfig\.cmake\s+(\S+)$")
 
 
-def make_index(contents: list[Path]) -> str:
-    """The index from Debian Contents files: per name, a ``-dev`` package first, then the shortest name."""
-    candidates: dict[tuple[str, str], set[str]] = {}
+_HEADER = re.compile(r"^usr/include/(?:x86_64-linux-gnu/)?([^/\s]+\.h|[^/\s]+/)\S*\s+(\S+)$")
+# Directories one level down, for what a -I flag makes a top-level include (<libxml/parser.h> from
+# /usr/include/libxml2): only where no top-level entry has the name and one package alone ships it.
+_HEADER_BELOW = re.compile(r"^usr/include/(?:x86_64-linux-gnu/)?[^/\s]+/([^/\s.]+/)\S*\s+(\S+)$")
+
+
+def make_index(contents: list[Path], have: set[str]) -> str:
+    """The index from Debian Contents files: per name, a ``-dev`` package first, then the shortest name. Headers
+    (``x.h`` and ``dir/`` under /usr/include) the toolchain image already has (``have``: its /usr/include entries)
+    are left out."""
+    # (kind, name) -> package -> files: a header directory goes to the package shipping most of it.
+    candidates: dict[tuple[str, str], dict[str, int]] = {}
+    below: dict[str, dict[str, int]] = {}
     for path in contents:
         with gzip.open(path, "rt", errors="replace") as f:
             for line in f:
-                for kind, pattern in (("pc", _PC), ("cmake", _CMAKE_CONFIG), ("bin", _BIN)):
+                m = _HEADER_BELOW.match(line)
+                if m:
+                    for package in m.group(2).split(","):
+                        counts = below.setdefault(m.group(1), {})
+                        counts[package.rpartition("/")[2]] = counts.get(package.rpartition("/")[2], 0) + 1
+                for kind, pattern in (("pc", _PC), ("cmake", _CMAKE_CONFIG), ("bin", _BIN), ("h", _HEADER)):
                     m = pattern.match(line)
-                    if m:
+                    if m and not (kind == "h" and m.group(1).rstrip("/") in have):
                         name = re.sub(r"-[\d.]+$", "", m.group(1)).lower() if kind == "cmake" else m.group(1)
                         for package in m.group(2).split(","):
                             section, _, name_of = package.rpartition("/")
                             if kind != "bin" or section.rpartition("/")[2] in _BIN_SECTIONS:
-                                candidates.setdefault((kind, name), set()).add(name_of)
-    rows = [f"{kind}\t{name}\t{min(packages, key=lambda p: (not p.endswith('-dev'), len(p), p))}"
-            for (kind, name), packages in sorted(candidates.items())]
+                                counts = candidates.setdefault((kind, name), {})
+                                counts[name_of] = counts.get(name_of, 0) + 1
+    for name, counts in below.items():
+        if len(counts) == 1 and ("h", name) not in candidates and name.rstrip("/") not in have:
+            candidates["h", name] = counts
+    rows = [f"{kind}\t{name}\t{min(counts, key=lambda p: (-counts[p], not p.endswith('-dev'), len(p), p))}"
+            for (kind, name), counts in sorted(candidates.items())]
     return "\n".join(rows) + "\n"
 
 
-if __name__ == "__main__":
-    INDEX.write_text(make_index([Path(a) for a in sys.argv[1:]]))
+if __name__ == "__main__":  # TOOLCHAIN_INCLUDES (ls of its /usr/include and /usr/include/<triplet>) CONTENTS.gz...
+    INDEX.write_text(make_index([Path(a) for a in sys.argv[2:]], set(Path(sys.argv[1]).read_text().split())))

@@ -162,6 +162,29 @@ int main(int argc, char **argv) {
 """
 
 
+YAML_MAKE_TEST_C = """#include <stdio.h>
+#include <string.h>
+#include <yaml.h>
+int main(void) {
+    int major, minor, patch, ok = 0;
+    yaml_get_version(&major, &minor, &patch);
+    ok += major == 0;
+    printf("%s: version\\n", major == 0 ? "PASS" : "FAIL");
+    ok += strncmp(yaml_get_version_string(), "0.", 2) == 0;
+    printf("%s: version string\\nTests passed: %d\\n", ok == 2 ? "PASS" : "FAIL", ok);
+    return ok == 2 ? 0 : 1;
+}
+"""
+
+
+def make_system_header_project(path: Path) -> Builder:
+    """A make-driven test program including a header of a library the toolchain image lacks (<yaml.h>): the rules
+    install Debian's package that ships it."""
+    return _commit(path, {"Makefile": "yaml_test: yaml_test.c\n\t$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) -lyaml\n\n"
+                                      "test: yaml_test\n\t./yaml_test\n\n.PHONY: test\n",
+                          "yaml_test.c": YAML_MAKE_TEST_C}, "a make project on a system header")
+
+
 def meson_system_library_project(path: Path) -> Builder:
     """A meson test program linking a library the toolchain image lacks (libyaml, by its pkg-config name): the
     rules install Debian's package that ships yaml-0.1.pc."""
@@ -308,7 +331,7 @@ def nested_harness_project(path: Path) -> Builder:
 MORE_PROJECTS: dict[str, Callable[[Path], Builder]] = {
     "maven": maven_project, "gradle": gradle_project, "gradle-8": gradle_wrapper_project, "meson": meson_project,
     "meson-system-library": meson_system_library_project, "maven-java5": maven_java5_project,
-    "uvu-version-ahead": js_runner_project("uvu", "^0.5.99"),
+    "uvu-version-ahead": js_runner_project("uvu", "^0.5.99"), "make-system-header": make_system_header_project,
     "subdirectory-suite": subdirectory_suite_project,
     **{runner: js_runner_project(runner) for runner in JS_RUNNERS},
     "nested-harness": nested_harness_project,
@@ -318,7 +341,7 @@ EXPECTED: dict[str, tuple[bool, str | None, int | None, str | None]] = {
     "maven": (True, None, 2, "maven"), "gradle": (True, None, 2, "gradle"),
     "gradle-8": (False, "toolchain_unavailable", None, None), "meson": (True, None, 2, "meson test"),
     "meson-system-library": (True, None, 2, "meson test"), "maven-java5": (True, None, 2, "maven"),
-    "uvu-version-ahead": (True, None, 2, "uvu"),
+    "uvu-version-ahead": (True, None, 2, "uvu"), "make-system-header": (True, None, 2, "make test"),
     "subdirectory-suite": (True, None, 2, "make check"), "uvu": (True, None, 2, "uvu"), "ava": (True, None, 2, "ava"),
     "jasmine": (True, None, 2, "jasmine"), "qunit": (True, None, 2, "qunit"), "tap": (True, None, 2, "tap"),
     "nested-harness": (True, None, 3, "cargo test"),

@@ -505,3 +505,16 @@ def test_an_npm_install_of_versions_the_registry_lacks_is_retried_with_each_rang
     assert json.loads((root / "package.json").read_text()) == {
         "name": "x", "scripts": {"test": "tape test/*.js"}, "dependencies": {"a": "^0", "b": "git+https://x"},
         "devDependencies": {"tape": "^5", "eslint": "9"}}
+
+
+def test_the_system_headers_make_and_autotools_sources_include_are_debian_packages(tmp_path: Path) -> None:
+    """Included outside any #if, provided by neither the repository (a generated x.h from x.h.in included) nor the
+    toolchain image, and in a source for this platform."""
+    root = checkout(tmp_path, {
+        "Makefile": "test:\n\tcc -o t t.c -lyaml && ./t\n",
+        "t.c": "#include <stdio.h>\n#include <yaml.h>\n#include \"local.h\"\n#include <own/x.h>\n"
+               "#include <gen.h>\n#ifdef _WIN32\n#include <io.h>\n#endif\n#  include <alsa/asoundlib.h>\n",
+        "local.h": "#ifndef LOCAL_H\n#define LOCAL_H\n#include <zlib.h>\n#if HAVE_FFI\n#include <ffi.h>\n#endif\n"
+                   "#endif\n",
+        "include/own/x.h": "", "gen.h.in": "", "pex-win32.c": "#include <libxml/parser.h>\n"})
+    assert plan(root).packages == ["libyaml-dev", "libasound2-dev", "zlib1g-dev"]
