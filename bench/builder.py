@@ -194,7 +194,7 @@ def results_file(half: str | None, root: Path = RESULTS) -> Path:
 def chosen_projects(only: list[str], half: str | None) -> list[Project]:
     """--only in the order given (what matters first), else the whole corpus in its own order; --half: that half."""
     every = projects()
-    chosen = [p for name in only for p in every if p.name == name] if only else every
+    chosen = list(dict.fromkeys(p for name in only for p in every if p.name == name)) if only else every
     return [p for p in chosen if half is None or p.half == half]
 
 
