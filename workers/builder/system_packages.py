@@ -1,7 +1,8 @@
 """The Debian packages a C/C++ build requires by name, read from its build files: pkg-config modules (meson's
 ``dependency('x')``, CMake's ``pkg_check_modules``/``pkg_search_module``, autoconf's ``PKG_CHECK_MODULES``), CMake
-packages (``find_package(X REQUIRED)``) and meson's programs (``find_program('x')``), each mapped to the bookworm
-package that ships ``x.pc``, ``XConfig.cmake`` or ``/usr/bin/x`` (programs of the sections builds use: devel, text,
+packages (``find_package(X REQUIRED)``), meson's programs and libraries (``find_program('x')``, a compiler's
+``find_library('x')``), each mapped to the bookworm package that ships ``x.pc``, ``XConfig.cmake``, ``/usr/bin/x`` or
+``libx.so`` (programs of the sections builds use: devel, text,
 libdevel, gnome, interpreters, graphics) by an index made from Debian's Contents files (``debian-bookworm-dev.tsv``,
 made again by ``python -m kiln.workers.builder.system_packages TOOLCHAIN_INCLUDES CONTENTS.gz…``); and for make
 and autotools builds, whose build files name no packages, the system headers their sources include (``<x.h>``,
@@ -27,7 +28,7 @@ INDEX = Path(__file__).with_name("debian-bookworm-dev.tsv")
 # examples and docs (optional parts, whose requirements, such as a GUI toolkit for a demo, are heavy and no test's).
 _SKIP = re.compile(r"(^|/)(\.[^/]*|subprojects|third[_-]?party|vendor|external|build|examples?|docs?)(/|$)")
 _VENDORED = re.compile(r"(^|/)(\.[^/]*|subprojects|third[_-]?party|vendor|external|build)(/|$)")
-_MESON_DEP = re.compile(r"\b(dependency|find_program)\s*\(")
+_MESON_DEP = re.compile(r"\b(dependency|find_program|find_library)\s*\(")
 _CMAKE_CALL = re.compile(r"\b(find_package|pkg_check_modules|pkg_search_module)\s*\(", re.IGNORECASE)
 _AC_PKG = re.compile(r"\bPKG_CHECK_MODULES(?:_STATIC)?\s*\(")
 _PKG_NAME = re.compile(r"^[A-Za-z][\w.+-]*$")
@@ -79,7 +80,7 @@ def _meson(text: str, options_on: set[str] | frozenset[str] = frozenset()) -> li
         option = re.fullmatch(r"get_option\s*\(\s*'([^']+)'\s*\)", required.group(1)) if required else None
         if required and required.group(1) != "true" and not (option and option.group(1) in options_on):
             continue
-        kind = "pc" if m.group(1) == "dependency" else "bin"
+        kind = {"dependency": "pc", "find_program": "bin", "find_library": "lib"}[m.group(1)]
         names += [(kind, n) for n in re.findall(r"^\s*\[?\s*'([^']+)'", args)[:1]]
     return names
 
@@ -160,7 +161,7 @@ def required(root: Path, system: str) -> list[tuple[str, str]]:
     return out
 
 
-_KINDS = {"pc": "pkg-config", "cmake": "CMake package", "bin": "program", "h": "header"}
+_KINDS = {"pc": "pkg-config", "cmake": "CMake package", "bin": "program", "h": "header", "lib": "library"}
 _SOURCES = (".c", ".h", ".cc", ".cpp", ".cxx", ".hh", ".hpp")
 _INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<([\w./+-]+)>", re.MULTILINE)
 
@@ -205,6 +206,7 @@ def _unconditional_includes(text: str, header: bool) -> list[str]:
     return includes
 # Cross compilers' tools and versioned copies are left out of the index (its size): builds ask for ``nasm``.
 _BIN = re.compile(r"^usr/bin/(?![^/\s]*(?:-linux-|-w64-|mingw|-elf-|-eabi))([^/\s]+?)(?<!\d)\s+(\S+)$")
+_LIB = re.compile(r"^usr/lib/x86_64-linux-gnu/lib([^/\s]+)\.so\s+(\S+)$")  # the -dev package's link
 _BIN_SECTIONS = {"devel", "text", "libdevel", "gnome", "interpreters", "graphics"}
 _PC = re.compile(r"^usr/(?:lib/x86_64-linux-gnu|lib|share)/pkgconfig/([^/\s]+)\.pc\s+(\S+)$")
 _CMAKE_CONFIG = re.compile(r"^usr/(?:lib/x86_64-linux-gnu|lib|share)/cmake/([^/\s]+)/[^/\s]*[Cc]onfig\.cmake\s+(\S+)$")
@@ -214,6 +216,9 @@ _HEADER = re.compile(r"^usr/include/(?:x86_64-linux-gnu/)?([^/\s]+\.h|[^/\s]+/)\
 # Directories one level down, for what a -I flag makes a top-level include (<libxml/parser.h> from
 # /usr/include/libxml2): only where no top-level entry has the name and one package alone ships it.
 _HEADER_BELOW = re.compile(r"^usr/include/(?:x86_64-linux-gnu/)?[^/\s]+/([^/\s.]+/)\S*\s+(\S+)$")
+
+
+_PATTERNS = (("pc", _PC), ("cmake", _CMAKE_CONFIG), ("bin", _BIN), ("h", _HEADER), ("lib", _LIB))
 
 
 def make_index(contents: list[Path], have: set[str]) -> str:
@@ -231,13 +236,14 @@ def make_index(contents: list[Path], have: set[str]) -> str:
                     for package in m.group(2).split(","):
                         counts = below.setdefault(m.group(1), {})
                         counts[package.rpartition("/")[2]] = counts.get(package.rpartition("/")[2], 0) + 1
-                for kind, pattern in (("pc", _PC), ("cmake", _CMAKE_CONFIG), ("bin", _BIN), ("h", _HEADER)):
+                for kind, pattern in _PATTERNS:
                     m = pattern.match(line)
                     if m and not (kind == "h" and m.group(1).rstrip("/") in have):
                         name = re.sub(r"-[\d.]+$", "", m.group(1)).lower() if kind == "cmake" else m.group(1)
                         for package in m.group(2).split(","):
                             section, _, name_of = package.rpartition("/")
-                            if kind != "bin" or section.rpartition("/")[2] in _BIN_SECTIONS:
+                            if ((kind != "bin" or section.rpartition("/")[2] in _BIN_SECTIONS)
+                                    and (kind != "lib" or name_of.endswith("-dev"))):
                                 counts = candidates.setdefault((kind, name), {})
                                 counts[name_of] = counts.get(name_of, 0) + 1
     for name, counts in below.items():

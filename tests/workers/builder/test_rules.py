@@ -454,12 +454,13 @@ def test_the_system_libraries_a_c_build_requires_are_debian_packages_of_a_layer(
                        "gperf = find_program('gperf')\nfind_program('doxygen', required: false)\n"
                        "find_program('scripts/gen.py')\nsd = dependency('libsystemd', required: get_option('sd'))\n"
                        "x = dependency('x11', required: get_option('x'))\n"
-                       "g = dependency('gtk4', required: get_option('g'))\n",
+                       "g = dependency('gtk4', required: get_option('g'))\nstem = cc.find_library('stemmer')\n",
         "meson_options.txt": "option('sd', type : 'boolean')\noption('x', type: 'boolean', value: false)\n"
                              "option('g', type: 'feature', value: 'auto')\n",
         "subprojects/v/meson.build": "dependency('libcurl')\n", "examples/meson.build": "dependency('sdl2')\n",
         ".pc/a.patch/meson.build": "dependency('libcurl')\n"}))
-    assert meson.packages == ["meson", "ninja-build", "libglib2.0-dev", "libyaml-dev", "gperf", "libsystemd-dev"]
+    assert meson.packages == ["meson", "ninja-build", "libglib2.0-dev", "libyaml-dev", "gperf", "libsystemd-dev",
+                              "libstemmer-dev"]
     assert "glib-2.0 (pkg-config, meson.build): libglib2.0-dev" in next(
         d.reason for d in meson.decisions if d.topic == "system packages")
     cmake = plan(checkout(tmp_path / "cmake", {
