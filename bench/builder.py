@@ -21,8 +21,8 @@ and the same per half of issue 50's split (``build_success_rate_real_reporting``
 failures per system and class). ``--half reporting|tuning`` builds one half; each project's result is appended as
 it finishes to ``~/.cache/kiln/corpus/results/rules-<rules version>-<half|all>.jsonl``, and a run started again goes
 on from there (``--restart`` forgets them; a record keeps the tails of the build's log and of the human count's run;
-a project's image and dependency image are removed once counted, and the toolchain layers the run built when the
-disk runs low); ``--list`` lists what would be built and builds nothing; ``--stop-after S`` starts no project after
+the images a project's build made are removed once counted, and the toolchain layers the run built when the disk
+runs low); ``--list`` lists what would be built and builds nothing; ``--stop-after S`` starts no project after
 S seconds and prints the figures of what is recorded (partial).
 """
 
@@ -228,14 +228,24 @@ def real_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
 LOW_DISK = 6 << 30
 
 
-def free_disk(client: Any, since: float) -> None:
-    """Under ``LOW_DISK`` free for Docker, the toolchain layers (a JDK, a project's system libraries) this run built
-    are removed: each is built again when a later project asks for it."""
-    if shutil.disk_usage(client.info()["DockerRootDir"]).free >= LOW_DISK:
-        return
-    for image in client.images.list(name="kiln/toolchain-extra"):
+def _ends(text: str) -> str:
+    """A log's head (why: "tests_not_itemised: …") and tail (where)."""
+    return text if len(text) <= 2000 else f"{text[:500]}\n…\n{text[-1500:]}"
+
+
+def free_disk(client: Any, project_started: float, run_started: float) -> None:
+    """What one project's cold build left (a cold run reuses none of it): the images it built since it started — its
+    image and dependency image, built or not, and the untagged steps of a build that failed (as large as the
+    toolchain image they are made on); under ``LOW_DISK`` free for Docker, the toolchain layers (a JDK, a project's
+    system libraries) the run built too, each built again when a later project asks for it."""
+    low = shutil.disk_usage(client.info()["DockerRootDir"]).free < LOW_DISK
+    toolchain = client.images.get(BASES.toolchain).attrs["Size"]
+    for image in client.images.list():
         created = datetime.fromisoformat(image.attrs["Created"][:19]).replace(tzinfo=UTC).timestamp()
-        if created >= since:
+        ours = (any(t.startswith(("kiln/deps-", "kiln/build/corpus-")) for t in image.tags)
+                or (not image.tags and image.attrs["Size"] >= toolchain))
+        if (created >= project_started and ours) or (low and created >= run_started and any(
+                t.startswith("kiln/toolchain-extra:") for t in image.tags)):
             with contextlib.suppress(APIError):
                 client.images.remove(image.id, force=True)
 
@@ -274,20 +284,17 @@ async def real(with_agent: bool, only: list[str], half: str | None, restart: boo
                 record.update(outcome="rejected", usable=False, by_agent=False, tests="", human=0, seconds=0.0,
                               detail=str(e)[:60], log=str(e)[-1500:])
             else:
+                project_started = time.time() - 2  # Docker's creation times are whole seconds
                 result = await build_real(project, source, store, client, root / "work",
                                           AgentConfig() if with_agent else None)
                 event = result.event
-                for image in (event.image, event.dependency_image):  # a cold run reuses none: the disk is kept
-                    if image:
-                        with contextlib.suppress(APIError):
-                            client.images.remove(image)
-                free_disk(client, started)
+                free_disk(client, project_started, started)
                 record.update(outcome=result.outcome, usable=result.usable,
                               by_agent=result.usable and event.recipe == "agent",
                               tests=f"{event.tests.passed}/{event.tests.failed}" if event.tests else "-",
                               human=result.human, seconds=round(result.seconds, 1),
                               detail=(event.detail or "").strip().splitlines()[-1][:60] if event.detail else "",
-                              log=(event.detail or "")[-1500:], human_log=result.human_output)
+                              log=_ends(event.detail or ""), human_log=result.human_output)
             out.write(json.dumps(record) + "\n")
             out.flush()  # each project as it finishes: an interrupted run goes on from the next one
             records.append(record)
