@@ -341,7 +341,7 @@ EXPECTED: dict[str, tuple[bool, str | None, int | None, str | None]] = {
     "maven": (True, None, 2, "maven"), "gradle": (True, None, 2, "gradle"),
     "gradle-8": (False, "toolchain_unavailable", None, None), "meson": (True, None, 2, "meson test"),
     "meson-system-library": (True, None, 2, "meson test"), "maven-java5": (True, None, 2, "maven"),
-    "uvu-version-ahead": (True, None, 2, "uvu"), "make-system-header": (True, None, 2, "make test"),
+    "uvu-version-ahead": (True, None, 2, "uvu"), "make-system-header": (True, None, 2, "make check"),
     "subdirectory-suite": (True, None, 2, "make check"), "uvu": (True, None, 2, "uvu"), "ava": (True, None, 2, "ava"),
     "jasmine": (True, None, 2, "jasmine"), "qunit": (True, None, 2, "qunit"), "tap": (True, None, 2, "tap"),
     "nested-harness": (True, None, 3, "cargo test"),
