@@ -20,22 +20,29 @@ in the denominator, those rejected before the build (fetch or checksum failures)
 and the same per half of issue 50's split (``build_success_rate_real_reporting``, ``…_tuning``, per system, with
 failures per system and class). ``--half reporting|tuning`` builds one half; each project's result is appended as
 it finishes to ``~/.cache/kiln/corpus/results/rules-<rules version>-<half|all>.jsonl``, and a run started again goes
-on from there (``--restart`` forgets them); ``--list`` lists what would be built and builds nothing.
+on from there (``--restart`` forgets them; a record keeps the tails of the build's log and of the human count's run;
+the images a project's build made are removed once counted, and the toolchain layers the run built when the disk
+runs low); ``--list`` lists what would be built and builds nothing; ``--stop-after S`` starts no project after
+S seconds and prints the figures of what is recorded (partial).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from docker.errors import APIError
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -72,6 +79,9 @@ SUMMARIES = {  # the tool's own summary of what ran: (pattern, which groups coun
 }
 
 
+WRAPPED = ("python", "cargo", "go", "cmake")  # runners a make target or an npm script may run
+
+
 # Gradle prints no count when every test passes: the human run is followed by the root element of each JUnit XML file
 # its test task wrote (results of an earlier run in the image removed first), and those are counted.
 GRADLE_RESULTS = "find . -path '*/build/test-results/*' -name 'TEST-*.xml'"
@@ -84,6 +94,8 @@ def human_command(project: Project) -> str:
     result files' suites printed afterwards (the image's Gradle user home is in its environment)."""
     if project.system == "go":
         return project.test.replace("go test", "go test -v")
+    if project.system == "make":  # a target running go test: one line per test there too
+        return f"export GOFLAGS=-v; {project.test}"
     if project.system == "maven":
         return re.sub(r"(^|\s)(\./)?mvnw?\b", rf"\g<1>mvn -o -s {M2}/settings.xml", project.test, count=1)
     if project.system == "gradle":
@@ -97,7 +109,8 @@ def human_count(system: str, output: str) -> int:
     vitest, ava, TAP, node) and make-driven suites by their runner's summary line (``47 passing``, ``Tests:  46
     passed, 47 total``, ``# pass 3``, ``Tests passed: 349``, GoogleTest's and Unity's); autotools suites by their
     per-test lines (automake's ``PASS: t``, zlib's ``*** zlib test OK ***``); Maven's and meson's by the totals they
-    print at the end (per module for Maven); Gradle's by its result files' suites (``human_command``)."""
+    print at the end (per module for Maven); Gradle's by its result files' suites (``human_command``); a make target
+    or npm script that runs pytest, cargo, go test or CTest by that runner's summary."""
     if system in ("maven", "meson"):
         printed = printed_summary(system, output)
         return sum(printed) if printed else 0
@@ -106,7 +119,11 @@ def human_count(system: str, output: str) -> int:
     pattern = SUMMARIES.get(system)
     if pattern is None:
         summary = runner_summary(output)
-        return sum(summary) if summary else 0
+        if summary:
+            return sum(summary)
+        # A make target or npm script running another ecosystem's runner (make test → go test, pytest, tox):
+        # that runner's own summary.
+        return next((n for other in WRAPPED if (n := human_count(other, output))), 0)
     if system == "python":  # the last "=== N passed, M failed ... in Xs ===" line
         lines = [ln for ln in output.splitlines() if re.search(r"(passed|failed).* in [\d.]+s", ln)]
         return sum(int(m.group(1)) for m in pattern.finditer(lines[-1])) if lines else 0
@@ -123,6 +140,7 @@ class RealOutcome:
     event: BuildEvent
     human: int  # tests the human-known command executed in the same image
     seconds: float
+    human_output: str = ""  # the tail of that command's output
 
     @property
     def usable(self) -> bool:
@@ -152,7 +170,7 @@ async def build_real(project: Project, source: Path, store: SaucerStore, client:
     started = time.monotonic()
     event = await build_revision(BuildRequest(repository=f"corpus/{project.slug}", force=True), store, client,
                                  BASES, work, limits, agent=agent)
-    seconds, human = time.monotonic() - started, 0
+    seconds, human, human_output = time.monotonic() - started, 0, ""
     if event.image:  # built: the human count, also for a run kiln could not itemise
         command = human_command(project)
         env = ImageContract.from_labels(client.images.get(event.image).labels).env
@@ -160,8 +178,8 @@ async def build_real(project: Project, source: Path, store: SaucerStore, client:
         reference = await asyncio.to_thread(
             run_sandboxed, client, event.image, f"export PATH=/opt/venv/bin:$PATH; cd /work && {command}",
             limits=limits, role="build-test", env=env)
-        human = human_count(project.system, reference.output)
-    return RealOutcome(event, human, seconds)
+        human, human_output = human_count(project.system, reference.output), reference.output[-1500:]
+    return RealOutcome(event, human, seconds, human_output)
 
 
 RESULTS = CACHE / "results"
@@ -176,7 +194,7 @@ def results_file(half: str | None, root: Path = RESULTS) -> Path:
 def chosen_projects(only: list[str], half: str | None) -> list[Project]:
     """--only in the order given (what matters first), else the whole corpus in its own order; --half: that half."""
     every = projects()
-    chosen = [p for name in only for p in every if p.name == name] if only else every
+    chosen = list(dict.fromkeys(p for name in only for p in every if p.name == name)) if only else every
     return [p for p in chosen if half is None or p.half == half]
 
 
@@ -207,7 +225,33 @@ def real_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
     return metrics
 
 
-async def real(with_agent: bool, only: list[str], half: str | None, restart: bool) -> None:
+LOW_DISK = 6 << 30
+
+
+def _ends(text: str) -> str:
+    """A log's head (why: "tests_not_itemised: …") and tail (where)."""
+    return text if len(text) <= 2000 else f"{text[:500]}\n…\n{text[-1500:]}"
+
+
+def free_disk(client: Any, project_started: float, run_started: float) -> None:
+    """What one project's cold build left (a cold run reuses none of it): the images it built since it started — its
+    image and dependency image, built or not, and the untagged steps of a build that failed (as large as the
+    toolchain image they are made on); under ``LOW_DISK`` free for Docker, the toolchain layers (a JDK, a project's
+    system libraries) the run built too, each built again when a later project asks for it."""
+    low = shutil.disk_usage(client.info()["DockerRootDir"]).free < LOW_DISK
+    toolchain = client.images.get(BASES.toolchain).attrs["Size"]
+    for image in client.images.list():
+        created = datetime.fromisoformat(image.attrs["Created"][:19]).replace(tzinfo=UTC).timestamp()
+        ours = (any(t.startswith(("kiln/deps-", "kiln/build/corpus-")) for t in image.tags)
+                or (not image.tags and image.attrs["Size"] >= toolchain))
+        if (created >= project_started and ours) or (low and created >= run_started and any(
+                t.startswith("kiln/toolchain-extra:") for t in image.tags)):
+            with contextlib.suppress(APIError):
+                client.images.remove(image.id, force=True)
+
+
+async def real(with_agent: bool, only: list[str], half: str | None, restart: bool,
+               stop_after_s: float | None = None) -> None:
     chosen = chosen_projects(only, half)
     results = results_file(half)
     results.parent.mkdir(parents=True, exist_ok=True)
@@ -220,6 +264,7 @@ async def real(with_agent: bool, only: list[str], half: str | None, restart: boo
     print(f"{len(done)} of {len(chosen)} projects already recorded in {results}: going on from there", flush=True)
     run_steps(COMPONENT_STEPS["docker"])
     client = docker_client()
+    started = time.time()
     with tempfile.TemporaryDirectory() as tmp, Progress() as progress, results.open("a") as out:
         root = Path(tmp)
         store = SaucerStore(FileBlobStore(root / "blobs"), root / "cache")
@@ -227,22 +272,29 @@ async def real(with_agent: bool, only: list[str], half: str | None, restart: boo
         for project in chosen:
             if project.slug in done:
                 continue
+            if stop_after_s is not None and time.time() - started > stop_after_s:
+                progress.console.print(f"stopped after {stop_after_s:.0f} s: {len(records)} of {len(chosen)} "
+                                       "recorded, the figures below are partial (run again to go on)")
+                break
             progress.update(task, description=f"{project.ecosystem} {project.name}")
             record: dict[str, Any] = {"slug": project.slug, "system": project.system, "half": project.half}
             try:
                 source = prepare(project)
             except Exception as e:  # still a project of the corpus: it counts, as not usable
                 record.update(outcome="rejected", usable=False, by_agent=False, tests="", human=0, seconds=0.0,
-                              detail=str(e)[:60])
+                              detail=str(e)[:60], log=str(e)[-1500:])
             else:
+                project_started = time.time() - 2  # Docker's creation times are whole seconds
                 result = await build_real(project, source, store, client, root / "work",
                                           AgentConfig() if with_agent else None)
                 event = result.event
+                free_disk(client, project_started, started)
                 record.update(outcome=result.outcome, usable=result.usable,
                               by_agent=result.usable and event.recipe == "agent",
                               tests=f"{event.tests.passed}/{event.tests.failed}" if event.tests else "-",
                               human=result.human, seconds=round(result.seconds, 1),
-                              detail=(event.detail or "").strip().splitlines()[-1][:60] if event.detail else "")
+                              detail=(event.detail or "").strip().splitlines()[-1][:60] if event.detail else "",
+                              log=_ends(event.detail or ""), human_log=result.human_output)
             out.write(json.dumps(record) + "\n")
             out.flush()  # each project as it finishes: an interrupted run goes on from the next one
             records.append(record)
@@ -308,8 +360,10 @@ if __name__ == "__main__":
     parser.add_argument("--restart", action="store_true",
                         help="with --real: forget the results recorded for this rules version and half")
     parser.add_argument("--list", action="store_true", help="with --real: list what would be built, build nothing")
+    parser.add_argument("--stop-after", type=float, metavar="S",
+                        help="with --real: start no project after S seconds; print the figures of what is recorded")
     args = parser.parse_args()
     if args.real and args.list:
         listing(args.only, args.half)
     else:
-        asyncio.run(real(args.agent, args.only, args.half, args.restart) if args.real else main())
+        asyncio.run(real(args.agent, args.only, args.half, args.restart, args.stop_after) if args.real else main())

@@ -45,6 +45,10 @@ def test_human_counts_come_from_each_tool_summary() -> None:
     assert human_count("make", "cc -o t t.c\n./t\nTests passed: 349\n") == 349
     assert human_count("make", "[  PASSED  ] 2 tests.\n[  FAILED  ] 1 test, listed below:\n") == 3
     assert human_count("make", "nothing to count\n") == 0
+    # A make target running another ecosystem's runner: that runner's summary (go test's lines under GOFLAGS=-v).
+    assert human_count("make", "tox\n===== 4 passed, 1 failed in 0.30s =====\n") == 5
+    assert human_count("make", "=== RUN TestA\n--- PASS: TestA (0.00s)\nok  \tx/y\t0.1s\n") == 1
+    assert human_command(Project("debian", "p", "1", "make", "make && make test")).startswith("export GOFLAGS=-v;")
     # Maven's totals per module after "Results:" (the per-class lines, which go on with the time, are not summed).
     maven = ("[INFO] Tests run: 3, Failures: 0, Errors: 0, Skipped: 0, Time elapsed: 0.1 s - in a.T\n"
              "[INFO] Results:\n[INFO] Tests run: 3, Failures: 0, Errors: 0, Skipped: 0\n"

@@ -25,12 +25,12 @@ import yaml
 
 from kiln.schemas.builder import Decision
 from kiln.schemas.images import REPORTS_DIR
-from kiln.workers.builder import reporters
+from kiln.workers.builder import reporters, system_packages
 from kiln.workers.builder.dockerfile import confine
 from kiln.workers.builder.errors import PlanError, ToolchainUnavailable
 from kiln.workers.common import reports
 
-RULES_VERSION = 13
+RULES_VERSION = 14
 TOOLCHAIN = {"python": (3, 11), "go": (1, 26), "rust": (1, 95), "node": (20, 0)}
 LOCAL_IMAGE_MARK = "@kiln-local-image:"  # followed by "base" or "toolchain"; replaced by the real tag at build time
 PRIORITY = ["cmake", "autotools", "meson", "cargo", "go", "maven", "gradle", "python", "npm", "make"]
@@ -721,9 +721,16 @@ def _npm(root: Path, p: Plan, ci: CiJobs) -> None:
         trim = ("node -e 'const fs=require(\"fs\"),keep=new Set(" + keep + "),p=JSON.parse(fs.readFileSync("
                 "\"package.json\"));for(const k of Object.keys(p.devDependencies||{}))if(!keep.has(k))"
                 "delete p.devDependencies[k];fs.writeFileSync(\"package.json\",JSON.stringify(p))'")
+        # A version the registry does not serve (yet: real, resolve 1.22.14 asks for tape ^5.10.3, the registry's
+        # newest is 5.10.2): last, every range of the package widened to its major (^5), the newest it serves.
+        widen = ("node -e 'const fs=require(\"fs\"),p=JSON.parse(fs.readFileSync(\"package.json\"));"
+                 "for(const d of [p.dependencies||{},p.devDependencies||{}])for(const k of Object.keys(d)){"
+                 "const m=/^[\\^~=v]*(\\d+)\\.\\d+\\.\\d+[^ |]*$/.exec(d[k]);if(m)d[k]=\"^\"+m[1]}"
+                 "fs.writeFileSync(\"package.json\",JSON.stringify(p))'")
         install = (f"{{ {install} || {{ echo 'kiln: the full install failed; installing what the tests use: "
                    f"{' '.join(sorted(needed))}'; {trim} && rm -f package-lock.json && npm install --no-audit "
-                   "--no-fund --ignore-scripts; }; }")
+                   "--no-fund --ignore-scripts || { echo 'kiln: that failed too; each version range widened to its "
+                   f"major'; {widen} && npm install --no-audit --no-fund --ignore-scripts; }}; }}; }}")
         p.decide("test tools", " ".join(sorted(needed)) or "none", "dev dependencies the test script and test files "
                  "use: what a failed full install falls back to")
     p.deps_script = f"{install} && npm install -g --prefix /opt/c8 c8@10 --no-audit --no-fund"
@@ -898,8 +905,19 @@ C_LINT = ("for f in $(find . -name '*.c' -not -path './build/*'); do gcc -fsynta
           "done 2>&1; true")
 
 
+def _system_packages(root: Path, p: Plan) -> None:
+    """The Debian packages the build files require by name (``system_packages``), added to the plan's layer."""
+    found = system_packages.required(root, p.system)
+    if found:
+        p.packages = [*p.packages, *(package for _what, package in found)]
+        p.decide("system packages", " ".join(package for _what, package in found),
+                 "the build requires " + "; ".join(f"{what}: {package}" for what, package in found)
+                 + " (Debian bookworm's packages that ship them, a layer on the toolchain image)")
+
+
 def _cmake(root: Path, p: Plan, ci: CiJobs) -> None:
     p.manifests = []
+    _system_packages(root, p)
     p.lint_script = C_LINT
     flags = "--coverage -O0 -g"
     p.build_script = (f"cmake -S . -B build -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS='{flags}' "
@@ -960,6 +978,7 @@ def _make_suite(root: Path, p: Plan, suite: tuple[str, str, str]) -> None:
 
 
 def _make(root: Path, p: Plan, ci: CiJobs) -> None:
+    _system_packages(root, p)
     text = next((root / m).read_text(errors="replace") for m in MAKEFILES if (root / m).is_file())
     targets = re.findall(r"^([\w.-]+)\s*:(?!=)", text, re.MULTILINE)
     target = _test_target(text)
@@ -1012,6 +1031,7 @@ def stale_configure(root: Path) -> str | None:
 
 def _autotools(root: Path, p: Plan, ci: CiJobs) -> None:
     _c_coverage(root, p)
+    _system_packages(root, p)
     p.build_script = "{ [ -f configure ] || autoreconf -fi; } && sh ./configure && make -j 4"
     missing = stale_configure(root)
     if missing:
@@ -1086,6 +1106,13 @@ def _pom_modules(root: Path) -> list[str]:
     return [f for f in found if not f.startswith("..")]
 
 
+# A Java level JDK 17 no longer compiles (javac 17: "Source option 5 is no longer supported. Use 7 or later"),
+# named in a pom's compiler settings or the property they read (real: abego-treelayout's <source>1.5</source>).
+_OLD_JAVA_TAG = r"(source|target|[a-z.-]*(jdk|java|compiler)[a-z.-]*)"
+_OLD_JAVA = re.compile(rf"<{_OLD_JAVA_TAG}>\s*(1\.[1-6]|[1-6]|jsr14)\s*</\1>", re.IGNORECASE)
+_OLD_JAVA_SED = rf"<{_OLD_JAVA_TAG}>[[:space:]]*(1\.[1-6]|[1-6]|jsr14)[[:space:]]*</\1>"
+
+
 def _maven(root: Path, p: Plan, ci: CiJobs) -> None:
     p.packages = [*JDK, "maven"]
     p.toolchain["java"] = "OpenJDK 17, Maven 3.8 (Debian bookworm)"
@@ -1107,12 +1134,21 @@ def _maven(root: Path, p: Plan, ci: CiJobs) -> None:
     if level:
         p.decide("java level", "1.8", "no pom names a source level: Maven's default (Java 5) is older than JDK 17 "
                                       "compiles")
+    old = sorted({m.group(0) for m in _OLD_JAVA.finditer(poms_text)})
+    raise_level = ""
+    if old:
+        raise_level = (f"sed -E -i 's#{_OLD_JAVA_SED}#<\\1>1.8</\\1>#gI' "
+                       + " ".join(shlex.quote(pom) for pom in poms) + " && ")
+        p.decide("java level", "1.8", f"the poms name {', '.join(old)}: JDK 17 compiles Java 7 and later only, so "
+                                      "the image's poms ask for 1.8 instead")
     p.decide("dependencies", "Maven Central", "every repository mirrored by Maven Central through kiln's egress proxy "
                                               f"(settings.xml), into {M2}/repository in the dependency layer")
     # The build resolves what only a run asks for (Surefire's provider for the project's test framework, JaCoCo's
     # agent and report) by running the tests with a filter that matches every test class and no test method: a
-    # filter matching no class would stop Surefire before it resolves its provider.
-    p.build_script = (f"{MVN}{level} {JACOCO}:prepare-agent test-compile surefire:test {JACOCO}:report "
+    # filter matching no class would stop Surefire before it resolves its provider. The test phase, as the test run
+    # runs it: ``surefire:test`` by prefix would take the newest Surefire where the pom names none, not the one
+    # Maven binds to the phase (real: abego-treelayout's JUnit 4.8.2, which Surefire 3 refuses).
+    p.build_script = (f"{raise_level}{MVN}{level} {JACOCO}:prepare-agent test {JACOCO}:report "
                       "'-Dtest=*#kilnResolvesTheRunnerOnly' -Dsurefire.failIfNoSpecifiedTests=false "
                       "-DfailIfNoTests=false")
     from_ci = _ci_test(ci, r"(^|\s|/)mvnw?\b.*\b(test|verify|install|package)\b")
@@ -1170,6 +1206,7 @@ def _gradle(root: Path, p: Plan, ci: CiJobs) -> None:
 def _meson(root: Path, p: Plan, ci: CiJobs) -> None:
     p.packages = ["meson", "ninja-build"]
     p.toolchain["meson"] = "meson 1.0, ninja 1.11 (Debian bookworm)"
+    _system_packages(root, p)
     p.lint_script = C_LINT
     p.build_script = "meson setup build --buildtype=debug -Db_coverage=true && meson compile -C build"
     p.decide("test command", "meson test", "meson project: meson test (it rebuilds first), its testlog.json read per "

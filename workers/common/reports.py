@@ -317,19 +317,23 @@ _SEVERITY: dict[Outcome, int] = {"passed": 0, "skipped": 1, "failed": 2, "error"
 
 def per_test_lines(text: str, runner: str) -> TestReport:
     """Per-test results from a suite's printed lines: TAP, automake's harness (XFAIL/XPASS included), or the
-    per-test convention (above) with the most cases, earlier ones winning ties. A name seen twice keeps its worst
-    outcome: the judged code shares the runner's stdout, and a "PASS: name" it prints before or after the runner's
-    "FAIL: name" must not undo the failure. The runner's summary line, if any, is attached."""
-    best = max((tap(text, runner).cases, automake(text).cases), key=len)
+    per-test convention (above) with the most cases, earlier ones winning ties — among those that agree with the
+    runner's summary line when one does (automake's harness counts a test program once, while the GoogleTest cases
+    it runs print lines of their own: real, audiofile 0.3.6). A name seen twice keeps its worst outcome: the judged
+    code shares the runner's stdout, and a "PASS: name" it prints before or after the runner's "FAIL: name" must not
+    undo the failure. The runner's summary line, if any, is attached."""
+    candidates = [tap(text, runner).cases, automake(text).cases]
     for pattern, name_group, outcome_group in _PER_TEST:
         found: dict[str, TestCaseResult] = {}
         for m in pattern.finditer(text):
             name, outcome = m.group(name_group), _OUTCOME[m.group(outcome_group).lower()]
             if name not in found or _SEVERITY[outcome] > _SEVERITY[found[name].outcome]:
                 found[name] = TestCaseResult(name=name, outcome=outcome)
-        if len(found) > len(best):
-            best = list(found.values())
-    return tally(runner, best, runner_summary(text))
+        candidates.append(list(found.values()))
+    summary = runner_summary(text)
+    agreeing = [cases for cases in candidates if cases and summary is not None
+                and unusable_reason(tally(runner, cases, summary)) is None]
+    return tally(runner, max(agreeing or candidates, key=len), summary)
 
 
 def _count(pattern: str, text: str) -> int | None:

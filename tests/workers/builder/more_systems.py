@@ -98,6 +98,13 @@ def maven_project(path: Path) -> Builder:
     return b
 
 
+def maven_java5_project(path: Path) -> Builder:
+    """The Maven project written for Java 5 (as old poms are), which JDK 17 no longer compiles."""
+    return _commit(path, {"pom.xml": POM.replace(">1.8</maven.compiler", ">1.5</maven.compiler"),
+                          "src/main/java/com/example/Calc.java": CALC_JAVA,
+                          "src/test/java/com/example/CalcTest.java": CALC_TEST_JAVA}, "a Maven project for Java 5")
+
+
 def gradle_project(path: Path) -> Builder:
     """The same tests under Gradle, with nothing that needs a Gradle newer than Debian's 4.4.1."""
     b = Builder(path)
@@ -142,6 +149,49 @@ def meson_project(path: Path) -> Builder:
     write(path, "calc_test.c", CALC_TEST_C)
     b.commit("a meson project")
     return b
+
+
+YAML_TEST_C = """#include <string.h>
+#include <yaml.h>
+int main(int argc, char **argv) {
+  if (argc > 1) return strncmp(yaml_get_version_string(), "0.", 2) != 0;
+  int major, minor, patch;
+  yaml_get_version(&major, &minor, &patch);
+  return major != 0;
+}
+"""
+
+
+YAML_MAKE_TEST_C = """#include <stdio.h>
+#include <string.h>
+#include <yaml.h>
+int main(void) {
+    int major, minor, patch, ok = 0;
+    yaml_get_version(&major, &minor, &patch);
+    ok += major == 0;
+    printf("%s: version\\n", major == 0 ? "PASS" : "FAIL");
+    ok += strncmp(yaml_get_version_string(), "0.", 2) == 0;
+    printf("%s: version string\\nTests passed: %d\\n", ok == 2 ? "PASS" : "FAIL", ok);
+    return ok == 2 ? 0 : 1;
+}
+"""
+
+
+def make_system_header_project(path: Path) -> Builder:
+    """A make-driven test program including a header of a library the toolchain image lacks (<yaml.h>): the rules
+    install Debian's package that ships it."""
+    return _commit(path, {"Makefile": "yaml_test: yaml_test.c\n\t$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) -lyaml\n\n"
+                                      "test: yaml_test\n\t./yaml_test\n\n.PHONY: test\n",
+                          "yaml_test.c": YAML_MAKE_TEST_C}, "a make project on a system header")
+
+
+def meson_system_library_project(path: Path) -> Builder:
+    """A meson test program linking a library the toolchain image lacks (libyaml, by its pkg-config name): the
+    rules install Debian's package that ships yaml-0.1.pc."""
+    return _commit(path, {"meson.build": "project('y', 'c')\nyaml = dependency('yaml-0.1')\n"
+                                         "t = executable('yaml_test', 'yaml_test.c', dependencies: yaml)\n"
+                                         "test('version', t)\ntest('version string', t, args: ['s'])\n",
+                          "yaml_test.c": YAML_TEST_C}, "a meson project on a system library")
 
 
 SUITE_C = """#include <stdio.h>
@@ -213,8 +263,11 @@ JS_RUNNERS: dict[str, tuple[str, str, str, dict[str, str]]] = {
 }
 
 
-def js_runner_project(runner: str) -> Callable[[Path], Builder]:
+def js_runner_project(runner: str, version_asked: str | None = None) -> Callable[[Path], Builder]:
+    """``version_asked``: a version range of the runner the registry serves no version of (a release after the
+    registry's newest): the install is retried with the range widened to its major."""
     script, package, version, tests = JS_RUNNERS[runner]
+    version = version_asked or version
 
     def make(path: Path) -> Builder:
         return _commit(path, {"package.json": json.dumps({"name": "calc", "version": "1.0.0", "scripts": {
@@ -277,6 +330,8 @@ def nested_harness_project(path: Path) -> Builder:
 
 MORE_PROJECTS: dict[str, Callable[[Path], Builder]] = {
     "maven": maven_project, "gradle": gradle_project, "gradle-8": gradle_wrapper_project, "meson": meson_project,
+    "meson-system-library": meson_system_library_project, "maven-java5": maven_java5_project,
+    "uvu-version-ahead": js_runner_project("uvu", "^0.5.99"), "make-system-header": make_system_header_project,
     "subdirectory-suite": subdirectory_suite_project,
     **{runner: js_runner_project(runner) for runner in JS_RUNNERS},
     "nested-harness": nested_harness_project,
@@ -285,6 +340,8 @@ MORE_PROJECTS: dict[str, Callable[[Path], Builder]] = {
 EXPECTED: dict[str, tuple[bool, str | None, int | None, str | None]] = {
     "maven": (True, None, 2, "maven"), "gradle": (True, None, 2, "gradle"),
     "gradle-8": (False, "toolchain_unavailable", None, None), "meson": (True, None, 2, "meson test"),
+    "meson-system-library": (True, None, 2, "meson test"), "maven-java5": (True, None, 2, "maven"),
+    "uvu-version-ahead": (True, None, 2, "uvu"), "make-system-header": (True, None, 2, "make check"),
     "subdirectory-suite": (True, None, 2, "make check"), "uvu": (True, None, 2, "uvu"), "ava": (True, None, 2, "ava"),
     "jasmine": (True, None, 2, "jasmine"), "qunit": (True, None, 2, "qunit"), "tap": (True, None, 2, "tap"),
     "nested-harness": (True, None, 3, "cargo test"),

@@ -4,6 +4,9 @@ scripts, and what the agent may take from a README or CI file."""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -439,3 +442,80 @@ def test_an_install_failing_on_one_missing_dev_dependency_retries_without_it(tmp
                    "/tmp/kiln-requirements-dev.txt; pip install -r /tmp/kiln-requirements-dev.txt")
     write(reqs, "tests/test_b.py", "from kiln_gone_tool import x\n")
     assert repair("pip install -r requirements-dev.txt", missing, reqs) is None
+
+
+def test_the_system_libraries_a_c_build_requires_are_debian_packages_of_a_layer(tmp_path: Path) -> None:
+    """Required pkg-config modules, CMake packages and meson's programs become the bookworm packages that ship
+    them; optional ones, names Debian lacks, the repository's own scripts and vendored subprojects do not."""
+    meson = plan(checkout(tmp_path / "meson", {
+        "meson.build": "project('x', 'c')\nglib = dependency('glib-2.0', version: '>= 2.56')\n"
+                       "# dependency('libxml-2.0')\nz = dependency('zlib', required: get_option('zlib'))\n"
+                       "t = dependency('threads')\ny = dependency(\n  'yaml-0.1',\n  required: true,\n)\n"
+                       "gperf = find_program('gperf')\nfind_program('doxygen', required: false)\n"
+                       "find_program('scripts/gen.py')\nsd = dependency('libsystemd', required: get_option('sd'))\n"
+                       "x = dependency('x11', required: get_option('x'))\n"
+                       "g = dependency('gtk4', required: get_option('g'))\nstem = cc.find_library('stemmer')\n",
+        "meson_options.txt": "option('sd', type : 'boolean')\noption('x', type: 'boolean', value: false)\n"
+                             "option('g', type: 'feature', value: 'auto')\n",
+        "subprojects/v/meson.build": "dependency('libcurl')\n", "examples/meson.build": "dependency('sdl2')\n",
+        ".pc/a.patch/meson.build": "dependency('libcurl')\n"}))
+    assert meson.packages == ["meson", "ninja-build", "libglib2.0-dev", "libyaml-dev", "gperf", "libsystemd-dev",
+                              "libstemmer-dev"]
+    assert "glib-2.0 (pkg-config, meson.build): libglib2.0-dev" in next(
+        d.reason for d in meson.decisions if d.topic == "system packages")
+    cmake = plan(checkout(tmp_path / "cmake", {
+        "CMakeLists.txt": "find_package(GTest REQUIRED)\nfind_package(ZLIB)\nfind_package(NotInDebian REQUIRED)\n"
+                          "pkg_check_modules(DEPS REQUIRED IMPORTED_TARGET yaml-0.1>=0.2 libxml-2.0)\n"}))
+    assert cmake.packages == ["libgtest-dev", "libyaml-dev", "libxml2-dev"]
+    autotools = plan(checkout(tmp_path / "autotools", {
+        "configure.ac": "AC_INIT([x], [1])\nPKG_CHECK_MODULES([GLIB], [glib-2.0 >= 2.40 gio-2.0])\n"
+                        "PKG_CHECK_MODULES([YAML], [yaml-0.1], [have_yaml=yes], [have_yaml=no])\n"
+                        "dnl PKG_CHECK_MODULES([X], [libxml-2.0])\n",
+        "Makefile.am": "check_PROGRAMS = t\n"}))
+    assert autotools.packages == ["libglib2.0-dev"]
+
+
+def test_a_java_level_jdk17_no_longer_compiles_is_raised_in_the_image(tmp_path: Path) -> None:
+    pom = ("<project><modelVersion>4.0.0</modelVersion><groupId>x</groupId><artifactId>x</artifactId>"
+           "<version>1.5</version><properties><java.version>1.6</java.version></properties><build><plugins><plugin>"
+           "<artifactId>maven-compiler-plugin</artifactId><configuration><source>1.5</source>"
+           "<target>1.5</target></configuration></plugin></plugins></build></project>")
+    p = plan(checkout(tmp_path, {"pom.xml": pom}))
+    assert "<source>1.5</source>" in next(d.reason for d in p.decisions if d.topic == "java level")
+    work = tmp_path / "work"
+    checkout(work, {"pom.xml": pom})
+
+    subprocess.run(p.build_script.split(" && ")[0], shell=True, cwd=work, check=True)
+    raised = (work / "pom.xml").read_text()
+    assert "<source>1.8</source><target>1.8</target>" in raised and "<java.version>1.8<" in raised
+    assert "<version>1.5</version>" in raised  # the project's own version is no Java level
+    assert not any(d.topic == "java level" and "1.5" in d.reason for d in plan(checkout(tmp_path / "new", {
+        "pom.xml": pom.replace(">1.5</source>", ">11</source>").replace(">1.5</target>", ">11</target>").replace(
+            ">1.6<", ">17<")})).decisions)
+
+
+def test_an_npm_install_of_versions_the_registry_lacks_is_retried_with_each_range_widened_to_its_major(
+        tmp_path: Path) -> None:
+    pkg = ('{"name": "x", "scripts": {"test": "tape test/*.js"}, "dependencies": {"a": "~0.4.1", "b": "git+https://x"},'
+           ' "devDependencies": {"tape": "^5.10.3", "eslint": "9"}}')
+    root = checkout(tmp_path / "n", {"package.json": pkg, "test/a.js": "require('tape')\n"})
+    deps = plan(root).deps_script
+    assert deps.index("installing what the tests use") < deps.index("each version range widened to its major")
+    widen = re.findall(r"node -e '([^']*)'", deps)[1]
+    subprocess.run(["node", "-e", widen], cwd=root, check=True)
+    assert json.loads((root / "package.json").read_text()) == {
+        "name": "x", "scripts": {"test": "tape test/*.js"}, "dependencies": {"a": "^0", "b": "git+https://x"},
+        "devDependencies": {"tape": "^5", "eslint": "9"}}
+
+
+def test_the_system_headers_make_and_autotools_sources_include_are_debian_packages(tmp_path: Path) -> None:
+    """Included outside any #if, provided by neither the repository (a generated x.h from x.h.in included) nor the
+    toolchain image, and in a source for this platform."""
+    root = checkout(tmp_path, {
+        "Makefile": "test:\n\tcc -o t t.c -lyaml && ./t\n",
+        "t.c": "#include <stdio.h>\n#include <yaml.h>\n#include \"local.h\"\n#include <own/x.h>\n"
+               "#include <gen.h>\n#ifdef _WIN32\n#include <io.h>\n#endif\n#  include <alsa/asoundlib.h>\n",
+        "local.h": "#ifndef LOCAL_H\n#define LOCAL_H\n#include <zlib.h>\n#if HAVE_FFI\n#include <ffi.h>\n#endif\n"
+                   "#endif\n",
+        "include/own/x.h": "", "gen.h.in": "", "pex-win32.c": "#include <libxml/parser.h>\n"})
+    assert plan(root).packages == ["libyaml-dev", "libasound2-dev", "zlib1g-dev"]

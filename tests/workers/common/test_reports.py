@@ -552,3 +552,15 @@ def test_nested_shaped_lines_can_neither_add_a_pass_nor_hide_a_failure() -> None
     # Outside a binary's block nothing is dropped: a forged line there counts, and disagrees.
     assert (unusable_reason(cargo_test(TRYBUILD + "test tests/ui/z.rs ... ok\n")) or ("", ""))[0] == \
         "tests_not_itemised"
+
+
+def test_the_convention_that_agrees_with_the_summary_wins_over_one_with_more_lines() -> None:
+    """automake's serial harness counts each test program once; a GoogleTest program among them prints a line per
+    case (real: audiofile 0.3.6, "All 35 tests passed" over 217 lines): the harness's lines agree with its summary and
+    are the tests. Lines agreeing with no summary still lose to the most lines, and stay untrusted."""
+    gtest = "".join(f"[       OK ] Suite.case{i} (0 ms)\n" for i in range(5))
+    text = f"{gtest}PASS: gtest_program\nPASS: writeraw\n===================\nAll 2 tests passed\n"
+    report = per_test_lines(text, "make check")
+    assert [c.name for c in report.cases] == ["gtest_program", "writeraw"] and unusable_reason(report) is None
+    forged = per_test_lines(text + "PASS: forged\n", "make check")
+    assert unusable_reason(forged) is not None and forged.passed == 5
