@@ -23,8 +23,9 @@ async def test_a_hugging_face_model_learns_addition_through_every_stage(kafka: K
                                                                        tmp_path: Path) -> None:
     model = addition_model(tmp_path / "model", seed=1)
     # Steps take ~0.5-0.7 s here (a trainer restart ~30 s: transformers). The run ends at the target: on a quiet
-    # machine it reached 0.08 at versions 66-95 (3 runs); bounded at 80 versions it missed in 2 of 3 runs.
-    config = RunConfig(name="hf", model=str(model), steps=240, groups_per_step=16, lr=1e-2, entropy_coef=0.003,
+    # machine it reached 0.08 at versions 66-95 (3 runs), later 28-54 (4 runs); bounded at 80 versions it missed in
+    # 2 of 3 runs, and one CI run missed within 240. Its bound is the deadline, not a version count.
+    config = RunConfig(name="hf", model=str(model), steps=480, groups_per_step=16, lr=1e-2, entropy_coef=0.003,
                        target=0.08, deadline_s=400, exec_image=project_image, seed=1, kill_trainer_at=3,
                        eval_every_s=10, max_ahead=48)
     record = await LearningRun(kafka, config, tmp_path).run()
