@@ -31,10 +31,13 @@ it, summed. (With replication 3 on three nodes every partition has a replica on 
 write — a request, a result, an offset commit — waits for every replica in sync until the controller fences the node,
 ``broker.session.timeout.ms`` after its last heartbeat, and elects leaders elsewhere. When the dead node was the
 active controller, the others notice after ``controller.quorum.fetch.timeout.ms``, elect one within twice
-``controller.quorum.election.timeout.ms`` (Raft's randomised timeout), and the new controller counts every broker's
+``controller.quorum.election.timeout.ms`` (Raft's randomised timeout) — or, when both survivors stood at once and
+split the vote (they notice together: one fetch timeout), after that round's timeout, a backoff of up to
+``controller.quorum.election.backoff.max.ms`` and a second round — and the new controller counts every broker's
 session from its own start (measured here: leaders moved 8.0-14.5 s after a kill). The clients then find the
 new leaders at their next metadata request, within librdkafka's ``retry.backoff.max.ms``. The bound is that worst
-case: session + fetch timeout + twice the election timeout + the clients' backoff.) With them: the same stretch
+case: session + fetch timeout + twice the election timeout + the election backoff + the clients' backoff.) With
+them: the same stretch
 for the worse
 of the two sleep clients (``cluster_sleep_client_stall_s_max``) and in the sleep workers' own journal (jobs ending:
 ``cluster_worker_stall_s_max``); the stretches after the rolling restart's stops and after the pause; how long a dead
@@ -88,11 +91,12 @@ from kiln.workers.verify.client import VerifyClient
 RESULTS = "kiln.results"
 STAGE_TOPICS = {"sleep": "sleep.requests", "exec": "exec.requests", "verify": "verify.requests"}
 BROKER_SETTINGS = ("broker.session.timeout.ms", "broker.heartbeat.interval.ms", "controller.quorum.fetch.timeout.ms",
-                   "controller.quorum.election.timeout.ms", "replica.lag.time.max.ms",
+                   "controller.quorum.election.timeout.ms", "controller.quorum.election.backoff.max.ms",
+                   "replica.lag.time.max.ms",
                    "group.consumer.session.timeout.ms", "group.consumer.heartbeat.interval.ms",
                    "default.replication.factor", "min.insync.replicas", "unclean.leader.election.enable")
 KAFKA_DEFAULTS = {"broker.session.timeout.ms": "9000", "controller.quorum.fetch.timeout.ms": "2000",
-                  "controller.quorum.election.timeout.ms": "1000"}
+                  "controller.quorum.election.timeout.ms": "1000", "controller.quorum.election.backoff.max.ms": "1000"}
 """Apache Kafka's defaults, for a broker that does not report its own."""
 LIBRDKAFKA_DEFAULTS: dict[str, Any] = {
     "socket.timeout.ms": 60000, "socket.connection.setup.timeout.ms": 30000, "request.timeout.ms": 30000,
@@ -503,7 +507,8 @@ async def _storm(args: argparse.Namespace, cluster: Cluster) -> dict[str, float]
             print(f"SETTING {who} {name} {value}", flush=True)
     session_timeout_s = ms(brokers["broker.session.timeout.ms"])
     bound_s = session_timeout_s + ms(brokers["controller.quorum.fetch.timeout.ms"]) + 2 * ms(
-        brokers["controller.quorum.election.timeout.ms"]) + ms(clients["retry.backoff.max.ms"])
+        brokers["controller.quorum.election.timeout.ms"]) + ms(brokers["controller.quorum.election.backoff.max.ms"]) + ms(
+        clients["retry.backoff.max.ms"])
     journal = settings.cache / f"journal-{tag}"
     journal.parent.mkdir(parents=True, exist_ok=True)
     journal.touch()
@@ -630,8 +635,8 @@ def _figures(settings: KilnSettings, storm: ClusterStorm, faults: list[Fault], s
     if kills:
         console.print(f"stall after a broker kill: max {max(kills):.2f} s, "
                       f"{'within' if max(kills) <= bound_s else '[red]over[/]'} the bound {bound_s:g} s (broker "
-                      "session timeout + the controller's fetch timeout + twice its election timeout + the clients' "
-                      "retry.backoff.max.ms)")
+                      "session timeout + the controller's fetch timeout + twice its election timeout + its election backoff + "
+                      "the clients' retry.backoff.max.ms)")
     moved_s = [f.leaders_moved_s for f in faults if f.kind in ("kill", "lost") and f.leaders_moved_s is not None]
     return {
         "cluster_lost_results": float(len(lost)),
