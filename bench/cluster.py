@@ -506,9 +506,9 @@ async def _storm(args: argparse.Namespace, cluster: Cluster) -> dict[str, float]
         for name, value in values.items():
             print(f"SETTING {who} {name} {value}", flush=True)
     session_timeout_s = ms(brokers["broker.session.timeout.ms"])
-    bound_s = session_timeout_s + ms(brokers["controller.quorum.fetch.timeout.ms"]) + 2 * ms(
-        brokers["controller.quorum.election.timeout.ms"]) + ms(brokers["controller.quorum.election.backoff.max.ms"]) + ms(
-        clients["retry.backoff.max.ms"])
+    bound_s = (session_timeout_s + ms(brokers["controller.quorum.fetch.timeout.ms"])
+               + 2 * ms(brokers["controller.quorum.election.timeout.ms"])
+               + ms(brokers["controller.quorum.election.backoff.max.ms"]) + ms(clients["retry.backoff.max.ms"]))
     journal = settings.cache / f"journal-{tag}"
     journal.parent.mkdir(parents=True, exist_ok=True)
     journal.touch()
@@ -635,8 +635,8 @@ def _figures(settings: KilnSettings, storm: ClusterStorm, faults: list[Fault], s
     if kills:
         console.print(f"stall after a broker kill: max {max(kills):.2f} s, "
                       f"{'within' if max(kills) <= bound_s else '[red]over[/]'} the bound {bound_s:g} s (broker "
-                      "session timeout + the controller's fetch timeout + twice its election timeout + its election backoff + "
-                      "the clients' retry.backoff.max.ms)")
+                      "session timeout + the controller's fetch timeout + twice its election timeout + its election "
+                      "backoff + the clients' retry.backoff.max.ms)")
     moved_s = [f.leaders_moved_s for f in faults if f.kind in ("kill", "lost") and f.leaders_moved_s is not None]
     return {
         "cluster_lost_results": float(len(lost)),

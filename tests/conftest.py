@@ -8,6 +8,7 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 # testcontainers' reaper image comes from a hub this machine cannot reach; tests clean up after themselves.
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
@@ -21,6 +22,11 @@ from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import TopicSpec
 from kiln.workers.common.registry import Registry
 from tests import collection, topic_hygiene
+
+# Hypothesis's timing checks (input generation "too slow", per-example deadlines) measure the machine, not the code:
+# the suite shares its cores with brokers, dockerd and the stages' workers. Properties are checked in full regardless.
+settings.register_profile("kiln", suppress_health_check=[HealthCheck.too_slow], deadline=None)
+settings.load_profile("kiln")
 
 # Worker processes on per-test topics and the images they run, shared by tests/workers, tests/rl, tests/integrations.
 pytest_plugins = ["tests.stages"]
