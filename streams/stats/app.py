@@ -23,7 +23,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.schemas.envelope import ResultEnvelope
 from kiln.schemas.ops import StageStats, WorkerHeartbeat
-from kiln.streams.errors import ConfigError
+from kiln.streams import admin
+from kiln.streams.errors import ConfigError, InfraError
 from kiln.streams.heartbeat import STALE_BEATS
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import (
@@ -32,6 +33,7 @@ from kiln.streams.stage import (
     RESULTS_TOPIC,
     STATS_TOPIC,
     StageSpec,
+    TopicSpec,
     stage_specs,
 )
 from kiln.streams.stats import windows
@@ -106,6 +108,27 @@ class StatsApp:
         self.app.agent(self.events, name="count")(self._count)
         self.app.timer(stats.publish_s, on_leader=True, name="publish")(self._publish)
         self._pages()
+
+    def declare_topics(self, timeout: float = 60.0) -> None:
+        """Faust's internal topics (the events topic, the tables' changelogs, the leader assignor's), created before
+        the app's consumer joins and waited for until the cluster's metadata lists them. Left to faust, they are
+        created just before the join: on a loaded machine the join's metadata missed them, faust assigned no
+        partition at all, and the app counted nothing until its next metadata refresh (minutes). Created through
+        kiln's admin, they are replicated as the deployment's other topics."""
+        prefix = self.settings.topic_prefix
+        unprefixed = [name.removeprefix(prefix) for name in (
+            self.events.get_topic_name(), f"{self.app.conf.id}-__assignor-__leader")]
+        specs = [TopicSpec(name, 1) for name in unprefixed]
+        specs += [TopicSpec(table.changelog_topic.get_topic_name().removeprefix(prefix), 1,
+                            {"cleanup.policy": "compact"}) for table in self.app.tables.values()]
+        admin.create_topics(self.settings, specs, timeout)
+        client = admin.admin_client(self.settings)
+        wanted = {self.settings.topic(spec.name) for spec in specs}
+        deadline = time.monotonic() + timeout
+        while missing := wanted - set(client.list_topics(timeout=timeout).topics):
+            if time.monotonic() > deadline:
+                raise InfraError(f"the stats app's topics never appeared in the cluster's metadata: {sorted(missing)}")
+            time.sleep(0.2)
 
     def _raw_topic(self, *names: str) -> Any:
         return self.app.topic(*names, key_serializer="raw", value_serializer="raw")

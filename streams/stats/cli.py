@@ -18,4 +18,5 @@ def serve(verbose: Annotated[bool, typer.Option(help="Faust's info log.")] = Fal
     from kiln.streams.stats.app import StatsApp, StatsSettings
 
     stats = StatsApp(get_settings(), StatsSettings())
+    stats.declare_topics()
     faust.Worker(stats.app, loglevel="info" if verbose else "warning", quiet=True).execute_from_commandline()
