@@ -156,11 +156,17 @@ Configuration:
       PatternLayout: { pattern: "[%d] %p %m (%c)%n" }
       Policies: { SizeBasedTriggeringPolicy: { size: 50MB } }
       DefaultRolloverStrategy: { max: 2 }
+    File:
+      name: Lifecycle
+      fileName: "$DATA/logs/lifecycle.log"
+      append: false
+      PatternLayout: { pattern: "[%d] %p %m (%c)%n" }
   Loggers:
     Root: { level: INFO, AppenderRef: [ { ref: File } ] }
     Logger:
       - { name: kafka.request.logger, level: WARN }
       - { name: org.apache.kafka.controller, level: WARN }
+      - { name: kafka.server.KafkaRaftServer, level: INFO, AppenderRef: [ { ref: Lifecycle } ] }
 EOF
 }
 
@@ -196,17 +202,21 @@ launch_node() {
   format
   echo "$key" >"$DATA/config.key"
   log "starting kafka $KAFKA_VERSION node $NODE on 127.0.0.1:$NODE_PORT (heap $HEAP)"
+  rm -f "$DATA/logs/lifecycle.log"  # await_node reads this start's line only
   nohup java "-Xmx$HEAP" "-Xms$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
     "-Dlog4j2.configurationFile=$DATA/log4j2.yaml" -cp "$KAFKA_HOME/libs/*" kafka.Kafka "$DATA/server.properties" \
     >"$DATA/logs/stdout.log" 2>&1 </dev/null 9>&- &  # not the start lock's fd: the node would hold it for life
   echo $! >"$PIDFILE"
+  LAUNCHED+=("$1")
 }
 
 # await_node I: until node I serves requests (a cluster's nodes each wait for a quorum of controllers).
 await_node() {
   use_node "$1"
   local timeout="${KILN_KAFKA_START_TIMEOUT:-600}" began=$SECONDS next_report=$((SECONDS + 30))
-  until tcp_open 127.0.0.1 "$NODE_PORT" && grep -q "Kafka Server started" "$DATA/logs/server.log" 2>/dev/null; do
+  # The server's start, read from this start's own small log: server.log holds earlier starts' lines too, and a
+  # broker loading many partitions can write 50 MB before and after the line, rotating it into server.log.1.
+  until tcp_open 127.0.0.1 "$NODE_PORT" && grep -q "Kafka Server started" "$DATA/logs/lifecycle.log" 2>/dev/null; do
     pid_alive "$PIDFILE" || { tail -30 "$DATA/logs/stdout.log" "$DATA/logs/server.log" >&2 || true; die "kafka exited"; }
     if ((SECONDS - began >= timeout)); then
       tail -5 "$DATA/logs/server.log" >&2 || true
@@ -242,8 +252,9 @@ start() {
   # a node, and the one that loses the port would leave its pid in the pid file.
   exec 9>"$KILN_RUN/kafka-$PORT-x$BROKERS.start.lock"
   flock 9
+  LAUNCHED=()
   for ((i = 1; i <= BROKERS; i++)); do launch_node "$i"; done
-  for ((i = 1; i <= BROKERS; i++)); do await_node "$i"; done
+  for i in "${LAUNCHED[@]}"; do await_node "$i"; done
   ((BROKERS == 1)) || log "kafka cluster of $BROKERS ready: $(bootstrap) (replication $REPLICATION, min ISR $MIN_ISR)"
 }
 
@@ -284,7 +295,7 @@ case "${1:-}" in
   bootstrap) bootstrap ;;
   bootstrap-nodes) [[ -n $NODES_ADDRESS ]] || die "KILN_KAFKA_NODES_ADDRESS is not set"; bootstrap "$NODES_ADDRESS" 3 ;;
   pids) pids ;;
-  start-node) n=$(node_arg "${2:-}"); install; launch_node "$n"; await_node "$n" ;;
+  start-node) n=$(node_arg "${2:-}"); install; LAUNCHED=(); launch_node "$n"; for i in "${LAUNCHED[@]}"; do await_node "$i"; done ;;
   stop-node) n=$(node_arg "${2:-}"); use_node "$n"; stop_pidfile "$PIDFILE" "kafka node $NODE" ;;
   version) echo "$KAFKA_VERSION" ;;
   home) echo "$KAFKA_HOME" ;;
