@@ -201,17 +201,19 @@ class VerifyClient:
                                     sent_together=together)
             return await self._one(request, [len(c) for _, c in step], _left(deadline))
 
-        answered = [asyncio.ensure_future(sent(step)) for step in steps]
+        pairs = [pair for step in steps for pair in step]
+        answers = [verdicts for answer in await asyncio.gather(*(sent(step) for step in steps)) for verdicts in answer]
 
-        def first(answer: asyncio.Future[list[list[CompletionVerdict]]],
-                  at: int) -> Callable[[list[str]], Awaitable[list[CompletionVerdict]]]:
-            async def verdicts(_completions: list[str]) -> list[CompletionVerdict]:
-                return (await answer)[at]
-            return verdicts
+        def given(verdicts: list[CompletionVerdict]) -> Callable[[list[str]], Awaitable[list[CompletionVerdict]]]:
+            async def first(_completions: list[str]) -> list[CompletionVerdict]:
+                return verdicts
+            return first
 
-        answers = await asyncio.gather(*(self._checked(task, group, deadline, first(answer, at))
-                                         for step, answer in zip(steps, answered, strict=True)
-                                         for at, (task, group) in enumerate(step)))
+        # A group with a verdict kiln failed to give is checked again (alone), within the budget (``rechecked``).
+        failed = [i for i, verdicts in enumerate(answers) if any(v.failure for v in verdicts)]
+        rechecks = await asyncio.gather(*(self._checked(*pairs[i], deadline, given(answers[i])) for i in failed))
+        for i, verdicts in zip(failed, rechecks, strict=True):
+            answers[i] = verdicts
         out: list[CompletionVerdict | None] = [None] * len(completions)
         for (_, at), verdicts in zip(groups.values(), answers, strict=True):
             for i, verdict in zip(at, verdicts, strict=True):
