@@ -5,17 +5,17 @@ The batch: ``--prompts`` (64) digit additions x ``--samples`` (8) completions = 
 group, checked by the addition checker (``kiln.rl.tasks.ADDITION_CHECKER``, an ``exec`` task on
 ``kiln/toolchain:latest``). Two paths, alternating ``--rounds`` times after a warm-up of each:
 
-- ``verify``: ``VerifyClient.verify_batch`` — one verify request per prompt, all in flight; the verify worker's
-  exec verifier batches the groups into checker calls (up to ``KILN_VERIFY_EXEC_BATCH_GROUPS``, 32, per call).
+- ``verify``: ``VerifyClient.verify_batch`` — the step's groups (one per prompt) in one verify request; the verify
+  worker's exec verifier batches them into checker calls (up to ``KILN_VERIFY_EXEC_BATCH_GROUPS``, 32, per call).
 - ``direct``: the same checks by hand on the exec stage — the groups chunked the same way (32 per call), one
   ``ExecClient.run_once`` per chunk with the same checker and ``groups.jsonl``, all in flight, outputs parsed.
 
 METRIC ``verify_batch512_s`` (median over rounds: the batch's wall time, submit to last verdict),
 ``verify_direct_batch512_s`` and ``verify_batch512_vs_direct`` (their ratio; aim ≤ 1.2),
 ``verify_batch512_overhead_s`` (their difference: what the verify stage adds — two more broker hops, client →
-verify worker and back, and the work of 64 requests and results instead of 2 calls, on the client and the verify
-worker; its batching holds no step back: a lone request goes at once, a full batch goes at once — a cost that does
-not grow with the checks, so the ratio falls as checks take longer),
+verify worker and back, and the work of one more request and result, on the client and the verify worker; its
+batching holds no step back: a step's calls go as soon as its groups have joined them — a cost that does not grow
+with the checks, so the ratio falls as checks take longer),
 ``verify_wrong_verdicts``
 (verdicts that differ from the in-process answer; must be 0). Workers: one exec worker (its default slots) and one
 verify worker, on this machine.

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kiln.schemas.rl import RolloutTask
 
@@ -17,10 +17,16 @@ PolicyFailure = Literal["timeout", "crashed", "memory", "output_limit"]
 nonzero exit or a signal, outgrew its memory bound, or flooded its output past the cap. A real verdict: reward 0."""
 
 
+MAX_COMPLETIONS = 4096
+"""Completions one request carries at most (its groups' together, in a step's request)."""
+Completions = Annotated[list[str], Field(min_length=1, max_length=MAX_COMPLETIONS)]
+
+
 class SentTogether(BaseModel):
-    """Requests a client sent at once (a training step's groups, one request each): ``id`` theirs, ``requests`` how
-    many. A worker's exec batches wait for the rest of them (within ``KILN_VERIFY_EXEC_BATCH_WINDOW_S``) instead of
-    sending the first to arrive alone. A hint about timing only: no verdict depends on it."""
+    """Requests a client sent at once (a training step's groups, in requests of one task each or in several step
+    requests): ``id`` theirs, ``requests`` how many groups they carry in all (a request of one task counts one). A
+    worker's exec batches wait for the rest of them (within ``KILN_VERIFY_EXEC_BATCH_WINDOW_S``) instead of sending
+    the first to arrive alone. A hint about timing only: no verdict depends on it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -28,16 +34,47 @@ class SentTogether(BaseModel):
     requests: int = Field(ge=1, le=1_000_000)
 
 
-class VerifyRequest(BaseModel):
-    """``task`` says what the verifier needs (``verifier`` names it, ``check`` is what it reads: an exec checker, a
-    repository's image and test patch, a Lean statement, an expected ``answer``); every completion is checked
-    against it. ``sent_together``: the requests it was sent with, if any."""
+class VerifyGroup(BaseModel):
+    """One task and the completions checked against it (a prompt's group), in a step's request."""
 
     model_config = ConfigDict(extra="forbid")
 
     task: RolloutTask
-    completions: list[str] = Field(min_length=1, max_length=4096)
+    completions: Completions
+
+
+class VerifyRequest(BaseModel):
+    """One task and its completions, or a training step's groups in one request (one message to the stage and one
+    result back instead of one per group). ``task`` says what the verifier needs (``verifier`` names it, ``check`` is
+    what it reads: an exec checker, a repository's image and test patch, a Lean statement, an expected ``answer``);
+    every completion is checked against it. ``groups`` (instead of ``task`` and ``completions``): several such, each
+    judged as a request of its own would be, their verdicts in one result in the groups' order.
+    ``sent_together``: the requests it was sent with, if any."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: RolloutTask | None = None
+    completions: Completions | None = None
+    groups: Annotated[list[VerifyGroup], Field(min_length=1, max_length=MAX_COMPLETIONS)] | None = None
     sent_together: SentTogether | None = None
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> VerifyRequest:
+        if self.groups is None:
+            if self.task is None or self.completions is None:
+                raise ValueError("a request carries a task and its completions, or groups")
+        elif self.task is not None or self.completions is not None:
+            raise ValueError("a request carries either a task and its completions or groups, not both")
+        elif sum(len(g.completions) for g in self.groups) > MAX_COMPLETIONS:
+            raise ValueError(f"a request's groups carry more than {MAX_COMPLETIONS} completions")
+        return self
+
+    def each(self) -> list[VerifyGroup]:
+        """The request's groups, in order: its one task and completions, or its ``groups``."""
+        if self.groups is not None:
+            return self.groups
+        assert self.task is not None and self.completions is not None  # (_one_shape)
+        return [VerifyGroup(task=self.task, completions=self.completions)]
 
 
 class CompletionVerdict(BaseModel):
@@ -73,13 +110,39 @@ def scored(verdict: CompletionVerdict) -> float | None:
     return None if verdict.failure else verdict.reward
 
 
+class GroupVerdicts(BaseModel):
+    """Where a group's verdicts are in a step's result: its task, and ``count`` verdicts (the result's next ones, after
+    those of the groups before it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str
+    verifier: str
+    count: int = Field(ge=0)
+
+
 class VerifyResult(BaseModel):
+    """One verdict per completion, in the request's order (a step's: group after group). ``task_id`` and ``verifier``
+    are the task's; for a step's request ``task_id`` is empty, ``verifier`` its groups' verifiers (sorted, joined
+    by ``+``), and ``groups`` says whose verdicts are where."""
+
     model_config = ConfigDict(extra="forbid")
 
     task_id: str
     verifier: str
     verdicts: list[CompletionVerdict]
     verify_s: float = Field(description="the worker's time on the whole batch")
+    groups: list[GroupVerdicts] | None = Field(None, description="a step's request: its groups, in order")
+
+    def by_group(self) -> list[list[CompletionVerdict]]:
+        """The verdicts of each of the request's groups, in order (one list for a request of one task)."""
+        if self.groups is None:
+            return [self.verdicts]
+        out, at = [], 0
+        for group in self.groups:
+            out.append(self.verdicts[at:at + group.count])
+            at += group.count
+        return out
 
 
 class RescoredRequest(BaseModel):

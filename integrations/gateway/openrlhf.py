@@ -1,6 +1,6 @@
 """OpenRLHF's remote reward model (``--remote_rm_url http://GATEWAY:8500/openrlhf/reward``) served by kiln's
-``verify`` stage: every query of a request is checked against its label's task, one verify request per distinct
-task, all in flight at once; a query kiln could not judge gets its group's mean of real verdicts
+``verify`` stage: every query of a request is checked against its label's task, the groups (one per distinct task)
+in one verify request; a query kiln could not judge gets its group's mean of real verdicts
 (``kiln.integrations.trainers.openrlhf``: OpenRLHF has no per-sample "no reward"), flagged in
 ``extra_logs.kiln_failed``."""
 

@@ -179,9 +179,9 @@ class Verified:
     """Reward = the ``verify`` stage's verdict, from the verifiers the rollout stage uses (``exec`` checkers,
     ``swe`` repository tasks, ``lean``, ``exact_match``, ``kiln.verifiers`` entry points): the row's ``kiln_task``
     column (a task's dict or JSON: ``verifier``, ``check``, ``answer``), else its ``answer`` column. The batch goes
-    out at once, one verify request per distinct task (a prompt's completions share a sandbox where the verifier
-    allows; ``through_stage=False``: the verifier runs in this process instead). A completion kiln could not judge
-    is ``None`` (no reward, logged); one that failed by itself scores 0."""
+    out at once, its groups (one per distinct task) in one verify request (a prompt's completions share a sandbox
+    where the verifier allows; ``through_stage=False``: the verifier runs in this process instead). A completion kiln
+    could not judge is ``None`` (no reward, logged); one that failed by itself scores 0."""
 
     __name__ = "kiln_verified"
 

@@ -19,7 +19,7 @@ step: no wrong gradient, a lost step), never 0:
 - ``compute_score(data_source, solution_str, ground_truth, extra_info)`` — one completion (verl's reward loop
   awaits it, many at once; an async function, so no thread waits on kiln);
 - ``compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos)`` — the ``batch`` reward manager's
-  call: the whole step's batch at once, one verify request per distinct task.
+  call: the whole step's batch at once, its groups (one per distinct task) in one verify request.
 
 verl's own SandboxFusion scorer scores a sandbox that failed as 0 (``utils/reward_score/sandbox_fusion/__init__.py``:
 ``:93`` no results, ``:113`` any error reaching the sandbox): fake zeros, which kiln's gateway cannot undo behind

@@ -142,10 +142,10 @@ class ExecVerifier:
         joined with this checker just before or in that turn, or a call with it still running) the batch waits
         while groups keep joining — until none has for ``batch_quiet_s``, it is full, or ``batch_window_s`` has
         passed since it opened. Requests sent together (``SENT_TOGETHER``) are waited for whatever the gaps between
-        them, within the window."""
+        them, within the window, and once the last of them has joined the batch goes."""
         await asyncio.sleep(0)
-        if not batch.flood and len(batch.groups) == 1:
-            return
+        if (not batch.flood and len(batch.groups) == 1) or (batch.awaited and not self._expecting(batch)):
+            return  # a lone group, or every request sent with its groups has joined (a step's request: at once)
         deadline = batch.opened + self.batch_window_s
         while len(batch.groups) < self.batch_groups and (left := deadline - time.monotonic()) > 0:
             batch.joined.clear()

@@ -1,7 +1,8 @@
 """Client facade of the ``verify`` stage: what a trainer (or an adapter for one) imports.
 
 ``VerifyClient.verify(task, completions)`` is one request; ``verify_batch(tasks, completions)`` sends a training
-step's batch — one request per distinct task, all in flight at once — and returns the verdicts in the batch's order.
+step's batch — its groups (one per distinct task) in one request (``VerifyRequest.groups``; a big step in a few,
+all in flight at once) — and returns the verdicts in the batch's order.
 Neither raises for a failed check or a failed request. What kiln failed to judge (a ``failure``: its sandbox,
 checker, worker or the stage failed it; a request that got no answer comes back as ``unavailable``) is checked again,
 each time as a new request — so on another verify worker, exec worker and runner — within the budget of
@@ -26,7 +27,14 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.schemas.rl import RolloutTask
-from kiln.schemas.verify import CompletionVerdict, SentTogether, VerifyRequest, VerifyResult
+from kiln.schemas.verify import (
+    MAX_COMPLETIONS,
+    CompletionVerdict,
+    SentTogether,
+    VerifyGroup,
+    VerifyRequest,
+    VerifyResult,
+)
 from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import ClientError
@@ -62,7 +70,9 @@ class VerifySettings(BaseSettings):
 
 T = TypeVar("T")
 log = logging.getLogger("kiln.verify")
-MAX_COMPLETIONS = 4096  # per request (VerifyRequest); longer lists travel as several requests
+STEP_COMPLETIONS = 1024
+"""Completions a step's request (``verify_batch``) carries at most: a bigger step travels as several requests, sent
+together, each answered by a result small enough to need no claim check (a verdict is ~0.2 KB of JSON)."""
 
 
 RETRIED = frozenset({"timeout", "sandbox_error", "checker_error", "unavailable"})
@@ -116,31 +126,52 @@ class VerifyClient:
         if not completions:
             return []
         deadline = time.monotonic() + deadline_s if deadline_s is not None else None
-        first = [sent_together]
+        return await self._checked(task, list(completions), deadline,
+                                   lambda first: self._sent(task, first, deadline, sent_together))
+
+    async def _checked(self, task: RolloutTask, completions: list[str], deadline: float | None,
+                       first: Callable[[list[str]], Awaitable[list[CompletionVerdict]]]) -> list[CompletionVerdict]:
+        """``rechecked``: the first check by ``first``, each re-check a request of its own."""
+        opening = [first]
 
         async def check(task: RolloutTask, completions: list[str]) -> list[CompletionVerdict]:
-            left = None if deadline is None else max(0.001, deadline - time.monotonic())
-            together, first[0] = first[0], None
-            chunks = [completions[i:i + MAX_COMPLETIONS] for i in range(0, len(completions), MAX_COMPLETIONS)]
-            parts = await asyncio.gather(*(self._one(task, chunk, left, together) for chunk in chunks))
-            return [v for part in parts for v in part]
+            if opening:
+                return await opening.pop()(completions)
+            return await self._sent(task, completions, deadline, None)
 
-        return await rechecked(check, task, list(completions), self.settings, deadline)
+        return await rechecked(check, task, completions, self.settings, deadline)
 
-    async def _one(self, task: RolloutTask, completions: list[str], deadline_s: float | None,
-                   together: SentTogether | None) -> list[CompletionVerdict]:
-        request = VerifyRequest(task=task, completions=completions, sent_together=together)
+    async def _sent(self, task: RolloutTask, completions: list[str], deadline: float | None,
+                    together: SentTogether | None) -> list[CompletionVerdict]:
+        """One check of the task's completions: a request (several past ``MAX_COMPLETIONS``, all in flight)."""
+        left = _left(deadline)
+        chunks = [completions[i:i + MAX_COMPLETIONS] for i in range(0, len(completions), MAX_COMPLETIONS)]
+        parts = await asyncio.gather(*(self._one(VerifyRequest(task=task, completions=chunk, sent_together=together),
+                                                 [len(chunk)], left) for chunk in chunks))
+        return [v for part in parts for v in part[0]]
+
+    async def _one(self, request: VerifyRequest, counts: list[int],
+                   deadline_s: float | None) -> list[list[CompletionVerdict]]:
+        """The verdicts of the request's groups (``counts`` completions each); what kiln failed to answer as
+        ``unavailable``."""
         try:
             result: VerifyResult = await self.kiln.call("verify", request, deadline_s=deadline_s)
         except ClientError as e:
-            log.info("task %s: the verify request for %d completions failed: %s", task.task_id, len(completions), e)
-            return unavailable(len(completions), f"{type(e).__name__}: {e}")
-        return result.verdicts
+            log.info("a verify request for %d completions failed: %s", sum(counts), e)
+            return [unavailable(n, f"{type(e).__name__}: {e}") for n in counts]
+        verdicts = result.by_group()
+        if [len(v) for v in verdicts] != counts:
+            log.warning("a verify result has %s verdicts for groups of %s completions", [len(v) for v in verdicts],
+                        counts)
+            return [unavailable(n, "the result's verdicts do not match the request's groups") for n in counts]
+        return verdicts
 
     async def verify_batch(self, tasks: Sequence[RolloutTask], completions: Sequence[str], *,
                            deadline_s: float | None = None) -> list[CompletionVerdict]:
-        """A training step's batch: ``completions[i]`` is checked against ``tasks[i]``; completions of the same
-        task (a prompt's group) travel in one request, so the verifier can batch them into one sandbox."""
+        """A training step's batch: ``completions[i]`` is checked against ``tasks[i]``. Completions of the same task
+        (a prompt's group) are one group; the step's groups travel together, in requests of up to
+        ``STEP_COMPLETIONS`` completions (a group above it alone), so the stage gets one message per step and the
+        verifier batches the groups into as few sandboxes as it may. A group's re-checks go alone."""
         if len(tasks) != len(completions):
             raise ValueError(f"{len(tasks)} tasks for {len(completions)} completions")
         groups: dict[str, tuple[RolloutTask, list[int]]] = {}
@@ -149,16 +180,50 @@ class VerifyClient:
             if (key := keys.get(id(task))) is None:
                 key = keys[id(task)] = task.model_dump_json()
             groups.setdefault(key, (task, []))[1].append(i)
-        # Sent together: the worker batches a step's groups into full exec calls, none sent ahead alone.
-        together = SentTogether(id=uuid.uuid4().hex, requests=sum(
-            -(-len(at) // MAX_COMPLETIONS) for _, at in groups.values())) if len(groups) > 1 else None
-        answers = await asyncio.gather(*(self.verify(task, [completions[i] for i in at], deadline_s=deadline_s,
-                                                     sent_together=together) for task, at in groups.values()))
+        deadline = time.monotonic() + deadline_s if deadline_s is not None else None
+        steps: list[list[tuple[RolloutTask, list[str]]]] = []
+        size = STEP_COMPLETIONS
+        for task, at in groups.values():
+            if size + len(at) > STEP_COMPLETIONS:
+                steps.append([])
+                size = 0
+            steps[-1].append((task, [completions[i] for i in at]))
+            size += len(at)
+        # Sent as more than one request, they say so (counting the verifier calls their groups make).
+        chunks = [len(step) if len(step) > 1 else -(-len(step[0][1]) // MAX_COMPLETIONS) for step in steps]
+        requests = sum(1 if len(step) > 1 else n for step, n in zip(steps, chunks, strict=True))
+        together = SentTogether(id=uuid.uuid4().hex, requests=sum(chunks)) if requests > 1 else None
+
+        async def sent(step: list[tuple[RolloutTask, list[str]]]) -> list[list[CompletionVerdict]]:
+            if len(step) == 1:
+                return [await self._sent(step[0][0], step[0][1], deadline, together)]
+            request = VerifyRequest(groups=[VerifyGroup(task=t, completions=c) for t, c in step],
+                                    sent_together=together)
+            return await self._one(request, [len(c) for _, c in step], _left(deadline))
+
+        pairs = [pair for step in steps for pair in step]
+        answers = [verdicts for answer in await asyncio.gather(*(sent(step) for step in steps)) for verdicts in answer]
+
+        def given(verdicts: list[CompletionVerdict]) -> Callable[[list[str]], Awaitable[list[CompletionVerdict]]]:
+            async def first(_completions: list[str]) -> list[CompletionVerdict]:
+                return verdicts
+            return first
+
+        # A group with a verdict kiln failed to give is checked again (alone), within the budget (``rechecked``).
+        failed = [i for i, verdicts in enumerate(answers) if any(v.failure for v in verdicts)]
+        rechecks = await asyncio.gather(*(self._checked(*pairs[i], deadline, given(answers[i])) for i in failed))
+        for i, verdicts in zip(failed, rechecks, strict=True):
+            answers[i] = verdicts
         out: list[CompletionVerdict | None] = [None] * len(completions)
         for (_, at), verdicts in zip(groups.values(), answers, strict=True):
             for i, verdict in zip(at, verdicts, strict=True):
                 out[i] = verdict
         return [v for v in out if v is not None]
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds to ``deadline`` (a ``time.monotonic()``), at least a millisecond; None without one."""
+    return None if deadline is None else max(0.001, deadline - time.monotonic())
 
 
 class BlockingVerifyClient:

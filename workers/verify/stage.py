@@ -17,13 +17,14 @@ worker lost for good) reaches the client, whose facade turns it into ``unavailab
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import socket
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from kiln.schemas.verify import VerifyRequest, VerifyResult
+from kiln.schemas.verify import GroupVerdicts, SentTogether, VerifyGroup, VerifyRequest, VerifyResult
 from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.settings import get_settings
@@ -35,7 +36,8 @@ from kiln.workers.verify.client import VerifySettings
 registry = CollectorRegistry()
 COMPLETIONS = Counter("kiln_verify_completions_total", "Completions verified, by verifier and failure (none: a "
                       "real verdict).", ["verifier", "failure"], registry=registry)
-SECONDS = Histogram("kiln_verify_seconds", "Time to verify one request's batch.", ["verifier"], registry=registry)
+SECONDS = Histogram("kiln_verify_seconds", "Time to verify one request's batch (a step's request: each group's, from "
+                    "the request's start).", ["verifier"], registry=registry)
 
 _verifiers: list[Verifiers] = []
 
@@ -76,19 +78,36 @@ def answered(verdict: Verdict, seconds: float) -> dict[str, object]:
 
 async def verified(verifiers: Verifiers, request: VerifyRequest, request_id: str) -> VerifyResult:
     """The request's result from ``verifiers``: what a worker answers, and what ``kiln verify rescore`` re-computes
-    in process with the verifiers installed where it runs."""
-    task, started = request.task, time.perf_counter()
-    together = SENT_TOGETHER.set(request.sent_together)
+    in process with the verifiers installed where it runs. A step's groups are judged at once, each as a request of
+    its own would be (they were sent together: an exec checker's batches take them whole)."""
+    groups, started = request.each(), time.perf_counter()
+    together = request.sent_together
+    if together is None and len(groups) > 1:
+        together = SentTogether(id=request_id[:64] or "step", requests=len(groups))
+
+    async def judged(group: VerifyGroup) -> list[Verdict]:
+        task = group.task
+        verdicts = await verifiers.judge(task, group.completions, request_id)
+        elapsed = time.perf_counter() - started
+        SECONDS.labels(task.verifier).observe(elapsed)
+        out = verifiers.stamped(task, verdicts, [answered(v, elapsed) for v in verdicts])
+        for failure, n in collections.Counter(v.failure or "none" for v in out).items():
+            COMPLETIONS.labels(task.verifier, failure).inc(n)
+        return out
+
+    token = SENT_TOGETHER.set(together)
     try:
-        verdicts = await verifiers.judge(task, request.completions, request_id)
+        answers = await asyncio.gather(*(judged(g) for g in groups))
     finally:
-        SENT_TOGETHER.reset(together)
+        SENT_TOGETHER.reset(token)
     elapsed = time.perf_counter() - started
-    SECONDS.labels(task.verifier).observe(elapsed)
-    out = verifiers.stamped(task, verdicts, [answered(v, elapsed) for v in verdicts])
-    for v in out:
-        COMPLETIONS.labels(task.verifier, v.failure or "none").inc()
-    return VerifyResult(task_id=task.task_id, verifier=task.verifier, verdicts=out, verify_s=elapsed)
+    if request.groups is None:
+        task = groups[0].task
+        return VerifyResult(task_id=task.task_id, verifier=task.verifier, verdicts=answers[0], verify_s=elapsed)
+    return VerifyResult(task_id="", verifier="+".join(sorted({g.task.verifier for g in groups})),
+                        verdicts=[v for verdicts in answers for v in verdicts], verify_s=elapsed,
+                        groups=[GroupVerdicts(task_id=g.task.task_id, verifier=g.task.verifier, count=len(verdicts))
+                                for g, verdicts in zip(groups, answers, strict=True)])
 
 
 async def handle(request: VerifyRequest, ctx: JobContext) -> VerifyResult:

@@ -1,7 +1,8 @@
 """Re-scoring by replay: a verifier with a planted bug (it also accepts the answer with a "0" appended) scores a batch
 through a real verify worker; after the fix, ``kiln verify rescore`` re-checks the stored requests and changes
 exactly the planted verdicts — no other completion of the planted verifier, no verdict of another verifier — and
-its report and ``verify.rescored`` name the old and the new version."""
+its report and ``verify.rescored`` name the old and the new version. A training step's request (its groups of both
+verifiers in one) is re-scored the same, its changes by position in its verdicts."""
 
 from __future__ import annotations
 
@@ -93,12 +94,15 @@ async def test_rescoring_after_a_fix_changes_exactly_the_planted_verdicts(
             clients = VerifyClient(kiln), VerifyClient(kiln_cc)
             scored: list[list[CompletionVerdict]] = await asyncio.gather(
                 *(clients[i % 2].verify(t, c) for i, (t, c) in enumerate(work)))
+            # And the same groups as a training step: one request of them all, both verifiers.
+            stepped = await clients[0].verify_batch([t for t, c in work for _ in c], [x for _, c in work for x in c])
+    assert [v.reward for v in stepped] == [v.reward for verdicts in scored for v in verdicts]
     for (task, completions), verdicts in zip(work, scored, strict=True):
         assert [v.reward for v in verdicts] == [1.0 if c == task.answer or planted(task, c) else 0.0
                                                 for c in completions]
         assert {v.verifier for v in verdicts} == {task.verifier} and all(v.version for v in verdicts)
     stored = [codec.decode_request(r.value()) for r in read_topic(settings, "verify.requests")]
-    assert sum(e.claim_check is not None for e in stored) == len(work) // 2
+    assert sum(e.claim_check is not None for e in stored) == len(work) // 2 and len(stored) == len(work) + 1
     old = {t.verifier: v[0].version for (t, _), v in zip(work, scored, strict=True)}
 
     plant(site, FIXED)  # the fix: the worker is gone, the command runs with the fixed verifier installed here
@@ -110,29 +114,35 @@ async def test_rescoring_after_a_fix_changes_exactly_the_planted_verdicts(
     report = json.loads(run.stdout)
 
     n_planted = sum(planted(t, c) for t, cs in work for c in cs)
-    assert (report["requests"], report["completions"], report["published"]) == (len(work), 4 * len(work), len(work))
-    assert (report["changed"], report["without_before"], report["malformed"]) == (n_planted, 0, 0)
+    requests = len(work) + 1  # and the step's
+    assert (report["requests"], report["completions"], report["published"]) == (requests, 8 * len(work), requests)
+    assert (report["changed"], report["without_before"], report["malformed"]) == (2 * n_planted, 0, 0)
     [change] = report["transitions"]
     new = change["new_version"]
     assert change == {"verifier": "planted", "old_version": old["planted"], "new_version": new, "before": "1",
-                      "after": "0", "completions": n_planted}
+                      "after": "0", "completions": 2 * n_planted}
     assert new != old["planted"]
-    assert report["versions"] == {f"exact_match {old['exact_match']} -> {old['exact_match']}": 4 * 8,
-                                  f"planted {old['planted']} -> {new}": 4 * 8}
+    assert report["versions"] == {f"exact_match {old['exact_match']} -> {old['exact_match']}": 2 * 4 * 8,
+                                  f"planted {old['planted']} -> {new}": 2 * 4 * 8}
 
     # verify.rescored: every request once, its changed completions exactly the planted ones.
     records = [RescoredRequest.model_validate_json(r.value() or b"") for r in read_topic(settings, "verify.rescored")]
-    assert len(records) == len(work)
-    by_task = {r.result.task_id: r for r in records}
+    assert len(records) == requests
+    by_task = {r.result.task_id: r for r in records if r.result.groups is None}
     for task, completions in work:
         r = by_task[task.task_id]
         assert r.before is not None and r.changed == [i for i, c in enumerate(completions) if planted(task, c)]
         assert {v.version for v in r.result.verdicts} == {new if task.verifier == "planted" else old["exact_match"]}
+    [step] = [r for r in records if r.result.groups is not None]  # its groups in order, its changes by position
+    assert step.before is not None and [g.task_id for g in step.result.groups or []] == [t.task_id for t, _ in work]
+    assert step.changed == [i for i, (t, c) in enumerate((t, c) for t, cs in work for c in cs) if planted(t, c)]
+    assert [{v.version for v in group} for group in step.result.by_group()] == [
+        {new if t.verifier == "planted" else old["exact_match"]} for t, _ in work]
 
     # The human report: the same figures, the versions named.
     table = await invoke("rescore", "--no-publish")
     assert table.exit_code == 0, table.output
-    assert f"{n_planted} changed" in table.stdout and old["planted"] in table.stdout and new in table.stdout
+    assert f"{2 * n_planted} changed" in table.stdout and old["planted"] in table.stdout and new in table.stdout
     # A range: offsets 0..0 of each partition, and a time after every request.
     first = json.loads((await invoke("rescore", "--from", "0", "--to", "0", "--no-publish", "--json")).stdout)
     assert 1 <= first["requests"] <= 4

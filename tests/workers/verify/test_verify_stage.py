@@ -2,9 +2,9 @@
 (``timeout``), an unreadable task or an unknown verifier (``invalid_task``), a checker that fails
 (``checker_error``) — never an error result; kiln's failures are retried within the client's budget (a checker past
 its time keeps its failure after the retries: ``attempts``); a program's own failures (past its time, killed,
-flooding its output, its process group killed, its stdout closed) are real 0s; a training step's batch keeps one
-request per task; and a verify worker SIGKILLed mid-batch costs only time: every request is answered, each once,
-with the right verdicts."""
+flooding its output, its process group killed, its stdout closed) are real 0s; a training step's batch is one
+request, a failed group re-checked alone; and a verify worker SIGKILLed mid-batch costs only time: every request is
+answered, each once, with the right verdicts."""
 
 from __future__ import annotations
 
@@ -46,10 +46,12 @@ async def test_verdicts_and_typed_failures(stack: KilnSettings, unique: str) -> 
         assert (unreadable[0].failure, unknown[0].failure, failing[0].failure) == (
             "invalid_task", "invalid_task", "checker_error")
         assert "no verifier 'nope'" in unknown[0].reason and "exited 3" in failing[0].reason
-        # A step's batch: completions of one task travel together, the order is the batch's.
+        # A step's batch (one request): completions of one task are a group, the order is the batch's; the group
+        # kiln failed to judge is checked again alone (its second attempt), the others stand.
         tasks = [task("7"), task("5"), task("7"), timing_out()]
         batch = await client.verify_batch(tasks, ["7", "5", "6", "7"])
-        assert [(v.reward, v.failure) for v in batch] == [(1.0, None), (1.0, None), (0.0, None), (0.0, "timeout")]
+        assert [(v.reward, v.failure, v.attempts) for v in batch] == [
+            (1.0, None, 1), (1.0, None, 1), (0.0, None, 1), (0.0, "timeout", 2)]
 
 
 ATTACKS = {  # a program's own failures, each measured outside it: a real 0, never "no reward"
