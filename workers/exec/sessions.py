@@ -305,6 +305,15 @@ def cgroup_procs(init_pid: int) -> Path | None:
     return None
 
 
+def pid_running(pid: int) -> bool:
+    """Whether host pid ``pid`` is a live process (not gone, not a zombie)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 def safe_path(path: str) -> str:
     """A path relative to /work; absolute paths, ``..`` and NUL are refused."""
     if "\0" in path or path.startswith("/") or len(path) > 4096:
@@ -636,7 +645,11 @@ class SessionManager:
             raise SessionDenied("the snapshot proof does not match the session that took it")
 
     def _alive(self, session: Session) -> bool:
-        """Whether the container still runs; a Docker hiccup is an infrastructure error, not a lost session."""
+        """Whether the container still runs; a Docker hiccup is an infrastructure error, not a lost session. Where
+        this worker sees the host's pids (it read the container's cgroup), its init is asked first: a container
+        being killed ends its processes (a command's stream with them) before Docker's state says so."""
+        if session.procs_file is not None and not pid_running(session.init_pid):
+            return False
         try:
             session.container.reload()
         except NotFound:
