@@ -19,6 +19,7 @@ from docker.errors import APIError, NotFound
 
 from kiln.schemas.envelope import new_request_id, request_id_value
 from kiln.schemas.exec import CommandOutput, ExecResult, SessionLimits
+from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
 from kiln.streams.settings import KilnSettings
@@ -374,8 +375,8 @@ async def test_a_stalled_worker_loses_no_output_to_dockerd(docker_engine: Any, e
     buffer between them lost the tail, end mark included: the command was answered ``InfraError`` ("dockerd closed
     the command's output stream early"), every time. Its wrapper now exits only once the worker has read its marks."""
     with exec_worker(exec_settings, tmp_path / "locks") as worker:
-        worker.wait_assigned()
-        async with KilnClient(exec_settings, "agent") as kiln:
+        worker.wait_assigned()  # (the output comes back as a claim check: the worker's store is the client's)
+        async with KilnClient(exec_settings, "agent", blob_store=open_blob_store(exec_settings)) as kiln:
             client = ExecClient(kiln)
             s = await client.open_session(BASE)
             pending = await client.submit(s, "run", command=f"sleep 2.3172; python3 -c {shlex.quote(FILL)}",
