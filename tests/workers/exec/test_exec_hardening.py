@@ -339,12 +339,13 @@ def test_a_stream_dockerd_cut_short_is_told_from_a_silent_command() -> None:
 
 
 # What fills every buffer between a command and a worker that has stopped reading: its stdout non-blocking, lines
-# written until nothing more goes in for a second; blocking again; the bytes written on stderr.
+# written until nothing more goes in for a second (or 3 MiB, within the output cap); blocking again; the bytes
+# written on stderr.
 FILL = """import fcntl, os, sys, time
 flags = fcntl.fcntl(1, fcntl.F_GETFL)
 fcntl.fcntl(1, fcntl.F_SETFL, flags | os.O_NONBLOCK)
 written, last = 0, time.monotonic()
-while written < 8 << 20 and time.monotonic() - last < 1:
+while written < 3 << 20 and time.monotonic() - last < 1:
     try:
         written += os.write(1, b"x" * 3999 + b"\\n")
         last = time.monotonic()
@@ -359,10 +360,11 @@ async def _running(docker_engine: Any, process: str) -> Any:
     """The session container in which ``process`` (a unique command line) runs, once it does."""
     deadline = time.monotonic() + 30
     while True:
-        for container in session_containers(docker_engine):
-            with contextlib.suppress(APIError):
-                if any(process in row[-1] for row in container.top()["Processes"]):
-                    return container
+        with contextlib.suppress(APIError):  # containers (other tests' too) come and go while they are listed
+            for container in docker_engine.containers.list(filters={"label": "kiln.role=exec-session"}, sparse=True):
+                with contextlib.suppress(APIError):
+                    if any(process in row[-1] for row in container.top()["Processes"]):
+                        return container
         assert time.monotonic() < deadline, f"no session container runs {process!r}"
         await asyncio.sleep(0.05)
 
@@ -384,7 +386,7 @@ async def test_a_stalled_worker_loses_no_output_to_dockerd(docker_engine: Any, e
             await _running(docker_engine, "sleep 2.3172")  # the worker is reading the command's streams
             worker.proc.send_signal(signal.SIGSTOP)
             try:  # the command fills the buffers within ~3.5 s and exits; dockerd would cut 2 s later
-                await asyncio.sleep(8)
+                await asyncio.sleep(9)
             finally:
                 worker.proc.send_signal(signal.SIGCONT)
             output = kiln.result_of(await asyncio.wait_for(pending, 60)).output
