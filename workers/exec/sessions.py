@@ -305,13 +305,19 @@ def cgroup_procs(init_pid: int) -> Path | None:
     return None
 
 
+PF_EXITING = 0x4  # a task's flag (linux/sched.h) from the moment it begins to exit
+
+
 def pid_running(pid: int) -> bool:
-    """Whether host pid ``pid`` is a live process (not gone, not a zombie)."""
+    """Whether host pid ``pid`` is a live process: not gone, not a zombie, not exiting. (A container's init killed
+    stays in its exit until the kernel has ended every other process of the container: already exiting, still
+    listed as sleeping.)"""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        state, flags = fields[0], int(fields[6])
+    except (OSError, IndexError, ValueError):
         return False
-    return state not in ("Z", "X")
+    return state not in ("Z", "X") and not flags & PF_EXITING
 
 
 def safe_path(path: str) -> str:
