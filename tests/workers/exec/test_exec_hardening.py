@@ -380,7 +380,7 @@ async def test_a_stalled_worker_loses_no_output_to_dockerd(docker_engine: Any, e
         worker.wait_assigned()  # (the output comes back as a claim check: the worker's store is the client's)
         async with KilnClient(exec_settings, "agent", blob_store=open_blob_store(exec_settings)) as kiln:
             client = ExecClient(kiln)
-            s = await client.open_session(BASE)
+            s = await asyncio.wait_for(client.open_session(BASE), 60)
             pending = await client.submit(s, "run", command=f"sleep 2.3172; python3 -c {shlex.quote(FILL)}",
                                           timeout_s=30, max_output_bytes=4 << 20)
             await _running(docker_engine, "sleep 2.3172")  # the worker is reading the command's streams
@@ -393,8 +393,8 @@ async def test_a_stalled_worker_loses_no_output_to_dockerd(docker_engine: Any, e
             assert output is not None and output.exit_code == 0, output
             written = int(output.stderr)
             assert written > 1 << 20 and len(output.stdout) == written and not output.stdout_truncated
-            assert (await client.run(s, "echo next")).stdout == "next\n"
-            await client.close_session(s)
+            assert (await asyncio.wait_for(client.run(s, "echo next"), 60)).stdout == "next\n"
+            await asyncio.wait_for(client.close_session(s), 60)
 
 
 @pytest.mark.docker
@@ -406,10 +406,10 @@ async def test_a_session_whose_container_dies_mid_command_is_lost(docker_engine:
         worker.wait_assigned()
         async with KilnClient(exec_settings, "agent") as kiln:
             client = ExecClient(kiln)
-            s = await client.open_session(BASE)
+            s = await asyncio.wait_for(client.open_session(BASE), 60)
             pending = await client.submit(s, "run", command="echo started; sleep 30.4183", timeout_s=60)
             (await _running(docker_engine, "sleep 30.4183")).kill()
             with pytest.raises(RequestFailed, match="SessionLost"):
                 kiln.result_of(await asyncio.wait_for(pending, 30))
             with pytest.raises(RequestFailed, match="SessionLost"):
-                await client.run(s, "echo again")
+                await asyncio.wait_for(client.run(s, "echo again"), 60)
