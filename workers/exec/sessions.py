@@ -46,7 +46,7 @@ from typing import Any
 import zstandard
 from docker.errors import APIError, DockerException, NotFound
 from docker.types import Mount
-from docker.utils.socket import consume_socket_output, demux_adaptor, frames_iter
+from docker.utils.socket import STDERR, frames_iter
 
 from kiln.schemas.envelope import request_id_value
 from kiln.schemas.exec import CommandOutput, ExecRequest, ExecResult, FileContent, SessionLimits
@@ -305,6 +305,21 @@ def cgroup_procs(init_pid: int) -> Path | None:
     return None
 
 
+PF_EXITING = 0x4  # a task's flag (linux/sched.h) from the moment it begins to exit
+
+
+def pid_running(pid: int) -> bool:
+    """Whether host pid ``pid`` is a live process: not gone, not a zombie, not exiting. (A container's init killed
+    stays in its exit until the kernel has ended every other process of the container: already exiting, still
+    listed as sleeping.)"""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        state, flags = fields[0], int(fields[6])
+    except (OSError, IndexError, ValueError):
+        return False
+    return state not in ("Z", "X") and not flags & PF_EXITING
+
+
 def safe_path(path: str) -> str:
     """A path relative to /work; absolute paths, ``..`` and NUL are refused."""
     if "\0" in path or path.startswith("/") or len(path) > 4096:
@@ -326,18 +341,29 @@ def _tar(files: list[tuple[str, bytes, int]]) -> bytes:
 
 
 class EndMark:
-    """A fresh mark the wrapper prints on stdout and stderr after the command has ended: dockerd can drop the end of
-    an attached exec stream when a process exits quickly under load (moby#27289, docker-py#2042), and a cut stream
-    reads exactly like a command that printed nothing. A stream whose mark did not arrive was cut."""
+    """A fresh mark the wrapper prints on stdout and stderr after the command has ended. dockerd gives an exec's
+    output at most 2 s past the process's exit, then closes its streams with whatever has not reached the reader yet
+    (moby#27289, docker-py#2042: a quick process under load, or a reader that stalls while the output is in flight),
+    and a cut stream reads exactly like a command that printed less. So the wrapper does not exit until the reader
+    has seen its mark on both streams and closed the wrapper's stdin: the exit comes after the output, never before.
+    A stream whose mark did not arrive was cut."""
 
     def __init__(self) -> None:
         self.mark = f"\x1ekiln-end:{secrets.token_hex(8)}\x1e".encode()
 
-    def wrap(self, script: str) -> str:
-        """``script`` (its ``exit`` and ``exec`` included: it runs in a subshell), then the mark on both streams, then
-        the script's exit status."""
+    def wrap(self, script: str, stdin_bytes: int | None = None) -> str:
+        """``script`` (its ``exit`` and ``exec`` included: it runs in a subshell) with the first ``stdin_bytes`` of
+        the wrapper's stdin as its own (None: /dev/null), then the mark on both streams, then -- at the end of the
+        wrapper's stdin, which only the reader can close -- the script's exit status. A mark is written again until
+        it goes through: a command may leave its streams non-blocking (as Node does) with the pipe full."""
         mark = shlex.quote(self.mark.decode())
-        return f"(\n{script}\n)\nrc=$?\nprintf %s {mark}\nprintf %s {mark} >&2\nexit $rc"
+        feed = "</dev/null" if stdin_bytes is None else ""
+        head = "" if stdin_bytes is None else f"head -c {stdin_bytes} | "
+        wait = "do read -r -t 0.01 -N 1 kiln_ack; done"
+        return (f"{head}(\n{script}\n) {feed}\nrc=$?\n"
+                f"until printf %s {mark} 2>/dev/null; {wait}\n"
+                f"until printf %s {mark} >&2 2>/dev/null; {wait}\n"
+                "while read -r -N 4096 kiln_ack; do :; done\nexit $rc")
 
 
 class Capture:
@@ -374,16 +400,6 @@ class Capture:
             data = data[:self.at] + data[self.at + len(self.mark):]
             length -= len(self.mark)
         return data[:self.cap], length > self.cap
-
-
-def _read_marked(stream: Any, cap: int, mark: bytes) -> tuple[Capture, Capture]:
-    out, err = Capture(cap, mark), Capture(cap, mark)
-    for chunk_out, chunk_err in stream:
-        if chunk_out:
-            out.feed(chunk_out)
-        if chunk_err:
-            err.feed(chunk_err)
-    return out, err
 
 
 def cut_by_dockerd(code: int | None, *captures: Capture) -> bool:
@@ -618,9 +634,7 @@ class SessionManager:
             raise SessionLost("unknown session: lost with the worker that held it, expired, or never opened")
         if not auth.verify(session.key, request_id, request, request.auth):
             raise SessionDenied("the request's proof does not match this session (forged or altered)")
-        if not self._alive(session):
-            self.close(session)
-            raise SessionLost(f"session {session.id} lost its container")
+        self._check_alive(session)
         session.last_used = time.monotonic()
         return session
 
@@ -637,7 +651,11 @@ class SessionManager:
             raise SessionDenied("the snapshot proof does not match the session that took it")
 
     def _alive(self, session: Session) -> bool:
-        """Whether the container still runs; a Docker hiccup is an infrastructure error, not a lost session."""
+        """Whether the container still runs; a Docker hiccup is an infrastructure error, not a lost session. Where
+        this worker sees the host's pids (it read the container's cgroup), its init is asked first: a container
+        being killed ends its processes (a command's stream with them) before Docker's state says so."""
+        if session.procs_file is not None and not pid_running(session.init_pid):
+            return False
         try:
             session.container.reload()
         except NotFound:
@@ -645,6 +663,13 @@ class SessionManager:
         except (APIError, DockerException) as e:
             raise InfraError(f"inspecting session {session.id}: {e}") from e
         return bool(session.container.status == "running")
+
+    def _check_alive(self, session: Session) -> None:
+        """SessionLost (and the session closed here) once its container is gone or stopped: removed by a reaper,
+        killed with its engine. Never the command's doing: it cannot signal the container's init or keeper."""
+        if not self._alive(session):
+            self.close(session)
+            raise SessionLost(f"session {session.id} lost its container")
 
     def close(self, session: Session) -> None:
         with self._lock:
@@ -672,23 +697,15 @@ class SessionManager:
     def run(self, session: Session, command: str, timeout_s: float, cap: int,
             env: dict[str, str] | None = None) -> CommandOutput:
         started = time.monotonic()
-        end = EndMark()
-        try:
-            wrapper = end.wrap(f"timeout -s KILL {timeout_s:g} bash -c {shlex.quote(command)}")
-            exec_id = self.client.api.exec_create(session.container.id, ["bash", "-c", wrapper], user="1000:1000",
-                                                  workdir="/work", environment={"HOME": "/tmp", **(env or {})})["Id"]
-            stream = self.client.api.exec_start(exec_id, stream=True, demux=True)
-        except (APIError, DockerException) as e:
-            raise InfraError(f"exec in session {session.id}: {e}") from e
         # The command may have killed its own wrapper: past its limit its processes are killed from outside.
         watchdog = threading.Timer(timeout_s + 5.0, self._sweep_overdue, args=(session,))
         watchdog.daemon = True
         watchdog.start()
+        script = f"timeout -s KILL {timeout_s:g} bash -c {shlex.quote(command)}"
         try:
-            stdout, stderr = _read_marked(stream, cap, end.mark)
+            code, stdout, stderr = self._marked(session, script, [], None, (cap, cap), env or {}, "exec")
         finally:
             watchdog.cancel()
-        code = self.client.api.exec_inspect(exec_id).get("ExitCode")
         elapsed = time.monotonic() - started
         killed = self.sweep(session)
         if cut_by_dockerd(code, stdout, stderr):
@@ -700,6 +717,41 @@ class SessionManager:
         return CommandOutput(exit_code=code, stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"),
                              stdout_truncated=out_cut, stderr_truncated=err_cut, timed_out=timed_out,
                              duration_s=round(elapsed, 4))
+
+    def _marked(self, session: Session, script: str, args: list[str], stdin: bytes | None, caps: tuple[int, int],
+                env: dict[str, str], what: str) -> tuple[int | None, Capture, Capture]:
+        """``script`` run by bash as uid 1000 in the session with ``args`` as its arguments and ``stdin`` fed in
+        full (``EndMark.wrap``); returns its exit status and its streams (the first ``caps`` bytes of each). The
+        wrapper's stdin is closed once both marks have arrived, so it exits only after its output was read. A
+        container gone or stopped under it is a lost session; any other Docker failure an infrastructure one."""
+        api = self.client.api
+        end = EndMark()
+        out, err = Capture(caps[0], end.mark), Capture(caps[1], end.mark)
+        try:
+            exec_id = api.exec_create(session.container.id,
+                                      ["bash", "-c", end.wrap(script, None if stdin is None else len(stdin)),
+                                       "kiln", *args], stdin=True, user="1000:1000", workdir="/work",
+                                      environment={"HOME": "/tmp", **env})["Id"]
+            sock = api.exec_start(exec_id, socket=True)
+            raw = getattr(sock, "_sock", sock)
+            try:
+                if stdin:
+                    raw.sendall(stdin)
+                acked = False
+                for stream, payload in frames_iter(sock, tty=False):
+                    (err if stream == STDERR else out).feed(payload)
+                    if not acked and out.ended and err.ended:
+                        raw.shutdown(socket.SHUT_WR)  # the wrapper's stdin ends: it may exit now
+                        acked = True
+            finally:
+                sock.close()
+            code = api.exec_inspect(exec_id).get("ExitCode")
+        except (APIError, DockerException, OSError) as e:
+            self._check_alive(session)
+            raise InfraError(f"{what} in session {session.id}: {e}") from e
+        if not (out.ended and err.ended):  # killed, or cut: perhaps with its container
+            self._check_alive(session)
+        return code, out, err
 
     def _pids(self, session: Session) -> set[int]:
         if session.procs_file is not None:
@@ -736,30 +788,8 @@ class SessionManager:
     def _exec_io(self, session: Session, script: str, args: list[str], stdin: bytes | None) -> tuple[int, bytes, bytes]:
         """``script`` run by bash as uid 1000 in the session with ``args`` as its arguments, ``stdin`` fed in full;
         returns (exit code, stdout, stderr)."""
-        api = self.client.api
-        end = EndMark()
-        try:
-            exec_id = api.exec_create(session.container.id, ["bash", "-c", end.wrap(script), "kiln", *args],
-                                      stdin=stdin is not None, user="1000:1000", workdir="/work",
-                                      environment={"HOME": "/tmp"})["Id"]
-            if stdin is None:
-                out, err = api.exec_start(exec_id, demux=True)
-            else:
-                sock = api.exec_start(exec_id, socket=True)
-                raw = getattr(sock, "_sock", sock)
-                try:
-                    raw.sendall(stdin)
-                    raw.shutdown(socket.SHUT_WR)
-                    frames = (demux_adaptor(*frame) for frame in frames_iter(sock, tty=False))
-                    out, err = consume_socket_output(frames, demux=True)
-                finally:
-                    sock.close()
-            code = api.exec_inspect(exec_id).get("ExitCode")
-        except (APIError, DockerException, OSError) as e:
-            raise InfraError(f"file transfer in session {session.id}: {e}") from e
-        stdout, stderr = Capture(MAX_READ_TOTAL << 1, end.mark), Capture(MAX_READ_TOTAL, end.mark)
-        stdout.feed(out or b"")
-        stderr.feed(err or b"")
+        code, stdout, stderr = self._marked(session, script, args, stdin, (MAX_READ_TOTAL << 1, MAX_READ_TOTAL), {},
+                                            "file transfer")
         if cut_by_dockerd(code, stdout, stderr):
             raise InfraError(f"file transfer in session {session.id}: dockerd closed its output stream early")
         return int(code or 0), stdout.output()[0], stderr.output()[0]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import shlex
+import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -13,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from docker.errors import NotFound
+from docker.errors import APIError, NotFound
 
 from kiln.schemas.envelope import new_request_id, request_id_value
 from kiln.schemas.exec import CommandOutput, ExecResult, SessionLimits
+from kiln.streams.blobstore import open_blob_store
 from kiln.streams.client import KilnClient
 from kiln.streams.errors import RequestFailed
 from kiln.streams.settings import KilnSettings
@@ -333,3 +336,80 @@ def test_a_stream_dockerd_cut_short_is_told_from_a_silent_command() -> None:
     assert not cut_by_dockerd(0, whole, short)
     # A wrapper killed by a signal never printed its mark: that answer stands as it arrived.
     assert not cut_by_dockerd(137, whole, cut) and not cut_by_dockerd(None, cut, cut)
+
+
+# What fills every buffer between a command and a worker that has stopped reading: its stdout non-blocking, lines
+# written until nothing more goes in for a second (or 3 MiB, within the output cap); blocking again; the bytes
+# written on stderr.
+FILL = """import fcntl, os, sys, time
+flags = fcntl.fcntl(1, fcntl.F_GETFL)
+fcntl.fcntl(1, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+written, last = 0, time.monotonic()
+while written < 3 << 20 and time.monotonic() - last < 1:
+    try:
+        written += os.write(1, b"x" * 3999 + b"\\n")
+        last = time.monotonic()
+    except BlockingIOError:
+        time.sleep(0.01)
+fcntl.fcntl(1, fcntl.F_SETFL, flags)
+print(written, file=sys.stderr)
+"""
+
+
+async def _running(docker_engine: Any, process: str) -> Any:
+    """The session container in which ``process`` (a unique command line) runs, once it does."""
+    deadline = time.monotonic() + 30
+    while True:
+        with contextlib.suppress(APIError):  # containers (other tests' too) come and go while they are listed
+            for container in docker_engine.containers.list(filters={"label": "kiln.role=exec-session"}, sparse=True):
+                with contextlib.suppress(APIError):
+                    if any(process in row[-1] for row in container.top()["Processes"]):
+                        return container
+        assert time.monotonic() < deadline, f"no session container runs {process!r}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.docker
+async def test_a_stalled_worker_loses_no_output_to_dockerd(docker_engine: Any, exec_settings: KilnSettings,
+                                                           tmp_path: Path) -> None:
+    """dockerd gives an exec's output at most 2 s past the process's exit, then closes its streams (moby#27289). A
+    worker that cannot read for longer (starved under load; stopped here) while a command's output fills every
+    buffer between them lost the tail, end mark included: the command was answered ``InfraError`` ("dockerd closed
+    the command's output stream early"), every time. Its wrapper now exits only once the worker has read its marks."""
+    with exec_worker(exec_settings, tmp_path / "locks") as worker:
+        worker.wait_assigned()  # (the output comes back as a claim check: the worker's store is the client's)
+        async with KilnClient(exec_settings, "agent", blob_store=open_blob_store(exec_settings)) as kiln:
+            client = ExecClient(kiln)
+            s = await asyncio.wait_for(client.open_session(BASE), 60)
+            pending = await client.submit(s, "run", command=f"sleep 2.3172; python3 -c {shlex.quote(FILL)}",
+                                          timeout_s=30, max_output_bytes=4 << 20)
+            await _running(docker_engine, "sleep 2.3172")  # the worker is reading the command's streams
+            worker.proc.send_signal(signal.SIGSTOP)
+            try:  # the command fills the buffers within ~3.5 s and exits; dockerd would cut 2 s later
+                await asyncio.sleep(9)
+            finally:
+                worker.proc.send_signal(signal.SIGCONT)
+            output = kiln.result_of(await asyncio.wait_for(pending, 60)).output
+            assert output is not None and output.exit_code == 0, output
+            written = int(output.stderr)
+            assert written > 1 << 20 and len(output.stdout) == written and not output.stdout_truncated
+            assert (await asyncio.wait_for(client.run(s, "echo next"), 60)).stdout == "next\n"
+            await asyncio.wait_for(client.close_session(s), 60)
+
+
+@pytest.mark.docker
+async def test_a_session_whose_container_dies_mid_command_is_lost(docker_engine: Any, exec_settings: KilnSettings,
+                                                                  tmp_path: Path) -> None:
+    """A session container killed under a command (its engine, a reaper) is a lost session, not the command's exit
+    137 nor an infrastructure error to retry: the client opens another."""
+    with exec_worker(exec_settings, tmp_path / "locks") as worker:
+        worker.wait_assigned()
+        async with KilnClient(exec_settings, "agent") as kiln:
+            client = ExecClient(kiln)
+            s = await asyncio.wait_for(client.open_session(BASE), 60)
+            pending = await client.submit(s, "run", command="echo started; sleep 30.4183", timeout_s=60)
+            (await _running(docker_engine, "sleep 30.4183")).kill()
+            with pytest.raises(RequestFailed, match="SessionLost"):
+                kiln.result_of(await asyncio.wait_for(pending, 30))
+            with pytest.raises(RequestFailed, match="SessionLost"):
+                await asyncio.wait_for(client.run(s, "echo again"), 60)
