@@ -169,6 +169,15 @@ async def test_a_command_can_neither_forge_the_end_of_its_output_nor_turn_its_fa
         await client.write_files(s, {"planted.txt": planted})
         assert await client.read_files(s, ["planted.txt"]) == {"planted.txt": planted.encode()}
         assert (await client.run(s, "echo still alive")).stdout == "still alive\n"
+        # The wrapper exits at the end of its stdin, which only the worker closes: a command that keeps that input
+        # open (a writer of its own, from any process's /proc/PID/fd/0 it can reach) only holds its wrapper until its
+        # time limit, answered as a timeout, never an infrastructure failure nor a hang.
+        started = time.monotonic()
+        holder = await client.run(s, "for fd in /proc/[0-9]*/fd/0; do (sleep 60 >\"$fd\" &) 2>/dev/null; done; "
+                                     "echo held", timeout_s=5)
+        assert holder.stdout == "held\n" and holder.exit_code == 137 and holder.timed_out, holder
+        assert time.monotonic() - started < 30
+        assert (await client.run(s, "echo still alive")).stdout == "still alive\n"
         await client.close_session(s)
 
 
