@@ -24,7 +24,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from kiln.schemas.envelope import ResultEnvelope
 from kiln.schemas.ops import StageStats, WorkerHeartbeat
 from kiln.streams import admin
-from kiln.streams.errors import ConfigError, InfraError
+from kiln.streams.errors import ConfigError
 from kiln.streams.heartbeat import STALE_BEATS
 from kiln.streams.settings import KilnSettings
 from kiln.streams.stage import (
@@ -121,14 +121,7 @@ class StatsApp:
         specs = [TopicSpec(name, 1) for name in unprefixed]
         specs += [TopicSpec(table.changelog_topic.get_topic_name().removeprefix(prefix), 1,
                             {"cleanup.policy": "compact"}) for table in self.app.tables.values()]
-        admin.create_topics(self.settings, specs, timeout)
-        client = admin.admin_client(self.settings)
-        wanted = {self.settings.topic(spec.name) for spec in specs}
-        deadline = time.monotonic() + timeout
-        while missing := wanted - set(client.list_topics(timeout=timeout).topics):
-            if time.monotonic() > deadline:
-                raise InfraError(f"the stats app's topics never appeared in the cluster's metadata: {sorted(missing)}")
-            time.sleep(0.2)
+        admin.create_topics(self.settings, specs, timeout)  # returns once each has a leader in the metadata
 
     def _raw_topic(self, *names: str) -> Any:
         return self.app.topic(*names, key_serializer="raw", value_serializer="raw")
